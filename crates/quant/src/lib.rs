@@ -1,0 +1,4 @@
+//! Block quantization formats: reference quantize / dequantize / dot, SIMD CPU kernels,
+//! threaded CPU matvec.
+
+pub mod blocks;
