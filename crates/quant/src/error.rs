@@ -35,7 +35,7 @@ pub enum QuantError {
 /// Checks that `n_bytes` holds exactly `n_elements` elements of `ty`.
 pub(crate) fn check_row(ty: GgmlType, n_elements: usize, n_bytes: usize) -> Result<(), QuantError> {
     let block_size = ty.block_size();
-    if n_elements % block_size != 0 {
+    if !n_elements.is_multiple_of(block_size) {
         return Err(QuantError::NotBlockMultiple {
             ty,
             n_elements,
