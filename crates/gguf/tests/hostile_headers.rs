@@ -48,7 +48,7 @@ impl Raw {
     }
     /// Pads to `align` and appends `n` data bytes.
     fn data(&mut self, align: usize, n: usize) -> &mut Raw {
-        while self.0.len() % align != 0 {
+        while !self.0.len().is_multiple_of(align) {
             self.0.push(0);
         }
         self.0.extend(std::iter::repeat_n(0xAB, n));
