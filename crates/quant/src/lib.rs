@@ -7,3 +7,12 @@ pub mod error;
 
 pub use dequantize::{dequantize_row, has_dequantizer};
 pub use error::QuantError;
+
+// Activations, dot products and matvec (quant-kernels engineer).
+pub mod activation;
+pub mod dot;
+pub mod matvec;
+
+pub use activation::{activation_row_bytes, quantize_activations, vec_dot_type};
+pub use dot::{vec_dot, Isa};
+pub use matvec::{matmul, matvec};

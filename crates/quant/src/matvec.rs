@@ -1,0 +1,170 @@
+//! Threaded matrix-vector and matrix-matrix products over weight rows in any format.
+//!
+//! Weights `w` are `[n_rows, n_cols]` in their on-disk format (row-major, each row
+//! `n_cols / block_size` blocks), read in place. Activations are quantized once per call
+//! into the weight type's paired format, then rows are split into tasks across the rayon
+//! pool. Decode (one token) is bound by the rate at which weights stream from memory, so
+//! a task is a run of rows of roughly [`TASK_BYTES`] of weights: big enough to amortize
+//! scheduling, small enough that both cores stay busy to the end.
+//!
+//! For several tokens (prefill), each task walks its rows once per tile of
+//! [`TOKEN_TILE`] tokens; a task's rows are sized to stay in L2, so every weight byte
+//! comes from memory once per call and from cache for the following tiles.
+
+use crate::activation::quantize_activations_into;
+use crate::dot::{best_isa, dot_kernel, row_lengths, DotFn, Isa};
+use gguf::GgmlType;
+use rayon::prelude::*;
+
+/// Weight bytes per decode task.
+const TASK_BYTES: usize = 64 * 1024;
+/// Weight bytes per prefill task (kept in L2 while the token tiles pass over it).
+const TILE_TASK_BYTES: usize = 192 * 1024;
+/// Tokens whose activations are dotted against a weight row while it sits in L1.
+const TOKEN_TILE: usize = 8;
+
+/// `y[r] = dot(w[r, :], x)` on the fastest path.
+///
+/// w: `[n_rows, n_cols]` of type `ty`; x: `[n_cols]` f32; y: `[n_rows]` f32.
+/// Panics on inconsistent sizes or a type without a dot product ([`crate::dot::supports`]).
+pub fn matvec(ty: GgmlType, w: &[u8], n_rows: usize, n_cols: usize, x: &[f32], y: &mut [f32]) {
+    matmul_with(best_isa(), ty, w, n_rows, n_cols, x, 1, y)
+}
+
+/// `y[t, r] = dot(w[r, :], x[t, :])` on the fastest path; weights are read once per call.
+///
+/// w: `[n_rows, n_cols]` of type `ty`; x: `[n_tokens, n_cols]` f32;
+/// y: `[n_tokens, n_rows]` f32. Panics on inconsistent sizes or an unsupported type.
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    matmul_with(best_isa(), ty, w, n_rows, n_cols, x, n_tokens, y)
+}
+
+/// As [`matmul`] on a forced instruction-set path (panics if the CPU lacks it).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let (row_bytes, act_bytes) = row_lengths(ty, n_cols);
+    assert_eq!(
+        w.len(),
+        n_rows * row_bytes,
+        "{ty} weights [{n_rows}, {n_cols}]: byte length"
+    );
+    assert_eq!(
+        x.len(),
+        n_tokens * n_cols,
+        "activations [{n_tokens}, {n_cols}]: length"
+    );
+    assert_eq!(
+        y.len(),
+        n_tokens * n_rows,
+        "output [{n_tokens}, {n_rows}]: length"
+    );
+    if n_rows == 0 || n_tokens == 0 {
+        return;
+    }
+    if n_cols == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let kernel = dot_kernel(isa, ty).unwrap_or_else(|| panic!("no dot product for {ty}"));
+
+    // acts: [n_tokens, act_bytes], quantized once.
+    let mut acts = vec![0u8; n_tokens * act_bytes];
+    let quantize = |(a, xr): (&mut [u8], &[f32])| quantize_activations_into(ty, xr, a);
+    if n_tokens >= 4 {
+        acts.par_chunks_mut(act_bytes)
+            .zip(x.par_chunks(n_cols))
+            .for_each(quantize);
+    } else {
+        acts.chunks_mut(act_bytes)
+            .zip(x.chunks(n_cols))
+            .for_each(quantize);
+    }
+
+    if n_tokens == 1 {
+        matvec_rows(kernel, w, row_bytes, n_cols, &acts, y);
+    } else {
+        matmul_rows(kernel, w, row_bytes, n_cols, &acts, act_bytes, n_tokens, y);
+    }
+}
+
+/// Rows per task: about `target` bytes of weights, but at least 4 tasks per thread so a
+/// slow core does not hold up the rest.
+fn rows_per_task(n_rows: usize, row_bytes: usize, target: usize) -> usize {
+    let by_bytes = (target / row_bytes.max(1)).max(1);
+    let min_tasks = 4 * rayon::current_num_threads();
+    by_bytes.min(n_rows.div_ceil(min_tasks)).max(1)
+}
+
+/// y: `[n_rows]`; act: one activation row.
+fn matvec_rows(
+    kernel: DotFn,
+    w: &[u8],
+    row_bytes: usize,
+    n_cols: usize,
+    act: &[u8],
+    y: &mut [f32],
+) {
+    let rpt = rows_per_task(y.len(), row_bytes, TASK_BYTES);
+    y.par_chunks_mut(rpt)
+        .zip(w.par_chunks(rpt * row_bytes))
+        .for_each(|(yc, wc)| {
+            for (yr, wr) in yc.iter_mut().zip(wc.chunks_exact(row_bytes)) {
+                *yr = kernel(wr, act, n_cols);
+            }
+        });
+}
+
+/// y: `[n_tokens, n_rows]`; acts: `[n_tokens, act_bytes]`.
+#[allow(clippy::too_many_arguments)]
+fn matmul_rows(
+    kernel: DotFn,
+    w: &[u8],
+    row_bytes: usize,
+    n_cols: usize,
+    acts: &[u8],
+    act_bytes: usize,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let n_rows = y.len() / n_tokens;
+    let rpt = rows_per_task(n_rows, row_bytes, TILE_TASK_BYTES);
+    // yt: [n_rows, n_tokens], so each task owns a contiguous piece; transposed at the end.
+    let mut yt = vec![0f32; n_rows * n_tokens];
+    yt.par_chunks_mut(rpt * n_tokens)
+        .zip(w.par_chunks(rpt * row_bytes))
+        .for_each(|(yc, wc)| {
+            for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
+                let t1 = (t0 + TOKEN_TILE).min(n_tokens);
+                for (yr, wr) in yc
+                    .chunks_exact_mut(n_tokens)
+                    .zip(wc.chunks_exact(row_bytes))
+                {
+                    for t in t0..t1 {
+                        yr[t] = kernel(wr, &acts[t * act_bytes..(t + 1) * act_bytes], n_cols);
+                    }
+                }
+            }
+        });
+    y.par_chunks_mut(n_rows).enumerate().for_each(|(t, yrow)| {
+        for (r, v) in yrow.iter_mut().enumerate() {
+            *v = yt[r * n_tokens + t];
+        }
+    });
+}

@@ -1,0 +1,77 @@
+//! Threaded matvec / matmul against the single-row dot and against an f64 product of the
+//! dequantized weights with the dequantized (quantized-once) activations.
+
+mod dot_common;
+
+use dot_common::{random_weights, reference_dot, Rng, DOT_TYPES};
+use gguf::GgmlType;
+use quant::dot::{vec_dot_with, Isa};
+use quant::matvec::matmul_with;
+
+fn check(isa: Isa, ty: GgmlType, n_rows: usize, n_cols: usize, n_tokens: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let w = random_weights(&mut rng, ty, n_rows, n_cols);
+    let x = rng.activations(n_tokens * n_cols);
+    let mut y = vec![f32::NAN; n_tokens * n_rows];
+    matmul_with(isa, ty, &w, n_rows, n_cols, &x, n_tokens, &mut y);
+    let row_bytes = w.len() / n_rows;
+    let mut act = Vec::new();
+    for t in 0..n_tokens {
+        quant::quantize_activations(ty, &x[t * n_cols..(t + 1) * n_cols], &mut act);
+        for r in 0..n_rows {
+            let got = y[t * n_rows + r];
+            let single = vec_dot_with(
+                isa,
+                ty,
+                &w[r * row_bytes..(r + 1) * row_bytes],
+                &act,
+                n_cols,
+            );
+            assert_eq!(
+                got.to_bits(),
+                single.to_bits(),
+                "{ty} {isa:?} t={t} r={r}: matmul vs vec_dot"
+            );
+            let (want, tol) =
+                reference_dot(ty, &w[r * row_bytes..(r + 1) * row_bytes], &act, n_cols);
+            assert!(
+                (got as f64 - want).abs() <= tol,
+                "{ty} {isa:?} [{n_rows}x{n_cols}] t={t} r={r}: {got} vs f64 {want} (tol {tol})"
+            );
+        }
+    }
+}
+
+#[test]
+fn matvec_every_type_every_path() {
+    for isa in Isa::all_available() {
+        for (i, ty) in DOT_TYPES.into_iter().enumerate() {
+            let n_cols = 3 * 256;
+            check(isa, ty, 37, n_cols, 1, 100 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn matmul_every_type_every_path_odd_tokens() {
+    for isa in Isa::all_available() {
+        for (i, ty) in DOT_TYPES.into_iter().enumerate() {
+            check(isa, ty, 19, 512, 11, 200 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn matvec_small_and_single_row() {
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0] {
+        check(Isa::Scalar, ty, 1, 32, 1, 7);
+        check(quant::dot::best_isa(), ty, 3, 64, 2, 8);
+    }
+}
+
+#[test]
+fn matvec_many_rows_is_threaded_correctly() {
+    // More rows than one task so several tasks and both threads take part.
+    check(quant::dot::best_isa(), GgmlType::Q8_0, 1001, 1024, 1, 9);
+    check(quant::dot::best_isa(), GgmlType::Q4K, 515, 1536, 5, 10);
+}
