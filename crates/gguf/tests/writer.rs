@@ -207,7 +207,7 @@ fn rewrites_vocab_files_identically_up_to_padding() {
         assert_eq!(&out[..bytes.len()], &bytes[..], "{name}");
         assert!(out[bytes.len()..].iter().all(|&b| b == 0));
         assert!(
-            out.len() - bytes.len() < 32 && out.len() % 32 == 0,
+            out.len() - bytes.len() < 32 && out.len().is_multiple_of(32),
             "{name}"
         );
     }
