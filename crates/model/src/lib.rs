@@ -1,1 +1,3 @@
 //! model
+
+pub mod synth;

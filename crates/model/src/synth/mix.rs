@@ -1,0 +1,275 @@
+//! Which ggml type each tensor gets for a file type ("quant mix").
+//!
+//! Q4_K_M follows llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp): the output head
+//! (or the tied embedding) goes to Q6_K; `attn_v` and `ffn_down` go to Q6_K on the
+//! "use_more_bits" layers (the first and last eighth and every third one between, counted over
+//! the tensors of that kind in layer order); everything else 2-D is Q4_K; 1-D tensors, norms,
+//! biases and `ssm_conv1d` stay F32 as the converter wrote them. A tensor whose row length is not
+//! a multiple of the block size falls back as llama.cpp's `tensor_type_fallback` does.
+//!
+//! Q4_0, IQ4_XS and Q8_0 are *pure* files (`llama-quantize --pure`): every quantizable tensor,
+//! output head and embedding included, gets that one type.
+//!
+//! Both choices reproduce the sizes of the peer files measured in shared/BENCHMARKING.md
+//! (asserted in the tests below). Two Qwen3.5 details follow those measured files rather than
+//! current llama.cpp master: the DeltaNet `attn_qkv` keeps the base type (master counts it with
+//! `attn_v`, which would make the 27B Q4_K_M 0.33 GB larger), and `ssm_alpha` / `ssm_beta`
+//! stay F32 (as converted; quantizing them would make the 27B IQ4_XS 0.08 GB smaller).
+
+use gguf::GgmlType;
+
+/// A file type (llama.cpp's `llama_ftype` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    Q4KM,
+    IQ4XS,
+    Q4_0,
+    Q8_0,
+    F16,
+    F32,
+}
+
+impl FileType {
+    pub const ALL: [FileType; 6] = [
+        FileType::Q4KM,
+        FileType::IQ4XS,
+        FileType::Q4_0,
+        FileType::Q8_0,
+        FileType::F16,
+        FileType::F32,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FileType::Q4KM => "Q4_K_M",
+            FileType::IQ4XS => "IQ4_XS",
+            FileType::Q4_0 => "Q4_0",
+            FileType::Q8_0 => "Q8_0",
+            FileType::F16 => "F16",
+            FileType::F32 => "F32",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<FileType> {
+        FileType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+
+    /// `general.file_type` value (`enum llama_ftype` in include/llama.h).
+    pub fn llama_ftype(self) -> u32 {
+        match self {
+            FileType::F32 => 0,
+            FileType::F16 => 1,
+            FileType::Q4_0 => 2,
+            FileType::Q8_0 => 7,
+            FileType::Q4KM => 15,
+            FileType::IQ4XS => 30,
+        }
+    }
+
+    /// The type most tensors get.
+    pub fn base_type(self) -> GgmlType {
+        match self {
+            FileType::Q4KM => GgmlType::Q4K,
+            FileType::IQ4XS => GgmlType::IQ4XS,
+            FileType::Q4_0 => GgmlType::Q4_0,
+            FileType::Q8_0 => GgmlType::Q8_0,
+            FileType::F16 => GgmlType::F16,
+            FileType::F32 => GgmlType::F32,
+        }
+    }
+}
+
+/// llama.cpp's `use_more_bits(i_layer, n_layers)`. `i` counts from 0 in layer order; for
+/// i < n/8 the first clause holds, so C++'s negative remainder never matters.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+}
+
+/// Whether llama-quantize would quantize this tensor at all (`tensor_allows_quantization`,
+/// restricted to the tensors our shapes have), given the converter's F32 choices.
+fn is_quantizable(name: &str, dims: &[u64]) -> bool {
+    dims.len() >= 2
+        && name.ends_with("weight")
+        && !name.contains("_norm.weight")
+        && !name.contains("ssm_conv1d")
+        && !name.contains("ssm_alpha")
+        && !name.contains("ssm_beta")
+}
+
+/// llama.cpp's `tensor_type_fallback`: a type whose block does not divide the row length.
+fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
+    if row_len % ty.block_size() as u64 == 0 {
+        return ty;
+    }
+    let alt = match ty {
+        GgmlType::IQ4XS => GgmlType::IQ4NL,
+        GgmlType::Q4K => GgmlType::Q5_0,
+        GgmlType::Q5K => GgmlType::Q5_1,
+        GgmlType::Q6K => GgmlType::Q8_0,
+        GgmlType::Q2K | GgmlType::Q3K => GgmlType::Q4_0,
+        other => other,
+    };
+    if row_len % alt.block_size() as u64 == 0 {
+        alt
+    } else {
+        GgmlType::F16
+    }
+}
+
+/// Assigns a type to every tensor of `tensors` ((name, dims), in the file's order).
+pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
+    let tied = !tensors.iter().any(|(n, _)| n == "output.weight");
+    let base = ftype.base_type();
+    let n_attn_v = tensors
+        .iter()
+        .filter(|(n, _)| n.contains("attn_v.weight"))
+        .count();
+    let n_ffn_down = tensors
+        .iter()
+        .filter(|(n, _)| n.contains("ffn_down"))
+        .count();
+
+    // llama.cpp walks tensors sorted by layer; our tables are already in layer order, and the
+    // counters only see tensors of one kind, so the file order gives the same indices.
+    let mut i_attn_v = 0;
+    let mut i_ffn_down = 0;
+    tensors
+        .iter()
+        .map(|(name, dims)| {
+            if !is_quantizable(name, dims) || matches!(ftype, FileType::F32) {
+                return GgmlType::F32;
+            }
+            let ty = match ftype {
+                FileType::Q4KM => {
+                    let is_head = name == "output.weight" || (tied && name == "token_embd.weight");
+                    if is_head {
+                        GgmlType::Q6K
+                    } else if name.contains("attn_v.weight") {
+                        let t = if use_more_bits(i_attn_v, n_attn_v) {
+                            GgmlType::Q6K
+                        } else {
+                            base
+                        };
+                        i_attn_v += 1;
+                        t
+                    } else if name.contains("ffn_down") {
+                        let t = if use_more_bits(i_ffn_down, n_ffn_down) {
+                            GgmlType::Q6K
+                        } else {
+                            base
+                        };
+                        i_ffn_down += 1;
+                        t
+                    } else {
+                        base
+                    }
+                }
+                _ => base,
+            };
+            fallback(ty, dims[0])
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::shape::Shape;
+
+    /// Bytes of tensor data as written with 32-byte alignment, without the header.
+    fn data_bytes(shape: &Shape, ftype: FileType) -> u64 {
+        let tensors = shape.tensors();
+        let types = plan_types(&tensors, ftype);
+        tensors
+            .iter()
+            .zip(types)
+            .map(|((_, d), ty)| ty.bytes_for(d.iter().product()).unwrap().div_ceil(32) * 32)
+            .sum()
+    }
+
+    fn gb(x: u64) -> f64 {
+        x as f64 / 1e9
+    }
+
+    #[test]
+    fn use_more_bits_matches_llama_cpp() {
+        // n = 28 (Qwen2.5-1.5B): n/8 = 3, 7n/8 = 24; middle layers 5, 8, … 23.
+        let more: Vec<usize> = (0..28).filter(|&i| use_more_bits(i, 28)).collect();
+        assert_eq!(
+            more,
+            vec![0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]
+        );
+    }
+
+    // File sizes of the peer's files (shared/BENCHMARKING.md). Our header adds a few MB of
+    // tokenizer metadata, so the tensor data must come within 0.02 GB below the file size.
+    fn assert_size(shape: Shape, ftype: FileType, file_gb: f64) {
+        let got = gb(data_bytes(&shape, ftype));
+        assert!(
+            got <= file_gb + 0.005 && got > file_gb - 0.02,
+            "{} {}: {got:.3} GB of tensors, file {file_gb} GB",
+            shape.name,
+            ftype.name()
+        );
+    }
+
+    #[test]
+    fn qwen2_5_32b_sizes() {
+        assert_size(Shape::qwen2_5_32b(), FileType::Q4KM, 19.85);
+        assert_size(Shape::qwen2_5_32b(), FileType::IQ4XS, 17.41);
+    }
+
+    #[test]
+    fn qwen3_5_27b_sizes() {
+        assert_size(Shape::qwen3_5_27b(), FileType::Q4KM, 16.29);
+        assert_size(Shape::qwen3_5_27b(), FileType::IQ4XS, 14.38);
+    }
+
+    #[test]
+    fn qwen2_5_1_5b_sizes() {
+        assert_size(Shape::qwen2_5_1_5b(), FileType::Q4KM, 1.11);
+        assert_size(Shape::qwen2_5_1_5b(), FileType::Q4_0, 1.00);
+    }
+
+    #[test]
+    fn llama3_8b_q4_k_m_size() {
+        // Meta-Llama-3-8B Q4_K_M as published by llama.cpp users: 4.92 GB.
+        assert_size(Shape::llama3_8b(), FileType::Q4KM, 4.92);
+    }
+
+    #[test]
+    fn q4_k_m_mix_per_tensor() {
+        let s = Shape::qwen2_5_1_5b();
+        let t = s.tensors();
+        let ty = plan_types(&t, FileType::Q4KM);
+        let get = |n: &str| ty[t.iter().position(|(x, _)| x == n).unwrap()];
+        assert_eq!(get("token_embd.weight"), GgmlType::Q4K);
+        assert_eq!(get("output.weight"), GgmlType::Q6K);
+        assert_eq!(get("output_norm.weight"), GgmlType::F32);
+        assert_eq!(get("blk.0.attn_q.bias"), GgmlType::F32);
+        assert_eq!(get("blk.0.attn_v.weight"), GgmlType::Q6K);
+        assert_eq!(get("blk.3.attn_v.weight"), GgmlType::Q4K);
+        assert_eq!(get("blk.5.ffn_down.weight"), GgmlType::Q6K);
+        assert_eq!(get("blk.6.ffn_down.weight"), GgmlType::Q4K);
+        assert_eq!(get("blk.6.ffn_up.weight"), GgmlType::Q4K);
+        // Tied embeddings: the embedding is the head, so it gets the head's type.
+        let tied = Shape {
+            tied_embeddings: true,
+            ..Shape::qwen2_5_1_5b()
+        };
+        let t = tied.tensors();
+        assert_eq!(plan_types(&t, FileType::Q4KM)[0], GgmlType::Q6K);
+        assert_eq!(plan_types(&t, FileType::Q4_0)[0], GgmlType::Q4_0);
+    }
+
+    #[test]
+    fn odd_row_lengths_fall_back() {
+        assert_eq!(fallback(GgmlType::Q4K, 4096 + 32), GgmlType::Q5_0);
+        assert_eq!(fallback(GgmlType::Q6K, 96), GgmlType::Q8_0);
+        assert_eq!(fallback(GgmlType::IQ4XS, 96), GgmlType::IQ4NL);
+        assert_eq!(fallback(GgmlType::Q4_0, 48), GgmlType::F16);
+        assert_eq!(fallback(GgmlType::Q4K, 512), GgmlType::Q4K);
+    }
+}
