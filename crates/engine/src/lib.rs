@@ -1,1 +1,4 @@
 //! engine
+
+pub mod sampler;
+pub mod stop;
