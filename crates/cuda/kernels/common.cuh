@@ -1,0 +1,84 @@
+// common.cuh — shared device helpers for every redline kernel.
+//
+// Kernels are compiled by NVRTC at run time with no CUDA headers at all (the NVRTC wheel in CI
+// and a bare driver install at run time have none), so the few types and intrinsics we need are
+// written here: fixed-width integers, f16/bf16 -> f32 via PTX `cvt`, `dp4a`, `prmt`.
+// Everything must compile for compute_70 (V100): sm_80+ instructions only behind __CUDA_ARCH__.
+#pragma once
+
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+// IEEE half bits -> f32 (cvt.f32.f16 exists on every PTX target we build).
+static __device__ __forceinline__ float f16_to_f32(uint16_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+static __device__ __forceinline__ uint16_t f32_to_f16(float f) {
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// bf16 is the top half of an f32: no bf16 arithmetic needed (V100 has none).
+static __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
+    return __uint_as_float(((uint32_t)h) << 16);
+}
+
+// Sum of the four signed byte products a.b plus c.
+static __device__ __forceinline__ int dp4a(int a, int b, int c) {
+#if __CUDA_ARCH__ >= 610
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    const int8_t* pa = (const int8_t*)&a;
+    const int8_t* pb = (const int8_t*)&b;
+    return c + pa[0] * pb[0] + pa[1] * pb[1] + pa[2] * pb[2] + pa[3] * pb[3];
+#endif
+}
+
+// Byte permute: result byte i = byte (selector nibble i & 7) of the 8 bytes {b:a}.
+static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// Per-byte a - b for bytes where the result fits in int8 and a + 0x80 - b >= 0
+// (SWAR: no borrow crosses a byte because each byte is biased by 0x80 first).
+static __device__ __forceinline__ uint32_t sub_bytes_biased(uint32_t a, uint32_t b) {
+    return ((a | 0x80808080u) - b) ^ 0x80808080u;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Little-endian loads from 2-byte-aligned memory (every GGUF block is 2-byte aligned).
+static __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) {
+    return *(const uint16_t*)p;
+}
+static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
+    const uint16_t* q = (const uint16_t*)p;
+    return (uint32_t)q[0] | ((uint32_t)q[1] << 16);
+}

@@ -1,0 +1,172 @@
+// matvec_quant.cu — y = W x for ggml block-quantized W, and the activation quantizer.
+//
+// Design (llama.cpp MMVQ-like, own code):
+// - x: [n_tokens, ncols] f32 is first quantized on the device to q8_1-style int8
+//   (`quantize_q8_1`): xq [n_tokens, ncols] int8 plus xds [n_tokens, ncols/32] float2
+//   (d, d * sum(q)) per 32 elements, so every weight format dots with dp4a.
+// - W: [nrows, ncols] in GGUF block layout, uploaded byte-for-byte (rows of row_bytes bytes;
+//   the allocation has >= 16 bytes of padding after the last row). Blocks of odd sizes
+//   (18, 22, 34, 110, 210 bytes) are not 16-byte aligned, so each warp stages a group of
+//   blocks through shared memory with aligned, coalesced 16-byte loads (the group's byte
+//   range rounded out to 16 bytes), then each lane decodes one 32-element unit from there.
+//   The next group's loads are issued before the current group is decoded.
+// - One warp per row, WARPS rows per block; the weights are read once for all n_tokens <= NT
+//   tokens (small-batch decode), so a step costs one pass over W.
+// y: [n_tokens, nrows] f32.
+#include "quant_formats.cuh"
+
+struct alignas(16) u32x4 {
+    uint32_t x, y, z, w;
+};
+
+#define MV_WARPS 4
+// Largest staged group: 32 blocks of q8_0 = 1088 bytes, + up to 15 bytes of leading and
+// trailing alignment slack -> 69 vectors; 3 loads per lane.
+#define MV_GROUP_VECS 72
+#define MV_LOADS_PER_LANE 3
+
+// x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements.
+// grid: (ncols/32 / 8 rounded up, n_tokens), block (32, 8): one warp per 32 elements.
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                         float* __restrict__ xds, int ncols) {
+    const int unit = blockIdx.x * blockDim.y + threadIdx.y;
+    const int t = blockIdx.y;
+    if (unit * 32 >= ncols) return;
+    const long long i = (long long)t * ncols + unit * 32 + threadIdx.x;
+    const float v = x[i];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (int8_t)q;
+    const float sum = warp_sum((float)q);
+    if (threadIdx.x == 0) {
+        const long long u = (long long)t * (ncols / 32) + unit;
+        xds[2 * u] = d;
+        xds[2 * u + 1] = d * sum;
+    }
+}
+
+template <typename F>
+static __device__ __forceinline__ void mv_load_group(const uint8_t* W, long long start, int len, int lane,
+                                                     u32x4 r[MV_LOADS_PER_LANE], int& off, int& nvec) {
+    const long long a0 = start & ~15ll;
+    off = (int)(start - a0);
+    nvec = (off + len + 15) >> 4;
+    const u32x4* src = (const u32x4*)(W + a0);
+#pragma unroll
+    for (int k = 0; k < MV_LOADS_PER_LANE; k++) {
+        const int i = lane + 32 * k;
+        if (i < nvec) r[k] = src[i];
+    }
+}
+
+template <typename F, int NT>
+static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                const float* __restrict__ xds, float* __restrict__ y, int nrows,
+                                                int ncols, long long row_bytes, int n_tokens) {
+    __shared__ u32x4 stage[MV_WARPS][MV_GROUP_VECS];
+    const int lane = threadIdx.x;
+    const int row = blockIdx.x * MV_WARPS + threadIdx.y;
+    if (row >= nrows) return;  // whole warp leaves together: only __syncwarp below
+    u32x4* sbuf = stage[threadIdx.y];
+    const uint8_t* sbytes = (const uint8_t*)sbuf;
+
+    constexpr int G = 32 / F::UNITS;  // blocks per staged group: 32 units, one per lane
+    constexpr int BLOCK_ELEMS = 32 * F::UNITS;
+    const int nblocks = ncols / BLOCK_ELEMS;
+    const long long row_start = row * row_bytes;
+    const int n_units_x = ncols / 32;
+
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+
+    u32x4 r[MV_LOADS_PER_LANE];
+    int off, nvec;
+    mv_load_group<F>(W, row_start, min(G, nblocks) * F::BLOCK_BYTES, lane, r, off, nvec);
+
+    for (int g0 = 0; g0 < nblocks; g0 += G) {
+        const int nb = min(G, nblocks - g0);
+#pragma unroll
+        for (int k = 0; k < MV_LOADS_PER_LANE; k++) {
+            const int i = lane + 32 * k;
+            if (i < nvec) sbuf[i] = r[k];
+        }
+        __syncwarp();
+        const int cur_off = off;
+        const int g1 = g0 + G;
+        if (g1 < nblocks) {
+            mv_load_group<F>(W, row_start + (long long)g1 * F::BLOCK_BYTES, min(G, nblocks - g1) * F::BLOCK_BYTES,
+                             lane, r, off, nvec);
+        }
+        const int blk = lane / F::UNITS;
+        const int u = lane % F::UNITS;
+        if (blk < nb) {
+            int v[8];
+            float s0, s1, m0, m1;
+            F::decode(sbytes + cur_off + blk * F::BLOCK_BYTES, u, v, s0, s1, m0, m1);
+            const int xunit = (g0 + blk) * F::UNITS + u;  // 32-element unit index within the row
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < n_tokens) {
+                    const u32x4* xp = (const u32x4*)(xq + (long long)t * ncols + 32 * xunit);
+                    const u32x4 xa = xp[0], xb = xp[1];
+                    const int xv[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                                       (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+                    int sumi0 = 0, sumi1 = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) sumi0 = dp4a(v[i], xv[i], sumi0);
+#pragma unroll
+                    for (int i = 4; i < 8; i++) sumi1 = dp4a(v[i], xv[i], sumi1);
+                    const long long xu = (long long)t * n_units_x + xunit;
+                    const float xd = xds[2 * xu];
+                    float r_t;
+                    if constexpr (F::SPLIT) {
+                        r_t = xd * (s0 * (float)sumi0 + s1 * (float)sumi1);
+                    } else {
+                        r_t = xd * s0 * (float)(sumi0 + sumi1);
+                    }
+                    if constexpr (F::HAS_MIN) r_t += m0 * xds[2 * xu + 1];
+                    if constexpr (F::HALF_MIN) {
+                        int sx0 = 0, sx1 = 0;
+#pragma unroll
+                        for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, xv[i], sx0);
+#pragma unroll
+                        for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, xv[i], sx1);
+                        r_t += xd * (m0 * (float)sx0 + m1 * (float)sx1);
+                    }
+                    acc[t] += r_t;
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float s = warp_sum(acc[t]);
+        if (lane == 0 && t < n_tokens) y[(long long)t * nrows + row] = s;
+    }
+}
+
+// One kernel per (format, NT); n_tokens <= NT tokens are computed, the weights read once.
+#define MV_KERNEL(name, F, NT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mv_##name##_n##NT(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,               \
+                          const float* __restrict__ xds, float* __restrict__ y, int nrows, int ncols,  \
+                          long long row_bytes, int n_tokens) {                                         \
+        mv_quant<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens);                            \
+    }
+#define MV_FORMAT(name, F) MV_KERNEL(name, F, 1) MV_KERNEL(name, F, 2) MV_KERNEL(name, F, 4) MV_KERNEL(name, F, 8)
+
+MV_FORMAT(q4_0, FmtQ4_0)
+MV_FORMAT(q4_1, FmtQ4_1)
+MV_FORMAT(q5_0, FmtQ5_0)
+MV_FORMAT(q5_1, FmtQ5_1)
+MV_FORMAT(q8_0, FmtQ8_0)
+MV_FORMAT(iq4_nl, FmtIQ4_NL)
+MV_FORMAT(iq4_xs, FmtIQ4_XS)
+MV_FORMAT(q2_k, FmtQ2_K)
+MV_FORMAT(q3_k, FmtQ3_K)
+MV_FORMAT(q4_k, FmtQ4_K)
+MV_FORMAT(q5_k, FmtQ5_K)
+MV_FORMAT(q6_k, FmtQ6_K)

@@ -1,0 +1,277 @@
+// quant_formats.cuh — decoders of ggml block formats into int8 lanes for dp4a dot products.
+//
+// Block layouts are ggml's `block_*` (ggml/src/ggml-common.h), read byte-for-byte as stored in
+// GGUF; bit layouts follow ggml's `dequantize_row_*` (ggml/src/ggml-quants.c).
+//
+// Every format is seen as a sequence of 32-element "units" (1 per block for the 32-wide
+// formats, 8 per 256-wide super-block). `decode(b, u, ...)` turns unit `u` of the block at
+// `b` into 32 signed int8 values v (4 per int) and scales such that, for element e of the
+// unit with half h = e / 16:
+//     w[e] = s_h * v[e] + m_h                (m_h applies per half when HALF_MIN)
+//     w[e] = s_h * v[e] + m0 (per unit)      (when HAS_MIN)
+// so that dot(w, x) over the unit with x ~ xd * xq (q8_1) is
+//     xd * (s0 * sumi0 + s1 * sumi1) + m0 * xs   (xs = xd * sum(xq)),
+// which the matvec driver evaluates with dp4a.
+#pragma once
+#include "common.cuh"
+
+// ggml `kvalues_iq4nl` as little-endian packed bytes: {-127,-104,-83,-65}, {-49,-35,-22,-10},
+// {1,13,25,38}, {53,69,89,113}.
+#define IQ4NL_T0 0xBFAD9881u
+#define IQ4NL_T1 0xF6EADDCFu
+#define IQ4NL_T2 0x26190D01u
+#define IQ4NL_T3 0x71594535u
+
+// Four 4-bit indices (one per byte, values 0..15) -> four int8 kvalues_iq4nl entries.
+static __device__ __forceinline__ uint32_t iq4nl_lookup4(uint32_t idx) {
+    const uint32_t t = idx & 0x07070707u;
+    const uint32_t sel = (t & 0x7u) | ((t >> 4) & 0x70u) | ((t >> 8) & 0x700u) | ((t >> 12) & 0x7000u);
+    const uint32_t lo = prmt(IQ4NL_T0, IQ4NL_T1, sel);
+    const uint32_t hi = prmt(IQ4NL_T2, IQ4NL_T3, sel);
+    const uint32_t m = ((idx & 0x08080808u) >> 3) * 0xFFu;
+    return (lo & ~m) | (hi & m);
+}
+
+// Spreads bits 0..3 of hb into bit 4 of bytes 0..3 (Q5_0 / Q5_1 fifth bits).
+static __device__ __forceinline__ uint32_t spread_bits_to_bit4(uint32_t hb) {
+    return ((hb << 4) & 0x10u) | ((hb << 11) & 0x1000u) | ((hb << 18) & 0x100000u) | ((hb << 25) & 0x10000000u);
+}
+
+// ggml get_scale_min_k4: 6-bit scale and min j (0..7) of Q4_K / Q5_K packed in 12 bytes.
+static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Reads a little-endian u32 at p; p is 4-byte aligned when ALIGN4, else 2-byte aligned.
+template <bool ALIGN4>
+static __device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
+    if constexpr (ALIGN4) {
+        return *(const uint32_t*)p;
+    } else {
+        return ld_u32_a2(p);
+    }
+}
+
+struct FmtQ4_0 {  // block_q4_0: d f16, qs[16]; x = d * (q - 8)
+    static constexpr int BLOCK_BYTES = 18, UNITS = 1;
+    static constexpr bool HAS_MIN = true, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = ld_u32_a2(b + 2 + 4 * i);
+            v[i] = w & 0x0F0F0F0F;
+            v[4 + i] = (w >> 4) & 0x0F0F0F0F;
+        }
+        s0 = s1 = d;
+        m0 = -8.0f * d;
+        m1 = 0.0f;
+    }
+};
+
+struct FmtQ4_1 {  // block_q4_1: d, m f16, qs[16]; x = d * q + m
+    static constexpr int BLOCK_BYTES = 20, UNITS = 1;
+    static constexpr bool HAS_MIN = true, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int, int v[8], float& s0, float& s1, float& m0, float& m1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = ld32<true>(b + 4 + 4 * i);
+            v[i] = w & 0x0F0F0F0F;
+            v[4 + i] = (w >> 4) & 0x0F0F0F0F;
+        }
+        s0 = s1 = f16_to_f32(ld_u16(b));
+        m0 = f16_to_f32(ld_u16(b + 2));
+        m1 = 0.0f;
+    }
+};
+
+struct FmtQ5_0 {  // block_q5_0: d f16, qh[4] (bit j = 5th bit of element j), qs[16]; x = d * (q - 16)
+    static constexpr int BLOCK_BYTES = 22, UNITS = 1;
+    static constexpr bool HAS_MIN = true, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b));
+        const uint32_t qh = ld_u32_a2(b + 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = ld_u32_a2(b + 6 + 4 * i);
+            v[i] = (w & 0x0F0F0F0F) | spread_bits_to_bit4(qh >> (4 * i));
+            v[4 + i] = ((w >> 4) & 0x0F0F0F0F) | spread_bits_to_bit4(qh >> (16 + 4 * i));
+        }
+        s0 = s1 = d;
+        m0 = -16.0f * d;
+        m1 = 0.0f;
+    }
+};
+
+struct FmtQ5_1 {  // block_q5_1: d, m f16, qh[4], qs[16]; x = d * q + m
+    static constexpr int BLOCK_BYTES = 24, UNITS = 1;
+    static constexpr bool HAS_MIN = true, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const uint32_t qh = ld32<true>(b + 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = ld32<true>(b + 8 + 4 * i);
+            v[i] = (w & 0x0F0F0F0F) | spread_bits_to_bit4(qh >> (4 * i));
+            v[4 + i] = ((w >> 4) & 0x0F0F0F0F) | spread_bits_to_bit4(qh >> (16 + 4 * i));
+        }
+        s0 = s1 = f16_to_f32(ld_u16(b));
+        m0 = f16_to_f32(ld_u16(b + 2));
+        m1 = 0.0f;
+    }
+};
+
+struct FmtQ8_0 {  // block_q8_0: d f16, qs[32] int8; x = d * q
+    static constexpr int BLOCK_BYTES = 34, UNITS = 1;
+    static constexpr bool HAS_MIN = false, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int, int v[8], float& s0, float& s1, float& m0, float& m1) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = ld_u32_a2(b + 2 + 4 * i);
+        s0 = s1 = f16_to_f32(ld_u16(b));
+        m0 = m1 = 0.0f;
+    }
+};
+
+struct FmtIQ4_NL {  // block_iq4_nl: d f16, qs[16]; x = d * kvalues[q]
+    static constexpr int BLOCK_BYTES = 18, UNITS = 1;
+    static constexpr bool HAS_MIN = false, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int, int v[8], float& s0, float& s1, float& m0, float& m1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = ld_u32_a2(b + 2 + 4 * i);
+            v[i] = iq4nl_lookup4(w & 0x0F0F0F0F);
+            v[4 + i] = iq4nl_lookup4((w >> 4) & 0x0F0F0F0F);
+        }
+        s0 = s1 = f16_to_f32(ld_u16(b));
+        m0 = m1 = 0.0f;
+    }
+};
+
+struct FmtIQ4_XS {  // block_iq4_xs: d f16, scales_h u16, scales_l[4], qs[128]; 8 sub-blocks of 32
+    static constexpr int BLOCK_BYTES = 136, UNITS = 8;
+    static constexpr bool HAS_MIN = false, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int u, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b));
+        const uint32_t sh = ld_u16(b + 2);
+        const int ls = ((b[4 + u / 2] >> (4 * (u % 2))) & 0xF) | (((sh >> (2 * u)) & 3) << 4);
+        const uint8_t* q = b + 8 + 16 * u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = ld32<true>(q + 4 * i);
+            v[i] = iq4nl_lookup4(w & 0x0F0F0F0F);
+            v[4 + i] = iq4nl_lookup4((w >> 4) & 0x0F0F0F0F);
+        }
+        s0 = s1 = d * (float)(ls - 32);
+        m0 = m1 = 0.0f;
+    }
+};
+
+struct FmtQ2_K {  // block_q2_K: scales[16] (lo4 scale, hi4 min), qs[64], d, dmin f16
+    static constexpr int BLOCK_BYTES = 84, UNITS = 8;
+    static constexpr bool HAS_MIN = false, HALF_MIN = true, SPLIT = true;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int u, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b + 80));
+        const float dmin = f16_to_f32(ld_u16(b + 82));
+        const uint8_t* q = b + 16 + 32 * (u / 4);
+        const int shift = 2 * (u % 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = (ld32<true>(q + 4 * i) >> shift) & 0x03030303;
+        const int sc0 = b[2 * u], sc1 = b[2 * u + 1];
+        s0 = d * (float)(sc0 & 0xF);
+        s1 = d * (float)(sc1 & 0xF);
+        m0 = -dmin * (float)(sc0 >> 4);
+        m1 = -dmin * (float)(sc1 >> 4);
+    }
+};
+
+struct FmtQ3_K {  // block_q3_K: hmask[32], qs[64], scales[12] (16 x 6 bits), d f16
+    static constexpr int BLOCK_BYTES = 110, UNITS = 8;
+    static constexpr bool HAS_MIN = false, HALF_MIN = false, SPLIT = true;
+    static __device__ __forceinline__ int scale(const uint8_t* s, int k) {
+        const int lo = k < 8 ? (s[k] & 0xF) : (s[k - 8] >> 4);
+        const int hi = (s[8 + (k % 4)] >> (2 * (k / 4))) & 3;
+        return (lo | (hi << 4)) - 32;
+    }
+    static __device__ __forceinline__ void decode(const uint8_t* b, int u, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b + 108));
+        const uint8_t* q = b + 32 + 32 * (u / 4);
+        const int shift = 2 * (u % 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t lo = (ld_u32_a2(q + 4 * i) >> shift) & 0x03030303u;
+            const uint32_t h = (ld_u32_a2(b + 4 * i) >> u) & 0x01010101u;
+            // q = lo - 4 where the high bit is clear (ggml: `(hm[l] & m) ? 0 : 4`)
+            v[i] = sub_bytes_biased(lo, ((~h) & 0x01010101u) << 2);
+        }
+        s0 = d * (float)scale(b + 96, 2 * u);
+        s1 = d * (float)scale(b + 96, 2 * u + 1);
+        m0 = m1 = 0.0f;
+    }
+};
+
+struct FmtQ4_K {  // block_q4_K: d, dmin f16, scales[12], qs[128]; x = d*sc*q - dmin*m
+    static constexpr int BLOCK_BYTES = 144, UNITS = 8;
+    static constexpr bool HAS_MIN = true, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int u, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b));
+        const float dmin = f16_to_f32(ld_u16(b + 2));
+        int sc, m;
+        scale_min_k4(u, b + 4, sc, m);
+        const uint8_t* q = b + 16 + 32 * (u / 2);
+        const int shift = 4 * (u % 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = (ld32<true>(q + 4 * i) >> shift) & 0x0F0F0F0F;
+        s0 = s1 = d * (float)sc;
+        m0 = -dmin * (float)m;
+        m1 = 0.0f;
+    }
+};
+
+struct FmtQ5_K {  // block_q5_K: d, dmin, scales[12], qh[32] (bit u = 5th bit), qs[128]
+    static constexpr int BLOCK_BYTES = 176, UNITS = 8;
+    static constexpr bool HAS_MIN = true, HALF_MIN = false, SPLIT = false;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int u, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const float d = f16_to_f32(ld_u16(b));
+        const float dmin = f16_to_f32(ld_u16(b + 2));
+        int sc, m;
+        scale_min_k4(u, b + 4, sc, m);
+        const uint8_t* q = b + 48 + 32 * (u / 2);
+        const int shift = 4 * (u % 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t lo = (ld32<true>(q + 4 * i) >> shift) & 0x0F0F0F0Fu;
+            const uint32_t h = (ld32<true>(b + 16 + 4 * i) >> u) & 0x01010101u;
+            v[i] = lo | (h << 4);
+        }
+        s0 = s1 = d * (float)sc;
+        m0 = -dmin * (float)m;
+        m1 = 0.0f;
+    }
+};
+
+struct FmtQ6_K {  // block_q6_K: ql[128], qh[64], scales[16] int8, d f16; x = d*sc*(q - 32)
+    static constexpr int BLOCK_BYTES = 210, UNITS = 8;
+    static constexpr bool HAS_MIN = false, HALF_MIN = false, SPLIT = true;
+    static __device__ __forceinline__ void decode(const uint8_t* b, int u, int v[8], float& s0, float& s1, float& m0, float& m1) {
+        const int n = u / 4, k = u % 4;
+        const uint8_t* ql = b + 64 * n + 32 * (k & 1);
+        const uint8_t* qh = b + 128 + 32 * n;
+        const int nshift = 4 * (k >> 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t lo = (ld_u32_a2(ql + 4 * i) >> nshift) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((ld_u32_a2(qh + 4 * i) >> (2 * k)) & 0x03030303u) << 4;
+            v[i] = sub_bytes_biased(lo | hi, 0x20202020u);
+        }
+        const float d = f16_to_f32(ld_u16(b + 208));
+        const int8_t* sc = (const int8_t*)(b + 192);
+        s0 = d * (float)sc[8 * n + 2 * k];
+        s1 = d * (float)sc[8 * n + 2 * k + 1];
+        m0 = m1 = 0.0f;
+    }
+};

@@ -1,0 +1,258 @@
+//! GPU discovery and the per-device runtime: context, stream, NVRTC, kernel cache, modules.
+//!
+//! Everything is loaded at run time: the driver (libcuda) through cudarc's `dynamic-loading`,
+//! NVRTC through [`crate::nvrtc`]. cudarc panics when libcuda cannot be found, so we ask
+//! `is_culib_present()` first and wrap the first driver calls in `catch_unwind` (a missing
+//! symbol also panics there): no CUDA is an error value, never a crash.
+
+use crate::error::{CudaError, Result};
+use crate::kernel_cache::{cache_key, default_cache_dir, KernelCache};
+use crate::nvrtc::Nvrtc;
+use crate::sources::Program;
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Once};
+
+/// What the driver reports about one GPU.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// (major, minor), e.g. (9, 0) for H100/H200, (7, 0) for V100.
+    pub compute_capability: (i32, i32),
+    pub total_mem_bytes: usize,
+    pub sm_count: i32,
+    /// Peak memory clock (kHz) and bus width (bits): the datasheet bandwidth is
+    /// 2 * clock * width / 8. The measured figure comes from `bandwidth::measure_read_bandwidth`.
+    pub mem_clock_khz: i32,
+    pub mem_bus_width_bits: i32,
+}
+
+impl DeviceInfo {
+    /// `sm_XX` number, e.g. 90.
+    pub fn arch(&self) -> u32 {
+        (self.compute_capability.0 * 10 + self.compute_capability.1) as u32
+    }
+
+    /// Theoretical DRAM bandwidth in GB/s (double data rate).
+    pub fn peak_bandwidth_gbs(&self) -> f64 {
+        2.0 * self.mem_clock_khz as f64 * 1e3 * self.mem_bus_width_bits as f64 / 8.0 / 1e9
+    }
+}
+
+/// Options for opening a device. Explicit fields, no hidden environment switches.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    pub ordinal: usize,
+    /// libnvrtc to use; `None` searches the usual places (see `nvrtc::candidate_paths`).
+    pub nvrtc_path: Option<PathBuf>,
+    /// Kernel cache directory; `None` uses `~/.cache/redline/kernels`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Runs `f` (first driver calls) turning a cudarc panic into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T> + std::panic::UnwindSafe) -> Result<T> {
+    match std::panic::catch_unwind(f) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(CudaError::NoDevice(format!("{what}: {msg}")))
+        }
+    }
+}
+
+/// True when a CUDA driver library can be loaded (cheap; loads nothing else).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries dlopen of libcuda candidates and closes them again.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name()?,
+        compute_capability: ctx.compute_capability()?,
+        total_mem_bytes: ctx.total_mem()?,
+        sm_count: ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        mem_clock_khz: ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?,
+        mem_bus_width_bits: ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?,
+    })
+}
+
+/// Number of CUDA devices, or `NoDevice` (no driver, driver error, or zero devices).
+pub fn device_count() -> Result<usize> {
+    if !driver_present() {
+        return Err(CudaError::NoDevice(
+            "no CUDA driver library (libcuda.so) found".into(),
+        ));
+    }
+    let n = guarded("cuInit", || {
+        CudaContext::device_count().map_err(|e| CudaError::NoDevice(e.to_string()))
+    })?;
+    if n <= 0 {
+        return Err(CudaError::NoDevice(
+            "the CUDA driver reports no devices".into(),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// All devices the driver sees (opens each device's primary context).
+pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+    let n = device_count()?;
+    (0..n)
+        .map(|i| {
+            let ctx = guarded("cuCtx", move || Ok(CudaContext::new(i)?))?;
+            device_info(&ctx, i)
+        })
+        .collect()
+}
+
+/// One opened GPU with its stream and compiled kernels.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    arch: u32,
+    nvrtc: Nvrtc,
+    cache: KernelCache,
+    modules: Mutex<HashMap<Program, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl CudaDevice {
+    /// Opens device `opts.ordinal` and loads NVRTC. Kernels compile lazily on first use.
+    pub fn open(opts: &CudaOptions) -> Result<CudaDevice> {
+        let n = device_count()?;
+        if opts.ordinal >= n {
+            return Err(CudaError::NoDevice(format!(
+                "device {} requested, {n} present",
+                opts.ordinal
+            )));
+        }
+        let ordinal = opts.ordinal;
+        let ctx = guarded("cuCtx", move || Ok(CudaContext::new(ordinal)?))?;
+        let info = device_info(&ctx, ordinal)?;
+        let nvrtc = Nvrtc::load(opts.nvrtc_path.as_deref())?;
+        let arch = pick_arch(info.arch(), &nvrtc)?;
+        let stream = ctx.default_stream();
+        let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            info,
+            arch,
+            nvrtc,
+            cache,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The `sm_XX` the kernels are compiled for.
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
+    pub fn nvrtc(&self) -> &Nvrtc {
+        &self.nvrtc
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// The module of `program`, compiled (or read from the disk cache) and loaded on first use.
+    pub fn module(&self, program: Program) -> Result<Arc<CudaModule>> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = modules.get(&program) {
+            return Ok(m.clone());
+        }
+        let src = program.program_source();
+        let options: [&str; 0] = [];
+        let key = cache_key(&src, self.arch, self.nvrtc.version(), &options);
+        let load = |cubin: Vec<u8>| self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin));
+        let module = match self.cache.get(&key).map(load) {
+            Some(Ok(m)) => m,
+            _ => {
+                // Not cached, or a stale/corrupt entry: compile and replace it.
+                let compiled = self.nvrtc.compile(&src, self.arch, &options)?;
+                let m = load(compiled.cubin.clone())?;
+                // A cache we cannot write is not fatal: we just compile again next run.
+                let _ = self.cache.put(&key, &compiled.cubin);
+                m
+            }
+        };
+        modules.insert(program, module.clone());
+        Ok(module)
+    }
+
+    /// A kernel by name from `program`.
+    pub fn function(&self, program: Program, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return Ok(f.clone());
+        }
+        let f = self.module(program)?.load_function(name)?;
+        self.functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+/// The device's own arch if NVRTC supports it, else the newest supported one of the same major
+/// (cubins run on later minors of their major).
+fn pick_arch(device_arch: u32, nvrtc: &Nvrtc) -> Result<u32> {
+    let sup = nvrtc.supported_archs();
+    if sup.is_empty() || sup.contains(&device_arch) {
+        return Ok(device_arch);
+    }
+    sup.iter()
+        .copied()
+        .filter(|&a| a / 10 == device_arch / 10 && a <= device_arch)
+        .max()
+        .ok_or_else(|| CudaError::ArchUnsupported {
+            version: format!("{}.{}", nvrtc.version().0, nvrtc.version().1),
+            arch: device_arch,
+            supported: sup.to_vec(),
+        })
+}
+
+static CPU_FALLBACK_NOTICE: Once = Once::new();
+
+/// Opens the GPU, or says once on stderr "no CUDA device found; running on the CPU" (with the
+/// reason) and returns `None`.
+pub fn open_or_cpu(opts: &CudaOptions) -> Option<CudaDevice> {
+    match CudaDevice::open(opts) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            CPU_FALLBACK_NOTICE
+                .call_once(|| eprintln!("no CUDA device found; running on the CPU ({e})"));
+            None
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Matrix-vector (and small-batch matrix) products y = W x on the GPU for every GGUF weight
+//! format, reading the weights once per call. Kernels: kernels/matvec_quant.cu (block formats,
+//! dp4a against q8_1-quantized x), kernels/matvec_float.cu (F32 / F16 / BF16).
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, Result};
+use crate::sources::Program;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use gguf::GgmlType;
+
+/// Rows per thread block (one warp each); must match MV_WARPS / MVF_WARPS in the kernels.
+const ROWS_PER_BLOCK: u32 = 4;
+/// Tokens per launch at most (the kernels are instantiated for 1, 2, 4 and 8).
+pub const MAX_TOKENS_PER_LAUNCH: usize = 8;
+/// Bytes after the last row: the staged 16-byte loads may read up to 15 bytes past it.
+const PAD_BYTES: usize = 16;
+
+/// Kernel name stem of a weight type, and whether x is quantized to q8_1 for it.
+fn kernel_stem(ty: GgmlType) -> Option<(&'static str, bool)> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => ("f32", false),
+        F16 => ("f16", false),
+        BF16 => ("bf16", false),
+        Q4_0 => ("q4_0", true),
+        Q4_1 => ("q4_1", true),
+        Q5_0 => ("q5_0", true),
+        Q5_1 => ("q5_1", true),
+        Q8_0 => ("q8_0", true),
+        IQ4NL => ("iq4_nl", true),
+        IQ4XS => ("iq4_xs", true),
+        Q2K => ("q2_k", true),
+        Q3K => ("q3_k", true),
+        Q4K => ("q4_k", true),
+        Q5K => ("q5_k", true),
+        Q6K => ("q6_k", true),
+        _ => return None,
+    })
+}
+
+/// Weight types `matvec` supports.
+pub fn supports(ty: GgmlType) -> bool {
+    kernel_stem(ty).is_some()
+}
+
+/// A weight matrix in device memory, byte-for-byte as stored in GGUF.
+/// Shape [n_rows, n_cols]: row r holds output r's weights over n_cols inputs.
+pub struct DeviceMatrix {
+    pub ty: GgmlType,
+    pub n_rows: usize,
+    pub n_cols: usize,
+    row_bytes: usize,
+    data: CudaSlice<u8>,
+}
+
+impl DeviceMatrix {
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Device bytes of the weights proper (what one matvec must read).
+    pub fn weight_bytes(&self) -> usize {
+        self.row_bytes * self.n_rows
+    }
+}
+
+/// Device scratch for x quantized to q8_1: xq int8 [n, cols] and (d, d*sum) per 32.
+pub struct MatvecScratch {
+    xq: CudaSlice<i8>,
+    xds: CudaSlice<f32>,
+}
+
+impl CudaDevice {
+    /// Uploads `bytes` (GGUF layout of a [n_rows, n_cols] tensor of type `ty`).
+    pub fn upload_matrix(
+        &self,
+        ty: GgmlType,
+        n_rows: usize,
+        n_cols: usize,
+        bytes: &[u8],
+    ) -> Result<DeviceMatrix> {
+        if !supports(ty) {
+            return Err(CudaError::UnsupportedType(ty.name()));
+        }
+        if !n_cols.is_multiple_of(ty.block_size()) {
+            return Err(CudaError::Shape(format!(
+                "{} columns is not a multiple of the {} block ({})",
+                n_cols,
+                ty.name(),
+                ty.block_size()
+            )));
+        }
+        let row_bytes = n_cols / ty.block_size() * ty.type_size();
+        let total = row_bytes
+            .checked_mul(n_rows)
+            .ok_or_else(|| CudaError::Shape("matrix size overflows".into()))?;
+        if bytes.len() != total {
+            return Err(CudaError::Shape(format!(
+                "{}x{} {} needs {} bytes, got {}",
+                n_rows,
+                n_cols,
+                ty.name(),
+                total,
+                bytes.len()
+            )));
+        }
+        if n_rows > i32::MAX as usize || n_cols > i32::MAX as usize {
+            return Err(CudaError::Shape("dimension exceeds i32".into()));
+        }
+        let mut data = self.stream().alloc_zeros::<u8>(total + PAD_BYTES)?;
+        self.stream()
+            .memcpy_htod(bytes, &mut data.slice_mut(0..total))?;
+        Ok(DeviceMatrix {
+            ty,
+            n_rows,
+            n_cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// Scratch for x of up to `max_tokens` rows of `max_cols` (multiple of 32) columns.
+    pub fn matvec_scratch(&self, max_tokens: usize, max_cols: usize) -> Result<MatvecScratch> {
+        let n = max_tokens * max_cols.div_ceil(32) * 32;
+        Ok(MatvecScratch {
+            xq: self.stream().alloc_zeros::<i8>(n)?,
+            xds: self.stream().alloc_zeros::<f32>(n / 16)?,
+        })
+    }
+
+    /// y = W x for `n_tokens` tokens: x [n_tokens, n_cols] f32, y [n_tokens, n_rows] f32.
+    /// Weights are read once per group of up to 8 tokens. Asynchronous on the device stream.
+    pub fn matvec(
+        &self,
+        w: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+        scratch: &mut MatvecScratch,
+    ) -> Result<()> {
+        let (stem, quantized) = kernel_stem(w.ty).ok_or(CudaError::UnsupportedType(w.ty.name()))?;
+        let (rows, cols) = (w.n_rows, w.n_cols);
+        if x.len() < n_tokens * cols || y.len() < n_tokens * rows {
+            return Err(CudaError::Shape(format!(
+                "x {} / y {} too small for {} tokens of {}x{}",
+                x.len(),
+                y.len(),
+                n_tokens,
+                rows,
+                cols
+            )));
+        }
+        let grid = (rows as u32).div_ceil(ROWS_PER_BLOCK);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (32, ROWS_PER_BLOCK, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
+            let nt = n.next_power_of_two();
+            let n_i = n as i32;
+            let name = format!("mv_{stem}_n{nt}");
+            let xs = x.slice(t0 * cols..(t0 + n) * cols);
+            let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
+            if quantized {
+                if scratch.xq.len() < n * cols || scratch.xds.len() < n * cols / 16 {
+                    return Err(CudaError::Shape("matvec scratch too small".into()));
+                }
+                self.quantize_q8_1(&xs, n, cols, scratch)?;
+                let f = self.function(Program::MatvecQuant, &name)?;
+                let mut b = self.stream().launch_builder(&f);
+                b.arg(&w.data)
+                    .arg(&scratch.xq)
+                    .arg(&scratch.xds)
+                    .arg(&mut ys);
+                b.arg(&rows_i).arg(&cols_i).arg(&row_bytes).arg(&n_i);
+                // SAFETY: argument list matches mv_<fmt>_n<NT>(W, xq, xds, y, nrows, ncols,
+                // row_bytes, n_tokens); buffer sizes were checked above.
+                unsafe { b.launch(cfg) }?;
+            } else {
+                let f = self.function(Program::MatvecFloat, &name)?;
+                let mut b = self.stream().launch_builder(&f);
+                b.arg(&w.data)
+                    .arg(&xs)
+                    .arg(&mut ys)
+                    .arg(&rows_i)
+                    .arg(&cols_i)
+                    .arg(&n_i);
+                // SAFETY: matches mv_<f32|f16|bf16>_n<NT>(W, x, y, nrows, ncols, n_tokens).
+                unsafe { b.launch(cfg) }?;
+            }
+            t0 += n;
+        }
+        Ok(())
+    }
+
+    fn quantize_q8_1(
+        &self,
+        x: &cudarc::driver::CudaView<'_, f32>,
+        n_tokens: usize,
+        cols: usize,
+        scratch: &mut MatvecScratch,
+    ) -> Result<()> {
+        let units = (cols / 32) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (units.div_ceil(8), n_tokens as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.function(Program::MatvecQuant, "quantize_q8_1")?;
+        let cols_i = cols as i32;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x)
+            .arg(&mut scratch.xq)
+            .arg(&mut scratch.xds)
+            .arg(&cols_i);
+        // SAFETY: matches quantize_q8_1(x, xq, xds, ncols); scratch sized by the caller's check.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

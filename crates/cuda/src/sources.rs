@@ -1,0 +1,52 @@
+//! The CUDA C++ kernel sources, embedded in the binary and compiled by NVRTC at first use.
+
+use crate::nvrtc::ProgramSource;
+
+/// Headers any program may `#include "name"`.
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    (
+        "quant_formats.cuh",
+        include_str!("../kernels/quant_formats.cuh"),
+    ),
+];
+
+/// One compilation unit (one CUDA module at run time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Program {
+    MatvecQuant,
+    MatvecFloat,
+    Bandwidth,
+}
+
+impl Program {
+    pub const ALL: [Program; 3] = [
+        Program::MatvecQuant,
+        Program::MatvecFloat,
+        Program::Bandwidth,
+    ];
+
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Program::MatvecQuant => "matvec_quant.cu",
+            Program::MatvecFloat => "matvec_float.cu",
+            Program::Bandwidth => "bandwidth.cu",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Program::MatvecQuant => include_str!("../kernels/matvec_quant.cu"),
+            Program::MatvecFloat => include_str!("../kernels/matvec_float.cu"),
+            Program::Bandwidth => include_str!("../kernels/bandwidth.cu"),
+        }
+    }
+
+    pub fn program_source(self) -> ProgramSource<'static> {
+        ProgramSource {
+            name: self.file_name(),
+            source: self.source(),
+            headers: HEADERS,
+        }
+    }
+}
