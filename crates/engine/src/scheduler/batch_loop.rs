@@ -1,0 +1,357 @@
+//! The scheduler thread: admit, cancel, prefill one chunk, decode one batched step, repeat.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::sampling::{token_logprob, Sampler};
+use super::{
+    lock, BatchModel, FinishReason, GenerationEvent, GenerationRequest, Job, SchedulerConfig, SchedulerStats, Shared,
+    Usage,
+};
+
+/// A request being served by a slot.
+struct Active {
+    request: GenerationRequest,
+    sampler: Sampler,
+    events: mpsc::UnboundedSender<GenerationEvent>,
+    /// Admission order; the oldest prefilling request goes first.
+    seq: u64,
+    /// Prompt tokens already in the cache.
+    prompt_pos: usize,
+    /// Sampled and sent, not yet fed to the model.
+    pending: Option<u32>,
+    n_generated: usize,
+    cached_tokens: usize,
+    admitted: Instant,
+    first_token: Option<Instant>,
+}
+
+struct Slot<S> {
+    state: Option<S>,
+    /// Tokens held in `state`, in order (for prefix reuse).
+    cached: Vec<u32>,
+    active: Option<Active>,
+    last_used: u64,
+}
+
+/// Runs a model call, turning a panic into an error so one bad step cannot kill the thread.
+fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(format!("model panicked: {msg}"))
+    })
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc<SchedulerConfig>) {
+    // Marks the scheduler stopped however this function ends.
+    struct Stopped(Arc<Shared>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.running.store(false, Ordering::Release);
+            let mut q = lock(&self.0.queue);
+            q.shutting_down = true;
+            for job in q.jobs.drain(..) {
+                let _ = job.events.send(GenerationEvent::Error("the scheduler stopped".into()));
+            }
+        }
+    }
+    let _stopped = Stopped(shared.clone());
+
+    let mut slots: Vec<Slot<M::State>> = (0..config.n_slots)
+        .map(|_| Slot {
+            state: None,
+            cached: Vec::new(),
+            active: None,
+            last_used: 0,
+        })
+        .collect();
+    let mut clock: u64 = 0;
+
+    loop {
+        clock += 1;
+        // 1. Admit.
+        {
+            let mut q = lock(&shared.queue);
+            loop {
+                let has_free = slots.iter().any(|s| s.active.is_none());
+                if !has_free || q.jobs.is_empty() {
+                    break;
+                }
+                let Some(job) = q.jobs.pop_front() else { break };
+                admit(&*model, &config, &mut slots, job, clock);
+            }
+            let busy = slots.iter().any(|s| s.active.is_some());
+            if !busy {
+                if q.shutting_down && q.jobs.is_empty() {
+                    return;
+                }
+                // Idle: sleep until a submit or shutdown wakes us.
+                let _ = shared.wake.wait_timeout(q, Duration::from_millis(200));
+                continue;
+            }
+        }
+
+        // 2. Cancel requests whose client went away.
+        let mut tally = Tally::default();
+        for slot in &mut slots {
+            if slot.active.as_ref().is_some_and(|a| a.events.is_closed()) {
+                slot.active = None;
+                slot.last_used = clock;
+                tally.cancelled += 1;
+            }
+        }
+
+        // 3. Prefill one chunk of the oldest prefilling request.
+        let prefilling = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.active.as_ref().filter(|a| a.pending.is_none()).map(|a| (a.seq, i)))
+            .min();
+        let mut prefill_stats = (0u64, 0f64);
+        if let Some((_, i)) = prefilling {
+            let slot = &mut slots[i];
+            if let (Some(active), Some(state)) = (slot.active.as_mut(), slot.state.as_mut()) {
+                let prompt = &active.request.prompt;
+                let end = (active.prompt_pos + config.prefill_chunk).min(prompt.len());
+                let chunk = &prompt[active.prompt_pos..end];
+                let t0 = Instant::now();
+                let result = guarded(|| model.prefill(state, chunk));
+                prefill_stats = (chunk.len() as u64, t0.elapsed().as_secs_f64());
+                match result {
+                    Ok(mut logits) => {
+                        slot.cached.extend_from_slice(chunk);
+                        active.prompt_pos = end;
+                        if end == prompt.len() {
+                            on_logits(slot, &mut logits, &config, clock, &mut tally);
+                        }
+                    }
+                    Err(e) => fail(slot, e, clock, &mut tally),
+                }
+            }
+        }
+
+        // 4. One batched decode step over every slot with a pending token.
+        let decoding: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].active.as_ref().is_some_and(|a| a.pending.is_some()) && slots[i].state.is_some())
+            .collect();
+        let mut decode_stats = (0u64, 0f64);
+        if !decoding.is_empty() {
+            let tokens: Vec<u32> = decoding
+                .iter()
+                .filter_map(|&i| slots[i].active.as_ref().and_then(|a| a.pending))
+                .collect();
+            let mut states: Vec<&mut M::State> = slots
+                .iter_mut()
+                .filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_some()))
+                .filter_map(|s| s.state.as_mut())
+                .collect();
+            let t0 = Instant::now();
+            let result = guarded(|| {
+                let logits = model.decode_batch(&mut states, &tokens)?;
+                let n_vocab = model.n_vocab();
+                if logits.len() != tokens.len() * n_vocab {
+                    return Err(format!(
+                        "decode_batch returned {} logits, expected {}",
+                        logits.len(),
+                        tokens.len() * n_vocab
+                    ));
+                }
+                Ok(logits)
+            });
+            decode_stats = (tokens.len() as u64, t0.elapsed().as_secs_f64());
+            drop(states);
+            match result {
+                Ok(mut logits) => {
+                    let n_vocab = model.n_vocab();
+                    for (row, &i) in decoding.iter().enumerate() {
+                        let slot = &mut slots[i];
+                        if let Some(t) = slot.active.as_mut().and_then(|a| a.pending.take()) {
+                            slot.cached.push(t);
+                        }
+                        on_logits(
+                            slot,
+                            &mut logits[row * n_vocab..(row + 1) * n_vocab],
+                            &config,
+                            clock,
+                            &mut tally,
+                        );
+                    }
+                }
+                Err(e) => {
+                    for &i in &decoding {
+                        fail(&mut slots[i], e.clone(), clock, &mut tally);
+                    }
+                }
+            }
+        }
+
+        let mut st = lock(&shared.stats);
+        st.prefill_tokens_total += prefill_stats.0;
+        st.prefill_seconds_total += prefill_stats.1;
+        st.decode_tokens_total += decode_stats.0;
+        st.decode_seconds_total += decode_stats.1;
+        st.busy_slots = slots.iter().filter(|s| s.active.is_some()).count();
+        st.kv_tokens_used = slots.iter().map(|s| s.cached.len()).sum();
+        tally_into_stats(&mut st, tally);
+    }
+}
+
+/// Puts `job` into the free slot sharing the longest prefix with its prompt
+/// (least recently used on ties) and rolls that slot's cache back to the shared prefix.
+fn admit<M: BatchModel>(model: &M, config: &SchedulerConfig, slots: &mut [Slot<M::State>], job: Job, clock: u64) {
+    let prompt = &job.request.prompt;
+    let Some(i) = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.active.is_none())
+        .max_by_key(|(_, s)| (common_prefix(&s.cached, prompt), std::cmp::Reverse(s.last_used)))
+        .map(|(i, _)| i)
+    else {
+        return;
+    };
+    let slot = &mut slots[i];
+    if job.events.is_closed() {
+        return;
+    }
+    // Keep at least one prompt token to compute: its logits give the first new token.
+    let mut keep = common_prefix(&slot.cached, prompt).min(prompt.len() - 1);
+    let truncated = match slot.state.as_mut() {
+        Some(state) => guarded(|| model.truncate(state, keep)).is_ok(),
+        None => false,
+    };
+    if !truncated {
+        keep = 0;
+        slot.cached.clear();
+        slot.state = None;
+        match guarded(|| model.new_state(config.n_ctx_per_slot)) {
+            Ok(s) => slot.state = Some(s),
+            Err(e) => {
+                let _ = job
+                    .events
+                    .send(GenerationEvent::Error(format!("cannot allocate a sequence: {e}")));
+                return;
+            }
+        }
+    }
+    slot.cached.truncate(keep);
+    let sampler = Sampler::new(job.request.sampling.clone());
+    let _ = job.enqueued;
+    slot.active = Some(Active {
+        request: job.request,
+        sampler,
+        events: job.events,
+        seq: clock,
+        prompt_pos: keep,
+        pending: None,
+        n_generated: 0,
+        cached_tokens: keep,
+        admitted: Instant::now(),
+        first_token: None,
+    });
+    slot.last_used = clock;
+}
+
+/// Samples from a slot's logits ([n_vocab]), sends the token, and decides whether to go on.
+fn on_logits<S>(slot: &mut Slot<S>, logits: &mut [f32], config: &SchedulerConfig, clock: u64, tally: &mut Tally) {
+    let Some(a) = slot.active.as_mut() else { return };
+    let logprob_of = a.request.logprobs.map(|n| (logits.to_vec(), n));
+    let token = a.sampler.sample(logits, a.request.constraint.as_deref_mut());
+    let Some(token) = token else {
+        return fail(
+            slot,
+            "no token is allowed at this point (constraint dead end)".into(),
+            clock,
+            tally,
+        );
+    };
+    a.sampler.accept(token);
+    a.first_token.get_or_insert_with(Instant::now);
+    a.n_generated += 1;
+    let constraint_ok = a.request.constraint.as_mut().is_none_or(|c| c.commit(token));
+    if !constraint_ok {
+        return fail(slot, format!("the constraint rejected token {token}"), clock, tally);
+    }
+    let eog = !a.request.ignore_eos && config.eog_tokens.contains(&token);
+    if eog {
+        return finish(slot, FinishReason::Stop, clock, tally);
+    }
+    let logprob = logprob_of.map(|(raw, n)| token_logprob(&raw, token, n));
+    if a.events.send(GenerationEvent::Token { id: token, logprob }).is_err() {
+        slot.active = None; // the client went away
+        tally.cancelled += 1;
+        return;
+    }
+    if a.request.constraint.as_ref().is_some_and(|c| c.is_finished()) {
+        return finish(slot, FinishReason::Stop, clock, tally);
+    }
+    // The pending token needs one more cache position before the next one can be sampled.
+    if a.n_generated >= a.request.max_tokens || slot.cached.len() + 1 >= config.n_ctx_per_slot {
+        return finish(slot, FinishReason::Length, clock, tally);
+    }
+    a.pending = Some(token);
+}
+
+fn usage_of(a: &Active) -> Usage {
+    let first = a.first_token.unwrap_or(a.admitted);
+    Usage {
+        prompt_tokens: a.request.prompt.len(),
+        cached_tokens: a.cached_tokens,
+        completion_tokens: a.n_generated,
+        prefill_seconds: (first - a.admitted).as_secs_f64(),
+        decode_seconds: first.elapsed().as_secs_f64(),
+    }
+}
+
+/// What happened to requests during one step, folded into the stats at its end.
+#[derive(Default)]
+struct Tally {
+    /// Usage of each request that ended, and whether it ended without an error.
+    ended: Vec<(Usage, bool)>,
+    cancelled: u64,
+}
+
+fn finish<S>(slot: &mut Slot<S>, reason: FinishReason, clock: u64, tally: &mut Tally) {
+    if let Some(a) = slot.active.take() {
+        let usage = usage_of(&a);
+        let _ = a.events.send(GenerationEvent::Done { reason, usage });
+        tally.ended.push((usage, true));
+    }
+    slot.last_used = clock;
+}
+
+/// Ends a slot's request with an error and forgets its cache (it may be inconsistent).
+fn fail<S>(slot: &mut Slot<S>, message: String, clock: u64, tally: &mut Tally) {
+    if let Some(a) = slot.active.take() {
+        let usage = usage_of(&a);
+        let _ = a.events.send(GenerationEvent::Error(message));
+        tally.ended.push((usage, false));
+    }
+    slot.state = None;
+    slot.cached.clear();
+    slot.last_used = clock;
+}
+
+fn tally_into_stats(st: &mut SchedulerStats, tally: Tally) {
+    st.requests_cancelled += tally.cancelled;
+    for (usage, ok) in tally.ended {
+        st.requests_total += 1;
+        if !ok {
+            st.requests_failed += 1;
+        }
+        st.prompt_tokens_total += usage.prompt_tokens as u64;
+        st.cached_prompt_tokens_total += usage.cached_tokens as u64;
+        st.generated_tokens_total += usage.completion_tokens as u64;
+    }
+}

@@ -1,0 +1,100 @@
+//! A deterministic stand-in model for scheduler tests: the greedy next token depends on the
+//! whole sequence so far, so a wrong cache (bad prefix reuse, mixed-up batch rows) shows.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::BatchModel;
+
+pub struct FakeModel {
+    pub n_vocab: usize,
+    /// Sleep per model call, to make steps observable.
+    pub delay: Duration,
+    pub prefill_tokens: AtomicUsize,
+    pub decode_calls: AtomicUsize,
+    pub max_batch: AtomicUsize,
+}
+
+impl FakeModel {
+    pub fn new(n_vocab: usize, delay: Duration) -> FakeModel {
+        FakeModel {
+            n_vocab,
+            delay,
+            prefill_tokens: AtomicUsize::new(0),
+            decode_calls: AtomicUsize::new(0),
+            max_batch: AtomicUsize::new(0),
+        }
+    }
+
+    /// The token the fake model favours after `seq`.
+    pub fn next_after(&self, seq: &[u32]) -> u32 {
+        let h = seq
+            .iter()
+            .fold(17u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64 + 1));
+        (h % self.n_vocab as u64) as u32
+    }
+
+    fn logits(&self, seq: &[u32]) -> Vec<f32> {
+        let mut l: Vec<f32> = (0..self.n_vocab).map(|j| (j % 7) as f32 * 0.1).collect();
+        l[self.next_after(seq) as usize] = 5.0;
+        l
+    }
+}
+
+pub struct FakeState {
+    tokens: Vec<u32>,
+    n_ctx: usize,
+}
+
+impl BatchModel for FakeModel {
+    type State = FakeState;
+
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn new_state(&self, n_ctx: usize) -> Result<FakeState, String> {
+        Ok(FakeState {
+            tokens: Vec::new(),
+            n_ctx,
+        })
+    }
+
+    fn state_len(&self, state: &FakeState) -> usize {
+        state.tokens.len()
+    }
+
+    fn truncate(&self, state: &mut FakeState, pos: usize) -> Result<(), String> {
+        if pos > state.tokens.len() {
+            return Err("truncate past the end".into());
+        }
+        state.tokens.truncate(pos);
+        Ok(())
+    }
+
+    fn prefill(&self, state: &mut FakeState, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        std::thread::sleep(self.delay);
+        if state.tokens.len() + tokens.len() > state.n_ctx {
+            return Err("context overflow".into());
+        }
+        self.prefill_tokens.fetch_add(tokens.len(), Ordering::SeqCst);
+        state.tokens.extend_from_slice(tokens);
+        Ok(self.logits(&state.tokens))
+    }
+
+    fn decode_batch(&self, states: &mut [&mut FakeState], tokens: &[u32]) -> Result<Vec<f32>, String> {
+        std::thread::sleep(self.delay);
+        assert_eq!(states.len(), tokens.len());
+        self.decode_calls.fetch_add(1, Ordering::SeqCst);
+        self.max_batch.fetch_max(tokens.len(), Ordering::SeqCst);
+        let mut out = Vec::with_capacity(tokens.len() * self.n_vocab);
+        for (s, &t) in states.iter_mut().zip(tokens) {
+            if s.tokens.len() >= s.n_ctx {
+                return Err("context overflow".into());
+            }
+            s.tokens.push(t);
+            out.extend(self.logits(&s.tokens));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,290 @@
+//! Scheduler behaviour against the fake model: outputs equal the model's own greedy
+//! sequence no matter how requests are batched, chunked, reused, queued or cancelled.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::fake_model::FakeModel;
+use super::*;
+
+fn greedy() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        sampling: greedy(),
+        max_tokens,
+        logprobs: None,
+        ignore_eos: false,
+        constraint: None,
+    }
+}
+
+/// Drains a stream: (tokens, final event).
+fn collect(mut rx: GenerationStream) -> (Vec<u32>, GenerationEvent) {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.blocking_recv() {
+            Some(GenerationEvent::Token { id, .. }) => tokens.push(id),
+            Some(end) => return (tokens, end),
+            None => panic!("stream closed without Done"),
+        }
+    }
+}
+
+fn reference(model: &FakeModel, prompt: &[u32], n: usize, eog: &[u32]) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = model.next_after(&seq);
+        if eog.contains(&t) {
+            break;
+        }
+        out.push(t);
+        seq.push(t);
+    }
+    out
+}
+
+fn start(model: &Arc<FakeModel>, n_slots: usize, n_ctx: usize) -> Scheduler {
+    let config = SchedulerConfig {
+        n_slots,
+        n_ctx_per_slot: n_ctx,
+        max_queue: 16,
+        prefill_chunk: 3,
+        eog_tokens: vec![],
+    };
+    Scheduler::start(model.clone(), config).unwrap()
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn generates_the_models_greedy_sequence_with_chunked_prefill() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let s = start(&model, 1, 64);
+    let prompt: Vec<u32> = (1..=10).collect();
+    let (tokens, end) = collect(s.submit(request(prompt.clone(), 7)).unwrap());
+    assert_eq!(tokens, reference(&model, &prompt, 7, &[]));
+    match end {
+        GenerationEvent::Done { reason, usage } => {
+            assert_eq!(reason, FinishReason::Length);
+            assert_eq!(
+                (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
+                (10, 7, 0)
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(model.prefill_tokens.load(Ordering::SeqCst), 10);
+}
+
+#[test]
+fn stops_at_end_of_generation_token_without_sending_it() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let prompt = vec![3, 4, 5];
+    let full = reference(&model, &prompt, 6, &[]);
+    let eog = full[3];
+    let config = SchedulerConfig {
+        n_slots: 1,
+        n_ctx_per_slot: 64,
+        eog_tokens: vec![eog],
+        ..Default::default()
+    };
+    let s = Scheduler::start(model.clone(), config).unwrap();
+    let (tokens, end) = collect(s.submit(request(prompt.clone(), 6)).unwrap());
+    assert_eq!(tokens, reference(&model, &prompt, 6, &[eog]));
+    assert!(matches!(
+        end,
+        GenerationEvent::Done {
+            reason: FinishReason::Stop,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn concurrent_requests_are_decoded_in_one_batch_and_stay_separate() {
+    let model = Arc::new(FakeModel::new(97, Duration::from_millis(2)));
+    let s = start(&model, 4, 64);
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| vec![i + 1, 2 * i + 3, 7]).collect();
+    let streams: Vec<_> = prompts
+        .iter()
+        .map(|p| s.submit(request(p.clone(), 20)).unwrap())
+        .collect();
+    for (p, rx) in prompts.iter().zip(streams) {
+        assert_eq!(collect(rx).0, reference(&model, p, 20, &[]));
+    }
+    assert!(
+        model.max_batch.load(Ordering::SeqCst) >= 2,
+        "decode steps were not batched"
+    );
+    // Stats are folded in at the end of the step that sent the last `Done`.
+    wait_until(|| s.stats().busy_slots == 0);
+    let st = s.stats();
+    assert_eq!(
+        (st.requests_total, st.generated_tokens_total, st.busy_slots),
+        (4, 80, 0)
+    );
+}
+
+#[test]
+fn next_turn_reuses_the_cached_prefix() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let s = start(&model, 2, 64);
+    let turn1 = vec![1, 2, 3, 4];
+    let (out1, _) = collect(s.submit(request(turn1.clone(), 5)).unwrap());
+    let before = model.prefill_tokens.load(Ordering::SeqCst);
+    // The next turn repeats the conversation so far and adds two tokens.
+    let mut turn2 = turn1.clone();
+    turn2.extend(&out1);
+    turn2.extend([9, 8]);
+    let (out2, end) = collect(s.submit(request(turn2.clone(), 5)).unwrap());
+    assert_eq!(out2, reference(&model, &turn2, 5, &[]));
+    // The last generated token was never fed, so it is computed again with the new ones.
+    let computed = model.prefill_tokens.load(Ordering::SeqCst) - before;
+    assert_eq!(computed, 3);
+    match end {
+        GenerationEvent::Done { usage, .. } => assert_eq!(usage.cached_tokens, turn2.len() - 3),
+        e => panic!("{e:?}"),
+    }
+    // A prompt that is a pure prefix of the cache still computes its last token.
+    let (out3, _) = collect(s.submit(request(turn1.clone(), 5)).unwrap());
+    assert_eq!(out3, out1);
+}
+
+#[test]
+fn dropping_the_stream_frees_the_slot() {
+    let model = Arc::new(FakeModel::new(50, Duration::from_millis(5)));
+    let s = start(&model, 1, 1000);
+    let mut rx = s.submit(request(vec![1, 2], 900)).unwrap();
+    assert!(matches!(rx.blocking_recv(), Some(GenerationEvent::Token { .. })));
+    drop(rx);
+    wait_until(|| s.stats().requests_cancelled == 1);
+    assert_eq!(s.stats().busy_slots, 0);
+    // The only slot serves the next request.
+    let (tokens, _) = collect(s.submit(request(vec![5], 3)).unwrap());
+    assert_eq!(tokens.len(), 3);
+}
+
+#[test]
+fn full_queue_and_bad_requests_are_refused() {
+    let model = Arc::new(FakeModel::new(50, Duration::from_millis(20)));
+    let config = SchedulerConfig {
+        n_slots: 1,
+        n_ctx_per_slot: 32,
+        max_queue: 1,
+        ..Default::default()
+    };
+    let s = Scheduler::start(model, config).unwrap();
+    let mut held = Vec::new();
+    let refused = (0..5).find_map(|_| match s.submit(request(vec![1], 20)) {
+        Ok(rx) => {
+            held.push(rx);
+            None
+        }
+        Err(e) => Some(e),
+    });
+    assert!(matches!(refused, Some(SchedulerError::QueueFull(1))), "{refused:?}");
+    assert_eq!(s.submit(request(vec![], 1)).err(), Some(SchedulerError::EmptyPrompt));
+    assert!(matches!(
+        s.submit(request(vec![1; 30], 3)),
+        Err(SchedulerError::ContextExceeded { .. })
+    ));
+    assert!(matches!(
+        s.submit(request(vec![1; 32], 0)),
+        Err(SchedulerError::ContextExceeded { .. })
+    ));
+}
+
+#[test]
+fn generation_stops_when_the_context_is_full() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let s = start(&model, 1, 8);
+    let (tokens, end) = collect(s.submit(request(vec![1, 2, 3], 5)).unwrap());
+    assert_eq!(tokens.len(), 5);
+    assert!(matches!(
+        end,
+        GenerationEvent::Done {
+            reason: FinishReason::Length,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn shutdown_finishes_running_work_then_refuses() {
+    let model = Arc::new(FakeModel::new(50, Duration::from_millis(1)));
+    let s = start(&model, 1, 64);
+    let rx = s.submit(request(vec![1, 2], 10)).unwrap();
+    s.shutdown();
+    assert_eq!(s.submit(request(vec![1], 1)).err(), Some(SchedulerError::ShuttingDown));
+    assert_eq!(collect(rx).0.len(), 10);
+    wait_until(|| !s.is_running());
+}
+
+#[test]
+fn logprobs_come_with_tokens_when_asked() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let s = start(&model, 1, 64);
+    let mut r = request(vec![4, 2], 2);
+    r.logprobs = Some(3);
+    let mut rx = s.submit(r).unwrap();
+    match rx.blocking_recv() {
+        Some(GenerationEvent::Token { id, logprob: Some(lp) }) => {
+            assert_eq!(lp.top.len(), 3);
+            assert_eq!(lp.top[0].0, id);
+            assert!(lp.logprob < 0.0 && lp.logprob > -1.0, "{}", lp.logprob);
+        }
+        e => panic!("{e:?}"),
+    }
+}
+
+/// Allows only even tokens and finishes after three of them.
+struct EvenOnly(usize);
+impl TokenConstraint for EvenOnly {
+    fn mask(&mut self, logits: &mut [f32]) {
+        for (i, l) in logits.iter_mut().enumerate() {
+            if i % 2 == 1 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    fn commit(&mut self, token: u32) -> bool {
+        self.0 += 1;
+        token % 2 == 0
+    }
+    fn is_finished(&self) -> bool {
+        self.0 >= 3
+    }
+}
+
+#[test]
+fn a_constraint_masks_tokens_and_ends_generation() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let s = start(&model, 1, 64);
+    let mut r = request(vec![1, 2, 3], 20);
+    r.constraint = Some(Box::new(EvenOnly(0)));
+    let (tokens, end) = collect(s.submit(r).unwrap());
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.iter().all(|t| t % 2 == 0), "{tokens:?}");
+    assert!(matches!(
+        end,
+        GenerationEvent::Done {
+            reason: FinishReason::Stop,
+            ..
+        }
+    ));
+}
