@@ -1,4 +1,5 @@
 //! engine
+pub mod scheduler;
 
 pub mod sampler;
 pub mod stop;

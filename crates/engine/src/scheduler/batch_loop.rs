@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 
 use super::sampling::{token_logprob, Sampler};
 use super::{
-    lock, BatchModel, FinishReason, GenerationEvent, GenerationRequest, Job, SchedulerConfig, SchedulerStats, Shared,
-    Usage,
+    lock, BatchModel, FinishReason, GenerationEvent, GenerationRequest, Job, SchedulerConfig,
+    SchedulerStats, Shared, Usage,
 };
 
 /// A request being served by a slot.
@@ -63,7 +63,9 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             let mut q = lock(&self.0.queue);
             q.shutting_down = true;
             for job in q.jobs.drain(..) {
-                let _ = job.events.send(GenerationEvent::Error("the scheduler stopped".into()));
+                let _ = job
+                    .events
+                    .send(GenerationEvent::Error("the scheduler stopped".into()));
             }
         }
     }
@@ -117,7 +119,12 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
         let prefilling = slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.active.as_ref().filter(|a| a.pending.is_none()).map(|a| (a.seq, i)))
+            .filter_map(|(i, s)| {
+                s.active
+                    .as_ref()
+                    .filter(|a| a.pending.is_none())
+                    .map(|a| (a.seq, i))
+            })
             .min();
         let mut prefill_stats = (0u64, 0f64);
         if let Some((_, i)) = prefilling {
@@ -144,7 +151,13 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
 
         // 4. One batched decode step over every slot with a pending token.
         let decoding: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].active.as_ref().is_some_and(|a| a.pending.is_some()) && slots[i].state.is_some())
+            .filter(|&i| {
+                slots[i]
+                    .active
+                    .as_ref()
+                    .is_some_and(|a| a.pending.is_some())
+                    && slots[i].state.is_some()
+            })
             .collect();
         let mut decode_stats = (0u64, 0f64);
         if !decoding.is_empty() {
@@ -210,13 +223,24 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
 
 /// Puts `job` into the free slot sharing the longest prefix with its prompt
 /// (least recently used on ties) and rolls that slot's cache back to the shared prefix.
-fn admit<M: BatchModel>(model: &M, config: &SchedulerConfig, slots: &mut [Slot<M::State>], job: Job, clock: u64) {
+fn admit<M: BatchModel>(
+    model: &M,
+    config: &SchedulerConfig,
+    slots: &mut [Slot<M::State>],
+    job: Job,
+    clock: u64,
+) {
     let prompt = &job.request.prompt;
     let Some(i) = slots
         .iter()
         .enumerate()
         .filter(|(_, s)| s.active.is_none())
-        .max_by_key(|(_, s)| (common_prefix(&s.cached, prompt), std::cmp::Reverse(s.last_used)))
+        .max_by_key(|(_, s)| {
+            (
+                common_prefix(&s.cached, prompt),
+                std::cmp::Reverse(s.last_used),
+            )
+        })
         .map(|(i, _)| i)
     else {
         return;
@@ -238,9 +262,9 @@ fn admit<M: BatchModel>(model: &M, config: &SchedulerConfig, slots: &mut [Slot<M
         match guarded(|| model.new_state(config.n_ctx_per_slot)) {
             Ok(s) => slot.state = Some(s),
             Err(e) => {
-                let _ = job
-                    .events
-                    .send(GenerationEvent::Error(format!("cannot allocate a sequence: {e}")));
+                let _ = job.events.send(GenerationEvent::Error(format!(
+                    "cannot allocate a sequence: {e}"
+                )));
                 return;
             }
         }
@@ -264,10 +288,20 @@ fn admit<M: BatchModel>(model: &M, config: &SchedulerConfig, slots: &mut [Slot<M
 }
 
 /// Samples from a slot's logits ([n_vocab]), sends the token, and decides whether to go on.
-fn on_logits<S>(slot: &mut Slot<S>, logits: &mut [f32], config: &SchedulerConfig, clock: u64, tally: &mut Tally) {
-    let Some(a) = slot.active.as_mut() else { return };
+fn on_logits<S>(
+    slot: &mut Slot<S>,
+    logits: &mut [f32],
+    config: &SchedulerConfig,
+    clock: u64,
+    tally: &mut Tally,
+) {
+    let Some(a) = slot.active.as_mut() else {
+        return;
+    };
     let logprob_of = a.request.logprobs.map(|n| (logits.to_vec(), n));
-    let token = a.sampler.sample(logits, a.request.constraint.as_deref_mut());
+    let token = a
+        .sampler
+        .sample(logits, a.request.constraint.as_deref_mut());
     let Some(token) = token else {
         return fail(
             slot,
@@ -279,21 +313,37 @@ fn on_logits<S>(slot: &mut Slot<S>, logits: &mut [f32], config: &SchedulerConfig
     a.sampler.accept(token);
     a.first_token.get_or_insert_with(Instant::now);
     a.n_generated += 1;
-    let constraint_ok = a.request.constraint.as_mut().is_none_or(|c| c.commit(token));
+    let constraint_ok = a
+        .request
+        .constraint
+        .as_mut()
+        .is_none_or(|c| c.commit(token));
     if !constraint_ok {
-        return fail(slot, format!("the constraint rejected token {token}"), clock, tally);
+        return fail(
+            slot,
+            format!("the constraint rejected token {token}"),
+            clock,
+            tally,
+        );
     }
     let eog = !a.request.ignore_eos && config.eog_tokens.contains(&token);
     if eog {
         return finish(slot, FinishReason::Stop, clock, tally);
     }
     let logprob = logprob_of.map(|(raw, n)| token_logprob(&raw, token, n));
-    if a.events.send(GenerationEvent::Token { id: token, logprob }).is_err() {
+    if a.events
+        .send(GenerationEvent::Token { id: token, logprob })
+        .is_err()
+    {
         slot.active = None; // the client went away
         tally.cancelled += 1;
         return;
     }
-    if a.request.constraint.as_ref().is_some_and(|c| c.is_finished()) {
+    if a.request
+        .constraint
+        .as_ref()
+        .is_some_and(|c| c.is_finished())
+    {
         return finish(slot, FinishReason::Stop, clock, tally);
     }
     // The pending token needs one more cache position before the next one can be sampled.

@@ -20,5 +20,9 @@ pub trait BatchModel: Send + Sync + 'static {
     fn prefill(&self, state: &mut Self::State, tokens: &[u32]) -> Result<Vec<f32>, String>;
     /// Appends one token to each sequence in one pass over the weights;
     /// returns logits [states.len(), n_vocab] row-major.
-    fn decode_batch(&self, states: &mut [&mut Self::State], tokens: &[u32]) -> Result<Vec<f32>, String>;
+    fn decode_batch(
+        &self,
+        states: &mut [&mut Self::State],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, String>;
 }

@@ -77,12 +77,17 @@ impl BatchModel for FakeModel {
         if state.tokens.len() + tokens.len() > state.n_ctx {
             return Err("context overflow".into());
         }
-        self.prefill_tokens.fetch_add(tokens.len(), Ordering::SeqCst);
+        self.prefill_tokens
+            .fetch_add(tokens.len(), Ordering::SeqCst);
         state.tokens.extend_from_slice(tokens);
         Ok(self.logits(&state.tokens))
     }
 
-    fn decode_batch(&self, states: &mut [&mut FakeState], tokens: &[u32]) -> Result<Vec<f32>, String> {
+    fn decode_batch(
+        &self,
+        states: &mut [&mut FakeState],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, String> {
         std::thread::sleep(self.delay);
         assert_eq!(states.len(), tokens.len());
         self.decode_calls.fetch_add(1, Ordering::SeqCst);

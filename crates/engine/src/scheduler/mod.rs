@@ -20,8 +20,8 @@ mod sampling;
 
 pub use batch_model::BatchModel;
 pub use request::{
-    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams, TokenConstraint, TokenLogprob,
-    Usage,
+    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams,
+    TokenConstraint, TokenLogprob, Usage,
 };
 pub use sampling::{argmax, token_logprob, Sampler};
 
@@ -134,7 +134,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Scheduler {
     /// Starts the scheduler thread over `model`.
-    pub fn start<M: BatchModel>(model: Arc<M>, config: SchedulerConfig) -> Result<Scheduler, SchedulerError> {
+    pub fn start<M: BatchModel>(
+        model: Arc<M>,
+        config: SchedulerConfig,
+    ) -> Result<Scheduler, SchedulerError> {
         if config.n_slots == 0 || config.n_ctx_per_slot < 2 || config.prefill_chunk == 0 {
             return Err(SchedulerError::Config(format!(
                 "n_slots {} (>= 1), n_ctx_per_slot {} (>= 2), prefill_chunk {} (>= 1)",
@@ -159,7 +162,9 @@ impl Scheduler {
         std::thread::Builder::new()
             .name("scheduler".into())
             .spawn(move || batch_loop::run(model, s, c))
-            .map_err(|e| SchedulerError::Config(format!("cannot start the scheduler thread: {e}")))?;
+            .map_err(|e| {
+                SchedulerError::Config(format!("cannot start the scheduler thread: {e}"))
+            })?;
         Ok(Scheduler { shared, config })
     }
 

@@ -108,8 +108,14 @@ pub struct Usage {
 /// `Token`s, then exactly one `Done` or `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenerationEvent {
-    Token { id: u32, logprob: Option<TokenLogprob> },
-    Done { reason: FinishReason, usage: Usage },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Done {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Error(String),
 }
 

@@ -34,7 +34,11 @@ impl Sampler {
 
     /// Picks the next token from `logits` ([n_vocab], modified in place). `None` if no token
     /// is allowed (every logit masked to -inf or NaN).
-    pub fn sample(&mut self, logits: &mut [f32], constraint: Option<&mut (dyn TokenConstraint + '_)>) -> Option<u32> {
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    ) -> Option<u32> {
         let p = &self.params;
         for &(id, bias) in &p.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
@@ -68,7 +72,8 @@ impl Sampler {
         if cands.is_empty() {
             return None;
         }
-        let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cands.len() {
             cands.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
             cands.truncate(p.top_k);
@@ -81,7 +86,10 @@ impl Sampler {
         // Softmax at temperature T over the survivors: weights exp((l - max) / T).
         let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let t = p.temperature;
-        let mut weights: Vec<f64> = cands.iter().map(|c| (((c.1 - max) / t) as f64).exp()).collect();
+        let mut weights: Vec<f64> = cands
+            .iter()
+            .map(|c| (((c.1 - max) / t) as f64).exp())
+            .collect();
         let total: f64 = weights.iter().sum();
 
         let mut keep = weights.len();
@@ -152,8 +160,14 @@ pub fn token_logprob(logits: &[f32], token: u32, n_top: usize) -> TokenLogprob {
             f32::NEG_INFINITY
         }
     };
-    let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| lp(l));
-    let mut idx: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let mut idx: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
     let by_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     let n_top = n_top.min(idx.len());
     if n_top > 0 && n_top < idx.len() {
@@ -195,7 +209,10 @@ mod tests {
             Sampler::new(params(0.0)).sample(&mut [f32::NEG_INFINITY; 3], None),
             None
         );
-        assert_eq!(Sampler::new(params(1.0)).sample(&mut [f32::NAN; 3], None), None);
+        assert_eq!(
+            Sampler::new(params(1.0)).sample(&mut [f32::NAN; 3], None),
+            None
+        );
     }
 
     #[test]
@@ -235,7 +252,10 @@ mod tests {
         for (id, &l) in logits.iter().enumerate() {
             let expected = (l as f64).exp() / z;
             let got = draws.iter().filter(|&&t| t == id as u32).count() as f64 / draws.len() as f64;
-            assert!((got - expected).abs() < 0.03, "token {id}: {got} vs {expected}");
+            assert!(
+                (got - expected).abs() < 0.03,
+                "token {id}: {got} vs {expected}"
+            );
         }
     }
 
@@ -244,7 +264,9 @@ mod tests {
         let logits = [3.0f32, 2.9, 0.0, -5.0, 2.8];
         let support = |p: SamplingParams| {
             let mut s = Sampler::new(p);
-            let mut seen: Vec<u32> = (0..500).map(|_| s.sample(&mut logits.clone(), None).unwrap()).collect();
+            let mut seen: Vec<u32> = (0..500)
+                .map(|_| s.sample(&mut logits.clone(), None).unwrap())
+                .collect();
             seen.sort_unstable();
             seen.dedup();
             seen

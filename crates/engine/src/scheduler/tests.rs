@@ -82,7 +82,11 @@ fn generates_the_models_greedy_sequence_with_chunked_prefill() {
         GenerationEvent::Done { reason, usage } => {
             assert_eq!(reason, FinishReason::Length);
             assert_eq!(
-                (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
+                (
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.cached_tokens
+                ),
                 (10, 7, 0)
             );
         }
@@ -170,7 +174,10 @@ fn dropping_the_stream_frees_the_slot() {
     let model = Arc::new(FakeModel::new(50, Duration::from_millis(5)));
     let s = start(&model, 1, 1000);
     let mut rx = s.submit(request(vec![1, 2], 900)).unwrap();
-    assert!(matches!(rx.blocking_recv(), Some(GenerationEvent::Token { .. })));
+    assert!(matches!(
+        rx.blocking_recv(),
+        Some(GenerationEvent::Token { .. })
+    ));
     drop(rx);
     wait_until(|| s.stats().requests_cancelled == 1);
     assert_eq!(s.stats().busy_slots, 0);
@@ -197,8 +204,14 @@ fn full_queue_and_bad_requests_are_refused() {
         }
         Err(e) => Some(e),
     });
-    assert!(matches!(refused, Some(SchedulerError::QueueFull(1))), "{refused:?}");
-    assert_eq!(s.submit(request(vec![], 1)).err(), Some(SchedulerError::EmptyPrompt));
+    assert!(
+        matches!(refused, Some(SchedulerError::QueueFull(1))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        s.submit(request(vec![], 1)).err(),
+        Some(SchedulerError::EmptyPrompt)
+    );
     assert!(matches!(
         s.submit(request(vec![1; 30], 3)),
         Err(SchedulerError::ContextExceeded { .. })
@@ -230,7 +243,10 @@ fn shutdown_finishes_running_work_then_refuses() {
     let s = start(&model, 1, 64);
     let rx = s.submit(request(vec![1, 2], 10)).unwrap();
     s.shutdown();
-    assert_eq!(s.submit(request(vec![1], 1)).err(), Some(SchedulerError::ShuttingDown));
+    assert_eq!(
+        s.submit(request(vec![1], 1)).err(),
+        Some(SchedulerError::ShuttingDown)
+    );
     assert_eq!(collect(rx).0.len(), 10);
     wait_until(|| !s.is_running());
 }
@@ -243,7 +259,10 @@ fn logprobs_come_with_tokens_when_asked() {
     r.logprobs = Some(3);
     let mut rx = s.submit(r).unwrap();
     match rx.blocking_recv() {
-        Some(GenerationEvent::Token { id, logprob: Some(lp) }) => {
+        Some(GenerationEvent::Token {
+            id,
+            logprob: Some(lp),
+        }) => {
             assert_eq!(lp.top.len(), 3);
             assert_eq!(lp.top[0].0, id);
             assert!(lp.logprob < 0.0 && lp.logprob > -1.0, "{}", lp.logprob);
