@@ -61,7 +61,7 @@ impl Rng {
 }
 
 /// Byte offsets of the f16 scale fields inside one block of `ty`.
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+pub fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match ty {
         Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS => &[0],
@@ -89,7 +89,11 @@ pub fn random_weights(rng: &mut Rng, ty: GgmlType, n_rows: usize, n_cols: usize)
             for block in w.chunks_exact_mut(bs) {
                 for &off in scale_offsets(ty) {
                     let mag = 0.001 + 0.049 * (rng.f32() + 1.0) / 2.0;
-                    let v = if rng.next_u64().is_multiple_of(2) { mag } else { -mag };
+                    let v = if rng.next_u64().is_multiple_of(2) {
+                        mag
+                    } else {
+                        -mag
+                    };
                     block[off..off + 2].copy_from_slice(&to_f16_le(v));
                 }
             }
