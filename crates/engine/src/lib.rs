@@ -3,3 +3,8 @@ pub mod scheduler;
 
 pub mod sampler;
 pub mod stop;
+
+pub mod tokenizer;
+pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+pub mod chat_template;
+pub use chat_template::{ChatTemplate, TemplateError};
