@@ -9,14 +9,12 @@ use crate::types::GgmlType;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    // The io::Error is shown in the message, not chained as a source, so that printing the
+    // error chain does not repeat it.
+    #[error("I/O error on {path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("I/O error while writing GGUF: {0}")]
-    Write(#[source] std::io::Error),
+    Write(std::io::Error),
     #[error("not a GGUF file: magic bytes are {found:02x?}, expected \"GGUF\"")]
     BadMagic { found: [u8; 4] },
     #[error(

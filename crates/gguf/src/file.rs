@@ -44,9 +44,9 @@ impl GgufFile {
     /// Memory-maps and validates the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io_err = |source| GgufError::Io {
+        let io_err = |error| GgufError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         };
         let file = std::fs::File::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
