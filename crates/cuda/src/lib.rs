@@ -14,6 +14,7 @@ pub mod kernel_cache;
 pub mod matvec;
 pub mod nvrtc;
 pub mod sources;
+pub mod synthetic;
 
 pub use device::{
     device_count, driver_present, list_devices, open_or_cpu, CudaDevice, CudaOptions, DeviceInfo,

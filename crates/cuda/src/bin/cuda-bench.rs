@@ -1,0 +1,127 @@
+//! `cuda-bench [--nvrtc PATH] [--bw-gib 8] [--iters 30] [--types q4_K,q6_K,...]`
+//!
+//! Measures the device's read bandwidth (a large read-only reduction), then times every matvec
+//! kernel on 27648x5120 and 5120x27648 matrices (a 27-32B model's FFN shapes) for 1 and 8
+//! tokens, and prints GB/s of weights read and the % of the measured bandwidth. Several copies
+//! of each matrix are cycled so the 50-60 MB L2 cannot serve repeated reads.
+
+use cuda::bandwidth::measure_read_bandwidth;
+use cuda::synthetic::{random_activations, random_matrix};
+use cuda::{CudaDevice, CudaOptions};
+use cudarc::driver::sys::CUevent_flags;
+use gguf::GgmlType;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuda-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut opts = CudaOptions::default();
+    let mut bw_gib = 8usize;
+    let mut iters = 30usize;
+    let mut types: Vec<GgmlType> = {
+        use GgmlType::*;
+        vec![
+            Q4K, Q6K, Q4_0, Q8_0, IQ4XS, Q5K, Q4_1, Q5_0, Q5_1, IQ4NL, Q2K, Q3K, F16, BF16, F32,
+        ]
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--nvrtc" => opts.nvrtc_path = Some(PathBuf::from(val()?)),
+            "--bw-gib" => bw_gib = val()?.parse().map_err(|e| format!("--bw-gib: {e}"))?,
+            "--iters" => iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
+            "--types" => {
+                types = val()?
+                    .split(',')
+                    .map(|s| GgmlType::from_name(s).ok_or(format!("unknown type {s}")))
+                    .collect::<Result<_, _>>()?
+            }
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    let dev = CudaDevice::open(&opts).map_err(|e| e.to_string())?;
+    let info = dev.info();
+    let (nv_maj, nv_min) = dev.nvrtc().version();
+    println!(
+        "device {} (sm_{}), {} SMs, {:.1} GiB, datasheet {:.0} GB/s; NVRTC {nv_maj}.{nv_min} ({})",
+        info.name,
+        dev.arch(),
+        info.sm_count,
+        info.total_mem_bytes as f64 / (1u64 << 30) as f64,
+        info.peak_bandwidth_gbs(),
+        dev.nvrtc().path().display()
+    );
+    let t = std::time::Instant::now();
+    for p in cuda::Program::ALL {
+        dev.module(p).map_err(|e| e.to_string())?;
+    }
+    println!(
+        "kernels ready in {:.2} s (compile or disk cache)",
+        t.elapsed().as_secs_f64()
+    );
+
+    let bw = measure_read_bandwidth(&dev, bw_gib << 30, 10).map_err(|e| e.to_string())?;
+    println!("read bandwidth: {bw:.0} GB/s ({bw_gib} GiB read-only reduction, median of 10)");
+
+    println!(
+        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7}",
+        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw"
+    );
+    let stream = dev.stream();
+    for ty in types {
+        for (rows, cols) in [(27648usize, 5120usize), (5120, 27648)] {
+            let bytes = random_matrix(ty, rows, cols, 7);
+            let mb = bytes.len() as f64 / 1e6;
+            let copies = ((512e6 / bytes.len() as f64).ceil() as usize).clamp(2, 8);
+            let ws = (0..copies)
+                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            drop(bytes);
+            let x = stream
+                .clone_htod(&random_activations(8 * cols, 3))
+                .map_err(|e| e.to_string())?;
+            let mut y = stream
+                .alloc_zeros::<f32>(8 * rows)
+                .map_err(|e| e.to_string())?;
+            let mut scratch = dev.matvec_scratch(8, cols).map_err(|e| e.to_string())?;
+            for n in [1usize, 8] {
+                for w in &ws {
+                    dev.matvec(w, &x, n, &mut y, &mut scratch)
+                        .map_err(|e| e.to_string())?;
+                }
+                let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+                let start = stream.record_event(flags).map_err(|e| e.to_string())?;
+                for i in 0..iters {
+                    dev.matvec(&ws[i % copies], &x, n, &mut y, &mut scratch)
+                        .map_err(|e| e.to_string())?;
+                }
+                let end = stream.record_event(flags).map_err(|e| e.to_string())?;
+                let us =
+                    start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 * 1e3 / iters as f64;
+                let gbs = mb * 1e3 / us;
+                println!(
+                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}%",
+                    ty.name(),
+                    format!("{rows}x{cols}"),
+                    n,
+                    mb,
+                    us,
+                    gbs,
+                    100.0 * gbs / bw
+                );
+            }
+        }
+    }
+    Ok(())
+}
