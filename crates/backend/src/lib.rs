@@ -1,1 +1,230 @@
-//! backend
+//! The inference op set: a narrow, batch-oriented trait that every device implements, and its
+//! CPU implementation.
+//!
+//! A forward pass is written once (in the `model` crate) as straight-line code over these ops;
+//! a backend only has to provide them. Every op works on a *batch* of rows: row `r` of an
+//! activation tensor belongs to the token described by `rows[r]` (which sequence, which
+//! position), so one call serves the prefill of a prompt, the decode of many sequences, or a
+//! mix of both, and reads each weight once.
+//!
+//! Shapes are given as `[rows, cols]` of row-major f32 tensors; `n` is the number of batch
+//! rows. Head-structured activations keep heads side by side in a row: `[n, n_head * head_dim]`.
+
+pub mod cpu;
+mod error;
+mod params;
+
+use std::sync::Arc;
+
+pub use error::BackendError;
+pub use gguf::GgufFile;
+pub use params::{AttentionParams, ColumnCopy, KvType, RecurrentShape, RopeMode, RopeParams, Row};
+
+/// The op set of one device. Implementations: [`cpu::CpuBackend`] (a CUDA one lives in its own
+/// crate).
+pub trait Backend: Send + Sync + Sized {
+    /// f32 activations, row-major `[rows, cols]`, resident on the device.
+    type Tensor: Send;
+    /// A weight tensor as stored in the GGUF file (matrix `[rows, cols]` of any ggml type, or a
+    /// vector), resident where the device reads it.
+    type Weight: Send + Sync;
+    /// K and V of one attention layer of one sequence, `n_ctx` positions.
+    type KvCache: Send;
+    /// Conv window and delta-rule matrices of one Gated DeltaNet layer of one sequence.
+    /// `Clone` makes snapshots (restore to an earlier position).
+    type RecurrentState: Send + Clone;
+
+    /// A short human-readable name ("cpu", "cuda:0").
+    fn name(&self) -> String;
+
+    // ---- memory ------------------------------------------------------------------------
+
+    /// Makes the tensor `name` of `file` readable by this device. `dims` are ggml order
+    /// (`dims[0]` = row length). The caller has checked the shape.
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Weight, BackendError>;
+    /// `(rows, cols)` of a weight; a vector is `(1, len)`.
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
+    /// A zero tensor `[rows, cols]`.
+    fn zeros(&self, rows: usize, cols: usize) -> Self::Tensor;
+    /// A tensor `[rows, cols]` from host data (`data.len() == rows * cols`).
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor, BackendError>;
+    /// The tensor's data on the host, row-major.
+    fn download(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// `(rows, cols)` of a tensor.
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+
+    // ---- dense ops ---------------------------------------------------------------------
+
+    /// `out[r] = table[tokens[r]]` (dequantized). table: `[n_vocab, n_embd]`, out: `[n, n_embd]`.
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        tokens: &[u32],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// `out = x · wᵀ`. w: `[m, k]` (any ggml type), x: `[n, k]`, out: `[n, m]`.
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// `x[r] += bias` for every row. bias: vector `[cols]`, x: `[n, cols]`.
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight) -> Result<(), BackendError>;
+    /// `x += y`, both `[n, cols]`.
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<(), BackendError>;
+    /// RMS norm over each group of `w.len()` consecutive columns, times `w`:
+    /// `out = x / sqrt(mean(x²) + eps) * w`. x, out: `[n, g * w.len()]` (g groups per row, e.g.
+    /// heads). `out` may not alias `x`; see [`Backend::rms_norm_inplace`].
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// [`Backend::rms_norm`] in place.
+    fn rms_norm_inplace(
+        &self,
+        x: &mut Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+    /// L2 norm over each group of `group` consecutive columns within columns
+    /// `[col0, col0 + len)`: `x = x / sqrt(sum(x²) + eps)`. Other columns are untouched.
+    fn l2_norm(
+        &self,
+        x: &mut Self::Tensor,
+        col0: usize,
+        len: usize,
+        group: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+    /// Rotary embedding in place. x: `[n, n_heads * head_dim]`; row r is at `positions[r]`.
+    /// Only the first `p.n_rot` dims of each head rotate.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+    ) -> Result<(), BackendError>;
+    /// `out = silu(gate) * up`, all `[n, n_ff]`.
+    fn swiglu(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// `x = silu(x)` in place.
+    fn silu(&self, x: &mut Self::Tensor) -> Result<(), BackendError>;
+    /// `x *= sigmoid(gate)`, both `[n, cols]` (Qwen3.5 gated attention output).
+    fn mul_sigmoid(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<(), BackendError>;
+    /// Gated RMS norm: `x = rms_norm(x, w, eps) * silu(z)` with the norm over each group of
+    /// `w.len()` columns. x, z: `[n, g * w.len()]`.
+    fn gated_rms_norm(
+        &self,
+        x: &mut Self::Tensor,
+        w: &Self::Weight,
+        z: &Self::Tensor,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+    /// Strided column copy: see [`ColumnCopy`]. Splits fused projections (QKV, query+gate).
+    fn copy_cols(
+        &self,
+        src: &Self::Tensor,
+        dst: &mut Self::Tensor,
+        c: &ColumnCopy,
+    ) -> Result<(), BackendError>;
+    /// `out[i] = x[rows[i]]`. x: `[n, cols]`, out: `[rows.len(), cols]`.
+    fn get_rows(
+        &self,
+        x: &Self::Tensor,
+        rows: &[usize],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+
+    // ---- attention over a KV cache -----------------------------------------------------
+
+    /// A KV cache of one layer for one sequence: `n_ctx` positions of `n_kv_head` heads,
+    /// K rows of `head_dim_k` and V rows of `head_dim_v` elements, stored as `kv_type`.
+    fn new_kv_cache(
+        &self,
+        n_ctx: usize,
+        n_kv_head: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        kv_type: KvType,
+    ) -> Result<Self::KvCache, BackendError>;
+    /// Bytes one KV cache of these dimensions takes.
+    fn kv_cache_bytes(&self, cache: &Self::KvCache) -> usize;
+    /// Causal attention with the cache. q: `[n, n_head * head_dim_k]` (already roped), k:
+    /// `[n, n_kv_head * head_dim_k]`, v: `[n, n_kv_head * head_dim_v]`, out:
+    /// `[n, n_head * head_dim_v]`. First stores k[r], v[r] at position `rows[r].pos` of
+    /// `caches[rows[r].seq]`, then row r attends to positions `0..=rows[r].pos` of its
+    /// sequence. Query head h reads KV head `h / (n_head / n_kv_head)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        rows: &[Row],
+        caches: &mut [&mut Self::KvCache],
+        p: &AttentionParams,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+
+    // ---- Gated DeltaNet (linear attention) ---------------------------------------------
+
+    /// A zeroed recurrent state of one layer for one sequence.
+    fn new_recurrent_state(
+        &self,
+        shape: &RecurrentShape,
+    ) -> Result<Self::RecurrentState, BackendError>;
+    /// Bytes one recurrent state takes.
+    fn recurrent_state_bytes(&self, s: &Self::RecurrentState) -> usize;
+    /// Zeroes a recurrent state (the state at position 0).
+    fn reset_recurrent_state(&self, s: &mut Self::RecurrentState);
+    /// Causal depthwise conv1d over time with the rolling window in the state, no activation.
+    /// x, out: `[n, channels]`; w: `[channels, d_conv]` (ggml `ssm_conv1d`, taps of one
+    /// channel contiguous, oldest first). `out[t][c] = Σ_j w[c][j] · x[t - (d_conv-1) + j][c]`,
+    /// where inputs before the batch come from the state, which then keeps the last
+    /// `d_conv - 1` inputs. Rows of one sequence must be consecutive positions, in order.
+    fn conv1d(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        rows: &[Row],
+        states: &mut [&mut Self::RecurrentState],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// Turns the raw projections into the delta-rule gates, in place, both `[n, n_v_heads]`:
+    /// `alpha ← softplus(alpha + dt_bias) · a` (log decay, ≤ 0; GGUF `ssm_a` = -exp(A_log)),
+    /// `beta ← sigmoid(beta)`.
+    fn delta_rule_gates(
+        &self,
+        alpha: &mut Self::Tensor,
+        beta: &mut Self::Tensor,
+        dt_bias: &Self::Weight,
+        a: &Self::Weight,
+    ) -> Result<(), BackendError>;
+    /// Gated delta rule. q, k: `[n, n_k_heads * d_k]` (L2-normed, q not yet scaled), v, out:
+    /// `[n, n_v_heads * d_v]`, g (log decay), beta: `[n, n_v_heads]`. Value head h uses key
+    /// head `h % n_k_heads` (llama.cpp's GGUF ordering). Per head, with state S `[d_v, d_k]`:
+    /// `S ← exp(g)·S; S ← S + β (v − S k) kᵀ; o = S q / sqrt(d_k)`.
+    /// Rows of one sequence must be consecutive positions, in order; long runs use the
+    /// chunked (WY) form.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        rows: &[Row],
+        states: &mut [&mut Self::RecurrentState],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+}

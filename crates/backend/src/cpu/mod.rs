@@ -1,0 +1,415 @@
+//! CPU backend: the op set on host memory, threaded with a private rayon pool.
+//!
+//! Weights are read in place from the GGUF mapping (matrices are never copied or
+//! dequantized whole); only small tensors (norm weights, biases, conv kernels) are also kept
+//! as an f32 copy for the element-wise ops. Each op family lives in its own file, with a slow
+//! obviously-correct reference beside every fast path.
+
+pub mod attention;
+pub mod delta_net;
+pub mod elementwise;
+pub mod matmul;
+pub mod rope;
+
+use std::sync::Arc;
+
+use gguf::{GgmlType, GgufFile};
+
+use crate::{
+    AttentionParams, Backend, BackendError, ColumnCopy, KvType, RecurrentShape, RopeParams, Row,
+};
+pub use attention::CpuKvCache;
+pub use delta_net::CpuRecurrentState;
+
+/// Tensors up to this many elements also keep an f32 copy (norms, biases, conv kernels).
+const SMALL_TENSOR_ELEMENTS: usize = 1 << 16;
+
+/// f32 activations `[rows, cols]`, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl CpuTensor {
+    pub fn zeros(rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
+    }
+
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<CpuTensor, BackendError> {
+        if data.len() != rows * cols {
+            return Err(shape_err(
+                "upload",
+                format!("{} values for [{rows}, {cols}]", data.len()),
+            ));
+        }
+        Ok(CpuTensor { rows, cols, data })
+    }
+
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// A weight read in place from the GGUF file.
+#[derive(Debug, Clone)]
+pub struct CpuWeight {
+    file: Arc<GgufFile>,
+    index: usize,
+    pub ty: GgmlType,
+    /// Number of rows (product of ggml dims[1..]).
+    pub rows: usize,
+    /// Row length (ggml dims[0]).
+    pub cols: usize,
+    /// f32 copy of small tensors, for element-wise ops.
+    small: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    /// The raw bytes in the file (zero-copy).
+    pub fn bytes(&self) -> &[u8] {
+        self.file.tensor_data(&self.file.tensors()[self.index])
+    }
+
+    /// The whole tensor as f32, for small tensors only.
+    pub fn values(&self, op: &'static str) -> Result<&[f32], BackendError> {
+        self.small.as_deref().ok_or_else(|| {
+            shape_err(
+                op,
+                format!(
+                    "weight of {} elements is too large for an element-wise op",
+                    self.rows * self.cols
+                ),
+            )
+        })
+    }
+}
+
+pub(crate) fn shape_err(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+pub(crate) fn check_shape(
+    op: &'static str,
+    t: &CpuTensor,
+    rows: usize,
+    cols: usize,
+) -> Result<(), BackendError> {
+    if t.rows != rows || t.cols != cols || t.data.len() != rows * cols {
+        return Err(shape_err(
+            op,
+            format!(
+                "tensor is [{}, {}], expected [{rows}, {cols}]",
+                t.rows, t.cols
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The CPU backend. `n_threads` workers run every op (0 = one per core).
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    /// Use the slow reference kernels (f32 activations, f64 accumulation) for matmul.
+    reference: bool,
+}
+
+impl CpuBackend {
+    pub fn new(n_threads: usize) -> Result<CpuBackend, BackendError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n_threads)
+            .thread_name(|i| format!("redline-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::ThreadPool(e.to_string()))?;
+        Ok(CpuBackend {
+            pool,
+            reference: false,
+        })
+    }
+
+    /// A backend whose matmul is the slow reference (weights dequantized row by row, f32
+    /// activations, f64 sums): the oracle for conformance tests of the fast kernels.
+    pub fn reference(n_threads: usize) -> Result<CpuBackend, BackendError> {
+        Ok(CpuBackend {
+            reference: true,
+            ..CpuBackend::new(n_threads)?
+        })
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Runs `f` on this backend's pool (so rayon inside uses our threads).
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type KvCache = CpuKvCache;
+    type RecurrentState = CpuRecurrentState;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.n_threads())
+    }
+
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuWeight, BackendError> {
+        let index = file
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| BackendError::MissingTensor(name.to_owned()))?;
+        let info = &file.tensors()[index];
+        let cols = info.dims.first().copied().unwrap_or(1) as usize;
+        let rows = info.n_rows() as usize;
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape_err("load_weight", format!("{name}: size overflows")))?;
+        let small = if n <= SMALL_TENSOR_ELEMENTS {
+            let mut v = vec![0.0f32; n];
+            let bytes = file.tensor_data(info);
+            quant::dequantize_row(info.ty, bytes, &mut v)
+                .map_err(|e| BackendError::Quant(format!("{name}: {e}")))?;
+            Some(v)
+        } else {
+            None
+        };
+        Ok(CpuWeight {
+            file: Arc::clone(file),
+            index,
+            ty: info.ty,
+            rows,
+            cols,
+            small,
+        })
+    }
+
+    fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor::zeros(rows, cols)
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
+        CpuTensor::from_vec(rows, cols, data.to_vec())
+    }
+
+    fn download(&self, t: &CpuTensor) -> Vec<f32> {
+        t.data.clone()
+    }
+
+    fn shape(&self, t: &CpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        tokens: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.run(|| matmul::embed(table, tokens, out))
+    }
+
+    fn matmul(
+        &self,
+        w: &CpuWeight,
+        x: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        if self.reference {
+            return matmul::matmul_reference(w, x, out);
+        }
+        self.run(|| matmul::matmul(w, x, out))
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) -> Result<(), BackendError> {
+        elementwise::add_bias(x, bias.values("add_bias")?)
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), BackendError> {
+        elementwise::add(x, y)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        eps: f32,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        check_shape("rms_norm", out, x.rows, x.cols)?;
+        out.data.copy_from_slice(&x.data);
+        self.rms_norm_inplace(out, w, eps)
+    }
+
+    fn rms_norm_inplace(
+        &self,
+        x: &mut CpuTensor,
+        w: &CpuWeight,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let w = w.values("rms_norm")?;
+        self.run(|| elementwise::rms_norm(x, w, eps))
+    }
+
+    fn l2_norm(
+        &self,
+        x: &mut CpuTensor,
+        col0: usize,
+        len: usize,
+        group: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        elementwise::l2_norm(x, col0, len, group, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        self.run(|| rope::rope(x, positions, head_dim, p))
+    }
+
+    fn swiglu(
+        &self,
+        gate: &CpuTensor,
+        up: &CpuTensor,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        elementwise::swiglu(gate, up, out)
+    }
+
+    fn silu(&self, x: &mut CpuTensor) -> Result<(), BackendError> {
+        x.data.iter_mut().for_each(|v| *v = elementwise::silu(*v));
+        Ok(())
+    }
+
+    fn mul_sigmoid(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), BackendError> {
+        elementwise::mul_sigmoid(x, gate)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &mut CpuTensor,
+        w: &CpuWeight,
+        z: &CpuTensor,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        elementwise::gated_rms_norm(x, w.values("gated_rms_norm")?, z, eps)
+    }
+
+    fn copy_cols(
+        &self,
+        src: &CpuTensor,
+        dst: &mut CpuTensor,
+        c: &ColumnCopy,
+    ) -> Result<(), BackendError> {
+        elementwise::copy_cols(src, dst, c)
+    }
+
+    fn get_rows(
+        &self,
+        x: &CpuTensor,
+        rows: &[usize],
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        elementwise::get_rows(x, rows, out)
+    }
+
+    fn new_kv_cache(
+        &self,
+        n_ctx: usize,
+        n_kv_head: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        kv_type: KvType,
+    ) -> Result<CpuKvCache, BackendError> {
+        CpuKvCache::new(n_ctx, n_kv_head, head_dim_k, head_dim_v, kv_type)
+    }
+
+    fn kv_cache_bytes(&self, cache: &CpuKvCache) -> usize {
+        cache.bytes()
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        rows: &[Row],
+        caches: &mut [&mut CpuKvCache],
+        p: &AttentionParams,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.run(|| attention::attention(q, k, v, rows, caches, p, out))
+    }
+
+    fn new_recurrent_state(
+        &self,
+        shape: &RecurrentShape,
+    ) -> Result<CpuRecurrentState, BackendError> {
+        CpuRecurrentState::new(shape)
+    }
+
+    fn recurrent_state_bytes(&self, s: &CpuRecurrentState) -> usize {
+        s.bytes()
+    }
+
+    fn reset_recurrent_state(&self, s: &mut CpuRecurrentState) {
+        s.reset();
+    }
+
+    fn conv1d(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        rows: &[Row],
+        states: &mut [&mut CpuRecurrentState],
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        delta_net::conv1d(x, w.values("conv1d")?, w.cols, rows, states, out)
+    }
+
+    fn delta_rule_gates(
+        &self,
+        alpha: &mut CpuTensor,
+        beta: &mut CpuTensor,
+        dt_bias: &CpuWeight,
+        a: &CpuWeight,
+    ) -> Result<(), BackendError> {
+        delta_net::gates(
+            alpha,
+            beta,
+            dt_bias.values("delta_rule_gates")?,
+            a.values("delta_rule_gates")?,
+        )
+    }
+
+    fn delta_rule(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        g: &CpuTensor,
+        beta: &CpuTensor,
+        rows: &[Row],
+        states: &mut [&mut CpuRecurrentState],
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.run(|| delta_net::delta_rule(q, k, v, g, beta, rows, states, out))
+    }
+}

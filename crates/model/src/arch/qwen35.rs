@@ -1,0 +1,245 @@
+//! qwen35 (Qwen3.5 / 3.6 dense): a hybrid of Gated DeltaNet layers and gated full-attention
+//! layers (the pattern comes from `attention.recurrent_layers` / `full_attention_interval`),
+//! each followed by a SwiGLU MLP. Norm weights are used as stored (llama.cpp's converter
+//! already folded the `1 + w` of the HF RMSNorm into them); `ssm_a` is stored as
+//! `-exp(A_log)`; value heads are stored in the order where value head h reads key head
+//! `h % n_k_heads`.
+//!
+//! Layer: `x += mixer(norm(x)); x += mlp(post_attention_norm(x))`.
+
+use backend::{Backend, ColumnCopy, RecurrentShape};
+
+use crate::blocks::{attention_params, linear, norm, Batch, FfnWeights};
+use crate::config::{ModelConfig, SsmConfig};
+use crate::loader::Loader;
+use crate::ModelError;
+
+/// Gated full attention: `attn_q` yields query and gate per head (`[q_h | gate_h]` for each
+/// head h), per-head q/k RMS norm, partial M-RoPE, output scaled by `sigmoid(gate)`.
+pub struct GatedAttention<B: Backend> {
+    pub wq: B::Weight,
+    pub wk: B::Weight,
+    pub wv: B::Weight,
+    pub wo: B::Weight,
+    pub q_norm: B::Weight,
+    pub k_norm: B::Weight,
+}
+
+/// Gated DeltaNet mixer.
+pub struct DeltaNet<B: Backend> {
+    /// `[n_embd] → [q | k | v]` (conv channels).
+    pub qkv: B::Weight,
+    /// `z`, the output gate: `[n_embd] → [d_inner]`.
+    pub gate: B::Weight,
+    pub beta: B::Weight,
+    pub alpha: B::Weight,
+    pub dt_bias: B::Weight,
+    pub a: B::Weight,
+    /// `[channels, d_conv]`.
+    pub conv: B::Weight,
+    /// `[d_v]`, shared by all value heads.
+    pub norm: B::Weight,
+    pub out: B::Weight,
+}
+
+pub enum Mixer<B: Backend> {
+    Attention(GatedAttention<B>),
+    DeltaNet(DeltaNet<B>),
+}
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub post_norm: B::Weight,
+    pub mixer: Mixer<B>,
+    pub ffn: FfnWeights<B>,
+}
+
+pub fn recurrent_shape(ssm: &SsmConfig) -> RecurrentShape {
+    RecurrentShape {
+        d_conv: ssm.d_conv,
+        conv_channels: ssm.conv_channels(),
+        n_k_heads: ssm.n_k_heads,
+        n_v_heads: ssm.n_v_heads,
+        d_k: ssm.d_state,
+        d_v: ssm.d_v(),
+    }
+}
+
+fn ssm_config(cfg: &ModelConfig) -> Result<&SsmConfig, ModelError> {
+    cfg.ssm
+        .as_ref()
+        .ok_or_else(|| ModelError::MissingKey("qwen35.ssm.*".into()))
+}
+
+pub fn load<B: Backend>(l: &Loader<B>, cfg: &ModelConfig) -> Result<Vec<Layer<B>>, ModelError> {
+    let e = cfg.n_embd;
+    let ssm = *ssm_config(cfg)?;
+    (0..cfg.n_layer)
+        .map(|il| {
+            let mixer = if cfg.recurrent_layers[il] {
+                let hv = ssm.n_v_heads;
+                Mixer::DeltaNet(DeltaNet {
+                    qkv: l.layer(il, "attn_qkv.weight", &[e, ssm.conv_channels()])?,
+                    gate: l.layer(il, "attn_gate.weight", &[e, ssm.d_inner])?,
+                    beta: l.layer(il, "ssm_beta.weight", &[e, hv])?,
+                    alpha: l.layer(il, "ssm_alpha.weight", &[e, hv])?,
+                    dt_bias: l.layer(il, "ssm_dt.bias", &[hv])?,
+                    a: l.layer(il, "ssm_a", &[hv])?,
+                    conv: l.layer(il, "ssm_conv1d.weight", &[ssm.d_conv, ssm.conv_channels()])?,
+                    norm: l.layer(il, "ssm_norm.weight", &[ssm.d_v()])?,
+                    out: l.layer(il, "ssm_out.weight", &[ssm.d_inner, e])?,
+                })
+            } else {
+                let (hk, hv) = (cfg.head_dim_k, cfg.head_dim_v);
+                if hk != hv {
+                    return Err(ModelError::BadKey {
+                        key: "qwen35.attention.key_length".into(),
+                        detail: format!(
+                            "gated attention needs equal K/V head sizes, got {hk}/{hv}"
+                        ),
+                    });
+                }
+                Mixer::Attention(GatedAttention {
+                    wq: l.layer(il, "attn_q.weight", &[e, cfg.n_head * hk * 2])?,
+                    wk: l.layer(il, "attn_k.weight", &[e, cfg.n_head_kv * hk])?,
+                    wv: l.layer(il, "attn_v.weight", &[e, cfg.n_head_kv * hv])?,
+                    wo: l.layer(il, "attn_output.weight", &[cfg.n_head * hv, e])?,
+                    q_norm: l.layer(il, "attn_q_norm.weight", &[hk])?,
+                    k_norm: l.layer(il, "attn_k_norm.weight", &[hk])?,
+                })
+            };
+            Ok(Layer {
+                attn_norm: l.layer(il, "attn_norm.weight", &[e])?,
+                post_norm: l.layer(il, "post_attention_norm.weight", &[e])?,
+                mixer,
+                ffn: FfnWeights::load(l, cfg, il)?,
+            })
+        })
+        .collect()
+}
+
+/// Per-layer state handed to [`Layer::forward`]: the KV caches (attention layers) or the
+/// recurrent states (DeltaNet layers) of every sequence in the batch.
+pub enum LayerStates<'a, B: Backend> {
+    Kv(Vec<&'a mut B::KvCache>),
+    Recurrent(Vec<&'a mut B::RecurrentState>),
+}
+
+impl<B: Backend> Layer<B> {
+    /// x: `[n, n_embd]`, updated in place.
+    pub fn forward(
+        &self,
+        b: &B,
+        cfg: &ModelConfig,
+        batch: &Batch,
+        states: LayerStates<'_, B>,
+        x: &mut B::Tensor,
+    ) -> Result<(), ModelError> {
+        let h = norm(b, &self.attn_norm, x, cfg.rms_eps)?;
+        let m = match (&self.mixer, states) {
+            (Mixer::Attention(w), LayerStates::Kv(mut caches)) => {
+                w.forward(b, cfg, batch, &mut caches, &h)?
+            }
+            (Mixer::DeltaNet(w), LayerStates::Recurrent(mut rs)) => {
+                w.forward(b, cfg, batch, &mut rs, &h)?
+            }
+            _ => {
+                return Err(ModelError::ForeignState {
+                    found: 0,
+                    expected: cfg.n_layer,
+                })
+            }
+        };
+        b.add(x, &m)?;
+        let h = norm(b, &self.post_norm, x, cfg.rms_eps)?;
+        let f = self.ffn.forward(b, &h)?;
+        b.add(x, &f)?;
+        Ok(())
+    }
+}
+
+impl<B: Backend> GatedAttention<B> {
+    fn forward(
+        &self,
+        b: &B,
+        cfg: &ModelConfig,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        h: &B::Tensor,
+    ) -> Result<B::Tensor, ModelError> {
+        let (n, hd, nh) = (batch.len(), cfg.head_dim_k, cfg.n_head);
+        // qg: [n, n_head * 2 * hd], per head [q | gate]
+        let qg = linear(b, &self.wq, h)?;
+        let split = |offset: usize| -> Result<B::Tensor, ModelError> {
+            let mut t = b.zeros(n, nh * hd);
+            let c = ColumnCopy {
+                n_blocks: nh,
+                width: hd,
+                src_offset: offset,
+                src_stride: 2 * hd,
+                dst_offset: 0,
+                dst_stride: hd,
+            };
+            b.copy_cols(&qg, &mut t, &c)?;
+            Ok(t)
+        };
+        let mut q = split(0)?;
+        let gate = split(hd)?;
+        let mut k = linear(b, &self.wk, h)?;
+        let v = linear(b, &self.wv, h)?;
+        b.rms_norm_inplace(&mut q, &self.q_norm, cfg.rms_eps)?;
+        b.rms_norm_inplace(&mut k, &self.k_norm, cfg.rms_eps)?;
+        b.rope(&mut q, &batch.positions, hd, &cfg.rope)?;
+        b.rope(&mut k, &batch.positions, hd, &cfg.rope)?;
+        let mut o = b.zeros(n, nh * cfg.head_dim_v);
+        b.attention(
+            &q,
+            &k,
+            &v,
+            &batch.rows,
+            caches,
+            &attention_params(cfg),
+            &mut o,
+        )?;
+        b.mul_sigmoid(&mut o, &gate)?;
+        linear(b, &self.wo, &o)
+    }
+}
+
+impl<B: Backend> DeltaNet<B> {
+    fn forward(
+        &self,
+        b: &B,
+        cfg: &ModelConfig,
+        batch: &Batch,
+        states: &mut [&mut B::RecurrentState],
+        h: &B::Tensor,
+    ) -> Result<B::Tensor, ModelError> {
+        let ssm = ssm_config(cfg)?;
+        let n = batch.len();
+        let kd = ssm.key_dim();
+        let qkv = linear(b, &self.qkv, h)?; // [n, 2 * key_dim + d_inner]
+        let z = linear(b, &self.gate, h)?; // [n, d_inner]
+        let mut beta = linear(b, &self.beta, h)?; // [n, n_v_heads]
+        let mut g = linear(b, &self.alpha, h)?; // [n, n_v_heads]
+        b.delta_rule_gates(&mut g, &mut beta, &self.dt_bias, &self.a)?;
+        let mut conv = b.zeros(n, ssm.conv_channels());
+        b.conv1d(&qkv, &self.conv, &batch.rows, states, &mut conv)?;
+        b.silu(&mut conv)?;
+        let part = |offset: usize, width: usize| -> Result<B::Tensor, ModelError> {
+            let mut t = b.zeros(n, width);
+            b.copy_cols(&conv, &mut t, &ColumnCopy::contiguous(offset, width, 0))?;
+            Ok(t)
+        };
+        let mut q = part(0, kd)?;
+        let mut k = part(kd, kd)?;
+        let v = part(2 * kd, ssm.d_inner)?;
+        // transformers' l2norm: x * rsqrt(sum(x²) + 1e-6)
+        b.l2_norm(&mut q, 0, kd, ssm.d_state, cfg.rms_eps)?;
+        b.l2_norm(&mut k, 0, kd, ssm.d_state, cfg.rms_eps)?;
+        let mut o = b.zeros(n, ssm.d_inner);
+        b.delta_rule(&q, &k, &v, &g, &beta, &batch.rows, states, &mut o)?;
+        b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
+        linear(b, &self.out, &o)
+    }
+}

@@ -1,0 +1,361 @@
+//! Loading a GGUF model onto a backend and running forward passes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use backend::cpu::CpuBackend;
+use backend::{Backend, KvType, Row};
+use gguf::GgufFile;
+
+use crate::arch::{self, qwen35};
+use crate::blocks::{linear, Batch, DenseLayer};
+use crate::config::{Arch, ModelConfig};
+use crate::loader::Loader;
+use crate::state::{LayerState, SeqStateOn};
+use crate::ModelError;
+
+/// How to load and run a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// CPU worker threads (0 = one per core).
+    pub n_threads: usize,
+    /// Most tokens per forward micro-batch during prefill.
+    pub ubatch_size: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            n_threads: 0,
+            ubatch_size: 512,
+        }
+    }
+}
+
+enum Layers<B: Backend> {
+    Dense(Vec<DenseLayer<B>>),
+    Qwen35(Vec<qwen35::Layer<B>>),
+}
+
+/// A model loaded on backend `B`; weights stay in the GGUF mapping (CPU) and are read in place.
+pub struct ModelOn<B: Backend> {
+    backend: B,
+    file: Arc<GgufFile>,
+    config: ModelConfig,
+    ubatch_size: usize,
+    tok_embd: B::Weight,
+    output_norm: B::Weight,
+    /// `None`: tied to `tok_embd`.
+    output: Option<B::Weight>,
+    layers: Layers<B>,
+}
+
+/// The CPU model.
+pub type Model = ModelOn<CpuBackend>;
+/// The per-sequence state of the CPU model.
+pub type SeqState = SeqStateOn<CpuBackend>;
+
+impl ModelOn<CpuBackend> {
+    /// Opens (memory-maps) a GGUF file and loads it for CPU inference.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path)?;
+        Self::load_from_gguf(file, opts)
+    }
+
+    /// Loads an already opened GGUF file for CPU inference.
+    pub fn load_from_gguf(file: GgufFile, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let backend = CpuBackend::new(opts.n_threads)?;
+        ModelOn::load_on(backend, Arc::new(file), opts)
+    }
+}
+
+impl<B: Backend> ModelOn<B> {
+    /// Loads `file` onto `backend`.
+    pub fn load_on(
+        backend: B,
+        file: Arc<GgufFile>,
+        opts: &LoadOptions,
+    ) -> Result<Self, ModelError> {
+        let mut config = ModelConfig::from_gguf(&file)?;
+        if let Some(info) = file.tensor("rope_freqs.weight") {
+            // Llama 3.1 frequency factors: n_rot / 2 f32 values.
+            let n = (config.rope.n_rot / 2) as u64;
+            if info.n_elements() != n {
+                return Err(ModelError::TensorShape {
+                    name: info.name.clone(),
+                    found: info.dims.clone(),
+                    expected: vec![n],
+                });
+            }
+            let mut f = vec![0.0f32; n as usize];
+            quant::dequantize_row(info.ty, file.tensor_data(info), &mut f)
+                .map_err(|e| ModelError::Backend(backend::BackendError::Quant(e.to_string())))?;
+            config.rope.freq_factors = Some(f);
+        }
+        let l = Loader {
+            backend: &backend,
+            file: &file,
+        };
+        let tok_embd = l.tensor("token_embd.weight", &[config.n_embd, config.n_vocab])?;
+        let output_norm = l.tensor("output_norm.weight", &[config.n_embd])?;
+        let output = l.optional("output.weight", &[config.n_embd, config.n_vocab])?;
+        let layers = match config.arch {
+            Arch::Llama => Layers::Dense(arch::llama::load(&l, &config)?),
+            Arch::Qwen2 => Layers::Dense(arch::qwen2::load(&l, &config)?),
+            Arch::Qwen3 => Layers::Dense(arch::qwen3::load(&l, &config)?),
+            Arch::Qwen35 => Layers::Qwen35(arch::qwen35::load(&l, &config)?),
+        };
+        tracing::info!(
+            arch = config.arch.name(),
+            n_layer = config.n_layer,
+            n_embd = config.n_embd,
+            n_vocab = config.n_vocab,
+            tied_output = output.is_none(),
+            backend = %backend.name(),
+            "model loaded"
+        );
+        Ok(ModelOn {
+            backend,
+            file,
+            config,
+            ubatch_size: opts.ubatch_size.max(1),
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The GGUF file (tokenizer and chat-template metadata).
+    pub fn gguf(&self) -> &GgufFile {
+        &self.file
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// A fresh sequence state holding `n_ctx` positions, KV stored as `kv_type`.
+    pub fn new_state(&self, n_ctx: usize, kv_type: KvType) -> Result<SeqStateOn<B>, ModelError> {
+        if n_ctx == 0 {
+            return Err(ModelError::BadContext(n_ctx));
+        }
+        let c = &self.config;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        let mut bytes = 0;
+        for il in 0..c.n_layer {
+            if c.recurrent_layers[il] {
+                let ssm = c
+                    .ssm
+                    .as_ref()
+                    .ok_or_else(|| ModelError::MissingKey("ssm.*".into()))?;
+                let s = self
+                    .backend
+                    .new_recurrent_state(&qwen35::recurrent_shape(ssm))?;
+                bytes += self.backend.recurrent_state_bytes(&s);
+                layers.push(LayerState::Recurrent(s));
+            } else {
+                let kv = self.backend.new_kv_cache(
+                    n_ctx,
+                    c.n_head_kv,
+                    c.head_dim_k,
+                    c.head_dim_v,
+                    kv_type,
+                )?;
+                bytes += self.backend.kv_cache_bytes(&kv);
+                layers.push(LayerState::Kv(kv));
+            }
+        }
+        tracing::debug!(n_ctx, %kv_type, bytes, "sequence state allocated");
+        Ok(SeqStateOn::new(n_ctx, layers, bytes))
+    }
+
+    /// Runs `tokens` at positions `state.len()..`, appending to the state, in micro-batches of
+    /// `ubatch_size`. Returns logits `[1, n_vocab]` for the last token (`all_logits == false`)
+    /// or `[tokens.len(), n_vocab]`. A prompt that does not fit in the context is an error
+    /// and leaves the state untouched.
+    pub fn forward(
+        &self,
+        state: &mut SeqStateOn<B>,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        self.check_state(state, tokens.len())?;
+        self.check_tokens(tokens)?;
+        let mut logits =
+            Vec::with_capacity(if all_logits { tokens.len() } else { 1 } * self.config.n_vocab);
+        let n_chunks = tokens.len().div_ceil(self.ubatch_size);
+        for (ci, chunk) in tokens.chunks(self.ubatch_size).enumerate() {
+            let start = state.len;
+            let rows: Vec<Row> = (0..chunk.len())
+                .map(|i| Row {
+                    seq: 0,
+                    pos: start + i,
+                })
+                .collect();
+            let out_rows: Vec<usize> = if all_logits {
+                (0..chunk.len()).collect()
+            } else if ci + 1 == n_chunks {
+                vec![chunk.len() - 1]
+            } else {
+                Vec::new()
+            };
+            let mut states = [&mut *state];
+            logits.extend(self.run(&mut states, chunk, Batch::new(rows), &out_rows)?);
+            state.len += chunk.len();
+        }
+        Ok(logits)
+    }
+
+    /// One decode step for many sequences at once (weights read once): `tokens[i]` goes to
+    /// `states[i]` at its current length. Returns logits `[states.len(), n_vocab]`.
+    pub fn forward_batch(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        if states.len() != tokens.len() {
+            return Err(ModelError::BatchMismatch {
+                n_states: states.len(),
+                n_tokens: tokens.len(),
+            });
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        for s in states.iter() {
+            self.check_state(s, 1)?;
+        }
+        self.check_tokens(tokens)?;
+        let rows: Vec<Row> = states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Row { seq: i, pos: s.len })
+            .collect();
+        let out_rows: Vec<usize> = (0..tokens.len()).collect();
+        let logits = self.run(states, tokens, Batch::new(rows), &out_rows)?;
+        for s in states.iter_mut() {
+            s.len += 1;
+        }
+        Ok(logits)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        match tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            Some(&token) => Err(ModelError::TokenOutOfRange {
+                token,
+                n_vocab: self.config.n_vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_state(&self, s: &SeqStateOn<B>, n_new: usize) -> Result<(), ModelError> {
+        let c = &self.config;
+        let matches = s.layers.len() == c.n_layer
+            && s.layers
+                .iter()
+                .zip(&c.recurrent_layers)
+                .all(|(l, &r)| matches!(l, LayerState::Recurrent(_)) == r);
+        if !matches {
+            return Err(ModelError::ForeignState {
+                found: s.layers.len(),
+                expected: c.n_layer,
+            });
+        }
+        if s.len + n_new > s.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed: n_new,
+                used: s.len,
+                n_ctx: s.n_ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// One micro-batch through every layer; logits of `out_rows` (batch row indices).
+    fn run(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[u32],
+        batch: Batch,
+        out_rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let b = &self.backend;
+        let c = &self.config;
+        for s in states.iter_mut() {
+            if s.needs_reset {
+                for l in &mut s.layers {
+                    if let LayerState::Recurrent(r) = l {
+                        b.reset_recurrent_state(r);
+                    }
+                }
+                s.needs_reset = false;
+            }
+        }
+        let mut x = b.zeros(tokens.len(), c.n_embd);
+        b.embed(&self.tok_embd, tokens, &mut x)?;
+        match &self.layers {
+            Layers::Dense(layers) => {
+                for (il, layer) in layers.iter().enumerate() {
+                    let mut caches = kv_caches(states, il);
+                    layer.forward(b, c, &batch, &mut caches, &mut x)?;
+                }
+            }
+            Layers::Qwen35(layers) => {
+                for (il, layer) in layers.iter().enumerate() {
+                    let ls = if c.recurrent_layers[il] {
+                        qwen35::LayerStates::Recurrent(recurrent_states(states, il))
+                    } else {
+                        qwen35::LayerStates::Kv(kv_caches(states, il))
+                    };
+                    layer.forward(b, c, &batch, ls, &mut x)?;
+                }
+            }
+        }
+        if out_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sel = b.zeros(out_rows.len(), c.n_embd);
+        b.get_rows(&x, out_rows, &mut sel)?;
+        b.rms_norm_inplace(&mut sel, &self.output_norm, c.rms_eps)?;
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
+        let logits = linear(b, head, &sel)?;
+        Ok(b.download(&logits))
+    }
+}
+
+/// Layer `il`'s KV cache of every state (the caller checked the layer kinds).
+fn kv_caches<'a, B: Backend>(
+    states: &'a mut [&mut SeqStateOn<B>],
+    il: usize,
+) -> Vec<&'a mut B::KvCache> {
+    states
+        .iter_mut()
+        .filter_map(|s| match &mut s.layers[il] {
+            LayerState::Kv(c) => Some(c),
+            LayerState::Recurrent(_) => None,
+        })
+        .collect()
+}
+
+/// Layer `il`'s recurrent state of every state.
+fn recurrent_states<'a, B: Backend>(
+    states: &'a mut [&mut SeqStateOn<B>],
+    il: usize,
+) -> Vec<&'a mut B::RecurrentState> {
+    states
+        .iter_mut()
+        .filter_map(|s| match &mut s.layers[il] {
+            LayerState::Recurrent(r) => Some(r),
+            LayerState::Kv(_) => None,
+        })
+        .collect()
+}
