@@ -9,10 +9,14 @@
 //!
 //! For several tokens (prefill), each task walks its rows once per tile of
 //! [`TOKEN_TILE`] tokens; a task's rows are sized to stay in L2, so every weight byte
-//! comes from memory once per call and from cache for the following tiles.
+//! comes from memory once per call and from cache for the following tiles. Formats with a
+//! multi-token kernel ([`crate::dot::dot_tile_kernel`]) also unpack each weight block
+//! once per [`MAX_TILE`] tokens instead of once per token.
 
 use crate::activation::quantize_activations_into;
-use crate::dot::{best_isa, dot_kernel, row_lengths, DotFn, Isa};
+use crate::dot::{
+    best_isa, dot_kernel, dot_tile_kernel, row_lengths, DotFn, DotTileFn, Isa, MAX_TILE,
+};
 use gguf::GgmlType;
 use rayon::prelude::*;
 
@@ -100,7 +104,11 @@ pub fn matmul_with(
     if n_tokens == 1 {
         matvec_rows(kernel, w, row_bytes, n_cols, &acts, y);
     } else {
-        matmul_rows(kernel, w, row_bytes, n_cols, &acts, act_bytes, n_tokens, y);
+        let kernels = Kernels {
+            row: kernel,
+            tile: dot_tile_kernel(isa, ty),
+        };
+        matmul_rows(kernels, w, row_bytes, n_cols, &acts, act_bytes, n_tokens, y);
     }
 }
 
@@ -131,10 +139,17 @@ fn matvec_rows(
         });
 }
 
+/// The single-row kernel and, where the format has one, the multi-token kernel.
+#[derive(Clone, Copy)]
+struct Kernels {
+    row: DotFn,
+    tile: Option<DotTileFn>,
+}
+
 /// y: `[n_tokens, n_rows]`; acts: `[n_tokens, act_bytes]`.
 #[allow(clippy::too_many_arguments)]
 fn matmul_rows(
-    kernel: DotFn,
+    kernels: Kernels,
     w: &[u8],
     row_bytes: usize,
     n_cols: usize,
@@ -156,8 +171,20 @@ fn matmul_rows(
                     .chunks_exact_mut(n_tokens)
                     .zip(wc.chunks_exact(row_bytes))
                 {
-                    for t in t0..t1 {
-                        yr[t] = kernel(wr, &acts[t * act_bytes..(t + 1) * act_bytes], n_cols);
+                    match kernels.tile {
+                        Some(tile) => {
+                            for s0 in (t0..t1).step_by(MAX_TILE) {
+                                let s1 = (s0 + MAX_TILE).min(t1);
+                                let a = &acts[s0 * act_bytes..s1 * act_bytes];
+                                tile(wr, a, s1 - s0, n_cols, &mut yr[s0..s1]);
+                            }
+                        }
+                        None => {
+                            for t in t0..t1 {
+                                let a = &acts[t * act_bytes..(t + 1) * act_bytes];
+                                yr[t] = (kernels.row)(wr, a, n_cols);
+                            }
+                        }
                     }
                 }
             }

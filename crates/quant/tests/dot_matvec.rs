@@ -20,20 +20,24 @@ fn check(isa: Isa, ty: GgmlType, n_rows: usize, n_cols: usize, n_tokens: usize, 
         quant::quantize_activations(ty, &x[t * n_cols..(t + 1) * n_cols], &mut act);
         for r in 0..n_rows {
             let got = y[t * n_rows + r];
-            let single = vec_dot_with(
-                isa,
-                ty,
-                &w[r * row_bytes..(r + 1) * row_bytes],
-                &act,
-                n_cols,
-            );
-            assert_eq!(
-                got.to_bits(),
-                single.to_bits(),
-                "{ty} {isa:?} t={t} r={r}: matmul vs vec_dot"
-            );
-            let (want, tol) =
-                reference_dot(ty, &w[r * row_bytes..(r + 1) * row_bytes], &act, n_cols);
+            let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+            let single = vec_dot_with(isa, ty, wr, &act, n_cols);
+            let (want, tol) = reference_dot(ty, wr, &act, n_cols);
+            if n_tokens == 1 {
+                // Decode runs exactly the single-row kernel.
+                assert_eq!(
+                    got.to_bits(),
+                    single.to_bits(),
+                    "{ty} {isa:?} r={r}: matvec vs vec_dot"
+                );
+            } else {
+                // Prefill may use a multi-token kernel that adds in another order.
+                let diff = (got - single).abs() as f64;
+                assert!(
+                    diff <= tol,
+                    "{ty} {isa:?} t={t} r={r}: {got} vs vec_dot {single}"
+                );
+            }
             assert!(
                 (got as f64 - want).abs() <= tol,
                 "{ty} {isa:?} [{n_rows}x{n_cols}] t={t} r={r}: {got} vs f64 {want} (tol {tol})"

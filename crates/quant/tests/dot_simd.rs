@@ -89,3 +89,38 @@ fn simd_matches_scalar_on_extreme_quants() {
         }
     }
 }
+
+#[test]
+fn tile_kernels_match_scalar_for_every_token_count() {
+    let mut rng = Rng::new(4321);
+    for isa in Isa::all_available() {
+        for ty in DOT_TYPES {
+            let Some(tile) = quant::dot::dot_tile_kernel(isa, ty) else {
+                continue;
+            };
+            for n in [256, 5 * 256, 11 * 256] {
+                let w = random_weights(&mut rng, ty, 1, n);
+                for n_tok in 1..=quant::dot::MAX_TILE {
+                    let mut acts = Vec::new();
+                    let mut one = Vec::new();
+                    for _ in 0..n_tok {
+                        quant::quantize_activations(ty, &rng.activations(n), &mut one);
+                        acts.extend_from_slice(&one);
+                    }
+                    let mut out = vec![f32::NAN; n_tok];
+                    tile(&w, &acts, n_tok, n, &mut out);
+                    let ab = acts.len() / n_tok;
+                    for (t, &got) in out.iter().enumerate() {
+                        let a = &acts[t * ab..(t + 1) * ab];
+                        let scalar = vec_dot_with(Isa::Scalar, ty, &w, a, n) as f64;
+                        let (_, tol) = reference_dot(ty, &w, a, n);
+                        assert!(
+                            (got as f64 - scalar).abs() <= tol,
+                            "{ty} {isa:?} n={n} n_tok={n_tok} t={t}: tile {got} vs scalar {scalar}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,10 +1,11 @@
 //! AVX-512 (F + BW + VL) dot kernels for the formats that dominate decode time: Q4_K, Q6_K
-//! (Q4_K_M models), Q4_0 and Q8_0. Other formats use the AVX2 kernels.
+//! (Q4_K_M models) and Q8_0. Other formats use the AVX2 kernels (the AVX-512 Q4_0 we
+//! tried was slower than AVX2's on Zen 4, which splits 512-bit ops in two).
 //!
 //! Design: the AVX2 scheme (see `avx2.rs`) at twice the width. A K-quant block is walked 64
 //! elements at a time, two sub-blocks per 512-bit register, with the per-sub-block scales
 //! spread over the i16 lanes by one `vpermw`. The 32-wide formats take two blocks per
-//! register. Q6_K's -32 offset is folded into one product of the scales with the
+//! register (Q8_0). Q6_K's -32 offset is folded into one product of the scales with the
 //! activation block sums (`bsums`) instead of a second multiply per vector.
 
 use super::avx2::{f16c, hsum_ps, k4_scales_mins, ld128, ld256};
@@ -30,11 +31,6 @@ pub(super) unsafe fn kernel(ty: GgmlType) -> Option<DotFn> {
             check_lengths(Q6K, w, a, n);
             // SAFETY: as above.
             unsafe { dot_q6_k(cast_slice(w), cast_slice(a)) }
-        },
-        Q4_0 => |w, a, n| {
-            check_lengths(Q4_0, w, a, n);
-            // SAFETY: as above.
-            unsafe { dot_q4_0(cast_slice(w), cast_slice(a)) }
         },
         Q8_0 => |w, a, n| {
             check_lengths(Q8_0, w, a, n);
@@ -89,9 +85,16 @@ fn dot_q4_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
         let smv = ld128(&sm, 0);
         // Mins: dmin * sum_j m_j * (bsum_2j + bsum_2j+1), as in the AVX2 kernel.
         let bs = ld256(&yb.bsums, 0);
-        let sums = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+        let sums = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        );
         let prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128::<8>(smv)), sums);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(-dy * f16c(xb.dmin)), _mm_cvtepi32_ps(prod), acc_m);
+        acc_m = _mm_fmadd_ps(
+            _mm_set1_ps(-dy * f16c(xb.dmin)),
+            _mm_cvtepi32_ps(prod),
+            acc_m,
+        );
         // scales: 8 × i16 in lanes 0..8.
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
         let mut sumi = _mm512_setzero_si512();
@@ -206,40 +209,6 @@ fn dot_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     let mut sum = hsum512(acc);
     for (xb, yb) in xp.remainder().iter().zip(yp.remainder()) {
         let q = _mm512_castsi256_si512(ld256(&xb.qs, 0));
-        let a = _mm512_castsi256_si512(ld256(&yb.qs, 0));
-        let p = _mm512_castsi512_si256(mul_sum_i8_512(q, a));
-        sum += d2(xb.d, yb.d) * hsum_ps(_mm256_cvtepi32_ps(p));
-    }
-    sum
-}
-
-/// Two Q4_0 blocks' 32 nibbles each, minus 8: block 0 in bytes 0..32, block 1 in 32..64.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2")]
-fn q4_0_pair(a: &[u8; 16], b: &[u8; 16]) -> __m512i {
-    let packed = _mm256_set_m128i(ld128(b, 0), ld128(a, 0)); // [a, b]
-    let both = join(packed, _mm256_srli_epi16::<4>(packed)); // [a, b, a>>4, b>>4]
-    // Reorder 128-bit lanes to [a, a>>4, b, b>>4]: block order, low then high nibbles.
-    let ordered = _mm512_shuffle_i64x2::<0b11_01_10_00>(both, both);
-    let q = _mm512_and_si512(ordered, _mm512_set1_epi8(0x0f));
-    _mm512_sub_epi8(q, _mm512_set1_epi8(8))
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn dot_q4_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
-    let mut acc = _mm512_setzero_ps();
-    let mut xp = x.chunks_exact(2);
-    let mut yp = y.chunks_exact(2);
-    for (xs, ys) in (&mut xp).zip(&mut yp) {
-        let q = q4_0_pair(&xs[0].qs, &xs[1].qs);
-        let a = join(ld256(&ys[0].qs, 0), ld256(&ys[1].qs, 0));
-        let p = mul_sum_i8_512(q, a);
-        let d = scale_pair_ps(d2(xs[0].d, ys[0].d), d2(xs[1].d, ys[1].d));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
-    }
-    let mut sum = hsum512(acc);
-    for (xb, yb) in xp.remainder().iter().zip(yp.remainder()) {
-        let q = q4_0_pair(&xb.qs, &xb.qs);
         let a = _mm512_castsi256_si512(ld256(&yb.qs, 0));
         let p = _mm512_castsi512_si256(mul_sum_i8_512(q, a));
         sum += d2(xb.d, yb.d) * hsum_ps(_mm256_cvtepi32_ps(p));

@@ -11,6 +11,8 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_tile;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -21,6 +23,13 @@ use std::sync::OnceLock;
 /// One weight row (`n / block_size` blocks) · one activation row (the paired format of
 /// [`crate::vec_dot_type`]), `n` elements. Implementations check the slice lengths.
 pub type DotFn = fn(w: &[u8], act: &[u8], n: usize) -> f32;
+
+/// One weight row · `n_tok` (1..=[`MAX_TILE`]) activation rows stored back to back in
+/// `acts`; writes `out[..n_tok]`. Implementations check the slice lengths.
+pub type DotTileFn = fn(w: &[u8], acts: &[u8], n_tok: usize, n: usize, out: &mut [f32]);
+
+/// Most tokens a [`DotTileFn`] takes per call.
+pub const MAX_TILE: usize = 4;
 
 /// An instruction-set path. Use [`Isa::available`] before forcing one in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,9 +126,13 @@ pub fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotFn> {
         Isa::Scalar => None,
         // SAFETY: `isa.available()` checked AVX2+FMA+F16C (and AVX-512 F/BW/VL) above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::kernel(ty) },
+        Isa::Avx2 => unsafe { avx2_tile::row_kernel(ty).or_else(|| avx2::kernel(ty)) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::kernel(ty).or_else(|| avx2::kernel(ty)) },
+        Isa::Avx512 => unsafe {
+            avx512::kernel(ty)
+                .or_else(|| avx2_tile::row_kernel(ty))
+                .or_else(|| avx2::kernel(ty))
+        },
         // SAFETY: `isa.available()` checked NEON above.
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => unsafe { neon::kernel(ty) },
@@ -127,6 +140,21 @@ pub fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotFn> {
         _ => None,
     };
     simd.or_else(|| scalar_kernel(ty))
+}
+
+/// The multi-token kernel for weight type `ty` on path `isa`, where one exists: it unpacks
+/// each weight block once for up to [`MAX_TILE`] tokens (prefill). `None` means: call the
+/// single-row kernel per token.
+///
+/// Panics if `isa` is not available on this CPU.
+pub fn dot_tile_kernel(isa: Isa, ty: GgmlType) -> Option<DotTileFn> {
+    assert!(isa.available(), "{isa:?} is not available on this CPU");
+    match isa {
+        // SAFETY: `isa.available()` checked AVX2+FMA+F16C above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => unsafe { avx2_tile::tile_kernel(ty) },
+        _ => None,
+    }
 }
 
 /// Expected byte lengths of a weight row and an activation row of `n` elements.
