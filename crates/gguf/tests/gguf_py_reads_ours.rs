@@ -2,8 +2,6 @@
 //! values and tensor table. Skipped, with a note, where python3 has no `gguf` package
 //! (`pip install gguf`).
 
-use std::io::Write;
-use std::process::Command;
 
 use gguf::{Array, GgmlType, GgufWriter, Value};
 use serde_json::{json, Value as Json};
