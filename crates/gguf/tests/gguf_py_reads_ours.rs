@@ -2,6 +2,7 @@
 //! values and tensor table. Skipped, with a note, where python3 has no `gguf` package
 //! (`pip install gguf`).
 
+use std::process::Command;
 
 use gguf::{Array, GgmlType, GgufWriter, Value};
 use serde_json::{json, Value as Json};
