@@ -24,11 +24,23 @@ struct Cli {
 enum Command {
     /// Show a GGUF file's architecture, hyperparameters, tokenizer and tensors.
     Inspect(commands::inspect::Args),
+    /// Print the token ids of a text under a model's tokenizer (llama-tokenize style).
+    Tokenize(commands::tokenize::Args),
+    /// Complete a prompt (-p), or chat; with no -m, the bundled tiny story model.
+    Run(commands::run::Args),
+    /// Measure prefill and decode speed (llama-bench style).
+    Bench(commands::bench::Args),
+    /// Write a GGUF of a real model's shape with random weights.
+    Synth(commands::synth::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Synth(args) => commands::synth::run(args),
     }
 }

@@ -1,3 +1,7 @@
 //! One module per subcommand.
 
 pub mod inspect;
+pub mod bench;
+pub mod run;
+pub mod synth;
+pub mod tokenize;

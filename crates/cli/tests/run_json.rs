@@ -1,0 +1,64 @@
+//! End-to-end: `redline run --json` on the bundled stories260K against llama.cpp's greedy
+//! continuation (tests/data/stories260K.reference.jsonl).
+
+use std::process::Command;
+
+fn reference() -> serde_json::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/stories260K.reference.jsonl"
+    );
+    let text = std::fs::read_to_string(path).expect("reference file");
+    serde_json::from_str(text.lines().next().expect("one line")).expect("json")
+}
+
+fn run_json(extra: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args(["run", "-p", "Once upon a time", "--json", "-t", "2"])
+        .args(extra)
+        .output()
+        .expect("redline runs");
+    assert!(
+        out.status.success(),
+        "redline failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+#[test]
+fn greedy_bundled_model_matches_llama_cpp() {
+    let r = reference();
+    let n = r["tokens"].as_array().unwrap().len().to_string();
+    let got = run_json(&["--temp", "0", "-n", &n]);
+    assert_eq!(
+        got["tokens"], r["tokens"],
+        "generated ids differ from llama.cpp's"
+    );
+    assert_eq!(got["text"], r["content"]);
+    assert_eq!(
+        got["prompt_tokens"].as_array().unwrap().len() as u64,
+        r["prompt_n"].as_u64().unwrap()
+    );
+    assert_eq!(got["finish_reason"], "length");
+    let t = &got["timings"];
+    assert_eq!(t["predicted_n"].as_u64(), Some(64));
+    assert!(t["predicted_per_second"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn same_seed_same_output() {
+    let a = run_json(&["--temp", "1.0", "--seed", "42", "-n", "24"]);
+    let b = run_json(&["--temp", "1.0", "--seed", "42", "-n", "24"]);
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert_eq!(a["seed"], 42);
+    let c = run_json(&["--temp", "1.0", "--seed", "43", "-n", "24"]);
+    assert_ne!(a["tokens"], c["tokens"]);
+}
+
+#[test]
+fn stop_string_ends_the_text() {
+    let got = run_json(&["--temp", "0", "-n", "64", "--stop", "Lily"]);
+    assert_eq!(got["text"], ", there was a little girl named ");
+    assert_eq!(got["finish_reason"], "stop");
+}
