@@ -142,3 +142,10 @@ fn opens_vocab_files() {
         assert!(toks.len() > 1000, "{name}");
     }
 }
+
+#[test]
+fn file_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<GgufFile>();
+    assert_send_sync::<gguf::GgufWriter>();
+}
