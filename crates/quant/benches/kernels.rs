@@ -2,7 +2,8 @@
 //! bound, no threads): the compute speed of each kernel, in GB/s of weights.
 //!
 //! `cargo bench -p quant --bench kernels`. Takes the best of many runs, so it stays
-//! meaningful on a busy machine.
+//! meaningful on a busy machine. Formats with a multi-token kernel also report its
+//! multiply-adds per second.
 
 use gguf::GgmlType;
 use quant::dot::{dot_kernel, Isa};
@@ -65,5 +66,30 @@ fn main() {
             line += &format!("  {isa:?} {:6.1}", (rb * ROWS) as f64 / best / 1e9);
         }
         println!("{line}  GB/s");
+        // Multi-token kernels: multiply-adds per second over MAX_TILE tokens.
+        let tile_acts = act.repeat(quant::dot::MAX_TILE);
+        let mut line = format!("{:7}", format!("{}x{}", ty.name(), quant::dot::MAX_TILE));
+        let mut any = false;
+        for isa in Isa::all_available() {
+            let Some(k) = quant::dot::dot_tile_kernel(isa, ty) else {
+                continue;
+            };
+            any = true;
+            let mut out = [0f32; quant::dot::MAX_TILE];
+            let mut best = f64::MAX;
+            for _ in 0..40 {
+                let t = Instant::now();
+                for r in w.chunks_exact(rb) {
+                    k(r, &tile_acts, quant::dot::MAX_TILE, N, &mut out);
+                    std::hint::black_box(&out);
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let macs = (N * ROWS * quant::dot::MAX_TILE) as f64;
+            line += &format!("  {isa:?} {:6.1}", macs / best / 1e9);
+        }
+        if any {
+            println!("{line}  GMAC/s");
+        }
     }
 }

@@ -93,7 +93,7 @@ pub(super) fn q6_k<const T: usize>(x: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32
             let ql1 = ld256(&xb.ql, 64 * h + 32);
             let qh = ld256(&xb.qh, 32 * h);
             let s_half = if h == 0 { s_lo } else { s_hi };
-            for k in 0..4 {
+            for (k, mask) in pair_mask.iter().enumerate() {
                 // Quarter k of this half (see scalar::q6_k_value for the layout).
                 let ql = if k % 2 == 0 { ql0 } else { ql1 };
                 let low = if k < 2 {
@@ -111,7 +111,7 @@ pub(super) fn q6_k<const T: usize>(x: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32
                     _mm256_and_si256(low, m4),
                     _mm256_slli_epi16::<4>(_mm256_and_si256(high, m2)),
                 );
-                let sc = _mm256_shuffle_epi8(s_half, pair_mask[k]);
+                let sc = _mm256_shuffle_epi8(s_half, *mask);
                 for t in 0..T {
                     let a = ld256(&ys[t][b].qs, 128 * h + 32 * k);
                     let p = _mm256_maddubs_epi16(q, a);
