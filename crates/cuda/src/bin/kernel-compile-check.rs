@@ -11,6 +11,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let mut nvrtc_path: Option<PathBuf> = None;
     let mut archs: Vec<u32> = CI_ARCHS.to_vec();
+    let mut resource_usage = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -28,6 +29,8 @@ fn main() -> ExitCode {
                     _ => return usage("--arch: comma-separated numbers, e.g. 70,80,90"),
                 }
             }
+            // ptxas register / shared memory / spill report per kernel (printed, not a failure)
+            "--resource-usage" => resource_usage = true,
             "-h" | "--help" => return usage(""),
             other => return usage(&format!("unknown argument {other}")),
         }
@@ -41,6 +44,17 @@ fn main() -> ExitCode {
     };
     let (maj, min) = nvrtc.version();
     println!("NVRTC {maj}.{min} from {}", nvrtc.path().display());
+    if resource_usage {
+        for &arch in &archs {
+            for p in cuda::Program::ALL {
+                match nvrtc.compile(&p.program_source(), arch, &["--ptxas-options=-v"]) {
+                    Ok(c) => println!("== sm_{arch} {}\n{}", p.file_name(), c.log),
+                    Err(e) => println!("== sm_{arch} {}: {e}", p.file_name()),
+                }
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     let mut failed = 0;
     for o in compile_all(&nvrtc, &archs) {
         let ms = o.elapsed.as_secs_f64() * 1e3;
@@ -79,7 +93,7 @@ fn usage(err: &str) -> ExitCode {
     if !err.is_empty() {
         eprintln!("kernel-compile-check: {err}");
     }
-    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90]");
+    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage]");
     if err.is_empty() {
         ExitCode::SUCCESS
     } else {
