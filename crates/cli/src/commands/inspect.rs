@@ -221,16 +221,18 @@ impl Summary {
                 },
             }
         }
-        kv.row([
-            "parameters".into(),
+        let params = if file.tensors().is_empty() {
+            "none (no tensors: a vocabulary-only file)".to_owned()
+        } else {
             format!(
                 "{} params in {} tensors, {} of weights, {:.2} bits/weight",
                 count(self.n_params),
                 file.tensors().len(),
                 bytes(self.tensor_bytes),
                 self.bits_per_weight()
-            ),
-        ]);
+            )
+        };
+        kv.row(["parameters".into(), params]);
         out += &kv.render("");
 
         let hp = self.hyperparameters(meta);
@@ -259,6 +261,9 @@ impl Summary {
             out += &t.render("  ");
         }
 
+        if file.tensors().is_empty() {
+            return out;
+        }
         out += "\nweights by type\n";
         let mut t = Table::new(&[false, true, true, true, true]);
         t.row(["type", "tensors", "params", "bytes", "bits/weight"].map(String::from));
