@@ -105,6 +105,17 @@ fn python_str(value: &Value) -> Result<String, Error> {
     Ok(python_format::str_of(&to_json(value)?))
 }
 
+/// Jinja2 `trim(value, chars=None)`: `str(value).strip(chars)`, so a list is trimmed as its
+/// Python repr.
+fn trim_filter(value: &Value, chars: Option<String>) -> Result<Value, Error> {
+    let text = python_str(value)?;
+    let trimmed = match chars {
+        Some(chars) => text.trim_matches(|c| chars.contains(c)),
+        None => text.trim(),
+    };
+    Ok(Value::from(trimmed))
+}
+
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
@@ -124,6 +135,7 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson_filter);
         env.add_filter("string", |v: &Value| python_str(v).map(Value::from));
+        env.add_filter("trim", trim_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
