@@ -221,43 +221,79 @@ pub fn attention(
     }
     let caches: Vec<&CpuKvCache> = caches.iter().map(|c| &**c).collect();
     let group = p.n_head / p.n_kv_head;
+    let hv = p.head_dim_v;
+    // Tasks: (block of up to ROW_BLOCK consecutive rows of one sequence, KV head). Each task
+    // decodes its KV rows once for the whole block, then serves every query head of the group.
+    let mut tasks = Vec::new();
+    let mut r0 = 0;
+    while r0 < n {
+        let mut r1 = r0 + 1;
+        while r1 < n && r1 - r0 < ROW_BLOCK && rows[r1].seq == rows[r0].seq {
+            r1 += 1;
+        }
+        tasks.extend((0..p.n_kv_head).map(|kvh| (r0, r1, kvh)));
+        r0 = r1;
+    }
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(r0, r1, kvh)| attend_block(q, &rows[r0..r1], r0, caches[rows[r0].seq], kvh, p))
+        .collect::<Result<_, _>>()?;
+    // Scatter: task output is [rows][group * hv]; the group's heads are adjacent in `out`.
+    for (&(r0, r1, kvh), res) in tasks.iter().zip(&results) {
+        for (i, r) in (r0..r1).enumerate() {
+            let dst = &mut out.data[r * p.n_head * hv + kvh * group * hv..][..group * hv];
+            dst.copy_from_slice(&res[i * group * hv..(i + 1) * group * hv]);
+        }
+    }
+    Ok(())
+}
+
+/// Most rows of one sequence handled by one attention task.
+const ROW_BLOCK: usize = 32;
+
+/// Attention of `block` (rows `r0..` of q, one sequence) for the query heads of KV head `kvh`.
+/// Returns `[block.len()][group * head_dim_v]`.
+fn attend_block(
+    q: &CpuTensor,
+    block: &[Row],
+    r0: usize,
+    cache: &CpuKvCache,
+    kvh: usize,
+    p: &AttentionParams,
+) -> Result<Vec<f32>, BackendError> {
+    let group = p.n_head / p.n_kv_head;
     let (hk, hv) = (p.head_dim_k, p.head_dim_v);
-    // One task per (row, KV head): the query heads of one KV group are adjacent in `out`.
-    out.data
-        .par_chunks_mut(group * hv)
-        .enumerate()
-        .try_for_each(|(idx, o)| -> Result<(), BackendError> {
-            let (r, kvh) = (idx / p.n_kv_head, idx % p.n_kv_head);
-            let row = rows[r];
-            let cache = caches[row.seq];
-            let len = row.pos + 1;
-            let mut keys = vec![0.0f32; len * hk];
-            let mut vals = vec![0.0f32; len * hv];
-            cache.load(kvh, len, false, &mut keys)?;
-            cache.load(kvh, len, true, &mut vals)?;
-            let mut scores = vec![0.0f32; len];
-            for j in 0..group {
-                let h = kvh * group + j;
-                let qh = &q.row(r)[h * hk..(h + 1) * hk];
-                let mut max = f32::NEG_INFINITY;
-                for (s, kr) in scores.iter_mut().zip(keys.chunks_exact(hk)) {
-                    *s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0.0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let oh = &mut o[j * hv..(j + 1) * hv];
-                oh.fill(0.0);
-                for (s, vr) in scores.iter().zip(vals.chunks_exact(hv)) {
-                    let w = s / sum;
-                    oh.iter_mut().zip(vr).for_each(|(a, b)| *a += w * b);
-                }
+    let len = block.iter().map(|r| r.pos).max().unwrap_or(0) + 1;
+    let mut keys = vec![0.0f32; len * hk];
+    let mut vals = vec![0.0f32; len * hv];
+    cache.load(kvh, len, false, &mut keys)?;
+    cache.load(kvh, len, true, &mut vals)?;
+    let mut out = vec![0.0f32; block.len() * group * hv];
+    let mut scores = vec![0.0f32; len];
+    for (i, row) in block.iter().enumerate() {
+        let n_keys = row.pos + 1;
+        for j in 0..group {
+            let h = kvh * group + j;
+            let qh = &q.row(r0 + i)[h * hk..(h + 1) * hk];
+            let sc = &mut scores[..n_keys];
+            let mut max = f32::NEG_INFINITY;
+            for (s, kr) in sc.iter_mut().zip(keys.chunks_exact(hk)) {
+                *s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                max = max.max(*s);
             }
-            Ok(())
-        })
+            let mut sum = 0.0f32;
+            for s in sc.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let oh = &mut out[(i * group + j) * hv..(i * group + j + 1) * hv];
+            for (s, vr) in sc.iter().zip(vals.chunks_exact(hv)) {
+                let w = s / sum;
+                oh.iter_mut().zip(vr).for_each(|(a, b)| *a += w * b);
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
