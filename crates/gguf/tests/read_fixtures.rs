@@ -149,3 +149,35 @@ fn file_is_send_and_sync() {
     assert_send_sync::<GgufFile>();
     assert_send_sync::<gguf::GgufWriter>();
 }
+
+#[test]
+fn fuzz_seeds_read_as_expected() {
+    let seeds = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/gguf_reader");
+    // Written by gguf-py.
+    let f = GgufFile::open(format!("{seeds}/tiny-gguf-py.gguf")).unwrap();
+    assert_eq!(f.tensors().len(), 3);
+    assert_eq!(f.metadata().get_str_array("t.strs").unwrap(), ["a", "bc"]);
+    // Hand-packed: every value type, nested arrays, general.alignment = 64.
+    let f = GgufFile::open(format!("{seeds}/every-type-align64.gguf")).unwrap();
+    assert_eq!(f.alignment(), 64);
+    assert_eq!(f.data_offset() % 64, 0);
+    assert_eq!(
+        f.metadata().get_array("t.nested"),
+        Some(&gguf::Array::Array(vec![
+            gguf::Array::U16(vec![1, 2]),
+            gguf::Array::String(vec!["x".into()]),
+            gguf::Array::Array(vec![gguf::Array::Bool(vec![true])]),
+        ]))
+    );
+    // Offsets: a.f32 16 B at 0, b.q8_0 68 B at 64, c.f16 12 B at 192, d.q4_K at 256.
+    let q4k = f.tensor("d.q4_K").unwrap();
+    assert_eq!((q4k.ty, q4k.offset, q4k.n_bytes), (GgmlType::Q4K, 256, 144));
+    // Headers without their data.
+    for name in ["stories260K-header.gguf", "llama-q8_0-header.gguf"] {
+        let e = GgufFile::open(format!("{seeds}/{name}")).unwrap_err();
+        assert!(
+            matches!(e, gguf::GgufError::TensorOutOfBounds { .. }),
+            "{name}: {e}"
+        );
+    }
+}
