@@ -457,15 +457,21 @@ fn value_text(v: &Value) -> String {
         Value::Array(a) if a.len() > MAX_TEXT_ELEMS => {
             format!("[{} × {}]", a.len(), a.element_type().name())
         }
-        Value::Array(a) => {
-            let elems: Vec<String> = array_json(a).iter().map(Json::to_string).collect();
-            format!("[{}]", elems.join(", "))
-        }
+        Value::Array(a) => array_text(a),
         // Display gives the shortest form that reads back as the same f32 (1e-6, not 9.99e-7).
         Value::F32(x) => x.to_string(),
         Value::F64(x) => x.to_string(),
         v => scalar_json(v).to_string(),
     }
+}
+
+/// `[1, 2]`, `["a", "b"]`, `[[1, 2], ["x"]]`.
+fn array_text(a: &Array) -> String {
+    let elems: Vec<String> = match a {
+        Array::Array(v) => v.iter().map(array_text).collect(),
+        a => array_json(a).iter().map(Json::to_string).collect(),
+    };
+    format!("[{}]", elems.join(", "))
 }
 
 fn value_json(v: &Value) -> Json {
