@@ -54,7 +54,7 @@ fn main() {
             let k = dot_kernel(isa, ty).unwrap();
             let mut best = f64::MAX;
             let mut sink = 0.0f32;
-            let reps = if isa == Isa::Scalar { 3 } else { 40 };
+            let reps = if isa == Isa::Scalar { 3 } else { 200 };
             for _ in 0..reps {
                 let t = Instant::now();
                 for r in w.chunks_exact(rb) {
@@ -77,7 +77,7 @@ fn main() {
             any = true;
             let mut out = [0f32; quant::dot::MAX_TILE];
             let mut best = f64::MAX;
-            for _ in 0..40 {
+            for _ in 0..200 {
                 let t = Instant::now();
                 for r in w.chunks_exact(rb) {
                     k(r, &tile_acts, quant::dot::MAX_TILE, N, &mut out);

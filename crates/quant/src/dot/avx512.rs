@@ -21,7 +21,19 @@ use std::arch::x86_64::*;
 /// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C.
 pub(super) unsafe fn kernel(ty: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
+    let vnni = std::is_x86_feature_detected!("avx512vnni");
     Some(match ty {
+        Q4K if vnni => |w, a, n| {
+            check_lengths(Q4K, w, a, n);
+            // SAFETY: `kernel` is only called after AVX-512 F/BW/VL + AVX2/FMA/F16C were
+            // detected, and VNNI was detected just above.
+            unsafe { dot_q4_k_vnni(cast_slice(w), cast_slice(a)) }
+        },
+        Q6K if vnni => |w, a, n| {
+            check_lengths(Q6K, w, a, n);
+            // SAFETY: as above.
+            unsafe { dot_q6_k_vnni(cast_slice(w), cast_slice(a)) }
+        },
         Q4K => |w, a, n| {
             check_lengths(Q4K, w, a, n);
             // SAFETY: `kernel` is only called after AVX-512 F/BW/VL + AVX2/FMA/F16C were detected.
@@ -73,99 +85,131 @@ fn pair_index(a: i16) -> __m512i {
     join(_mm256_set1_epi16(a), _mm256_set1_epi16(a + 1))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn dot_q4_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
-    let m4 = _mm512_set1_epi8(0x0f);
-    let idx = [pair_index(0), pair_index(2), pair_index(4), pair_index(6)];
-    let mut acc = _mm512_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for (xb, yb) in x.iter().zip(y) {
-        let dy = f32::from_le_bytes(yb.d);
-        let sm = k4_scales_mins(&xb.scales);
-        let smv = ld128(&sm, 0);
-        // Mins: dmin * sum_j m_j * (bsum_2j + bsum_2j+1), as in the AVX2 kernel.
-        let bs = ld256(&yb.bsums, 0);
-        let sums = _mm_hadd_epi16(
-            _mm256_castsi256_si128(bs),
-            _mm256_extracti128_si256::<1>(bs),
-        );
-        let prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128::<8>(smv)), sums);
-        acc_m = _mm_fmadd_ps(
-            _mm_set1_ps(-dy * f16c(xb.dmin)),
-            _mm_cvtepi32_ps(prod),
-            acc_m,
-        );
-        // scales: 8 × i16 in lanes 0..8.
-        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
-        let mut sumi = _mm512_setzero_si512();
-        for (c, idx_c) in idx.iter().enumerate() {
-            let q = ld256(&xb.qs, 32 * c);
-            // Low nibbles are sub-block 2c (elements 64c..64c+32), high nibbles 2c+1.
-            let qz = _mm512_and_si512(join(q, _mm256_srli_epi16::<4>(q)), m4);
-            let p = _mm512_maddubs_epi16(qz, ld512(cast_slice(&yb.qs), 64 * c));
-            let sc = _mm512_permutexvar_epi16(*idx_c, scales);
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p, sc));
-        }
-        let d = dy * f16c(xb.d);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-    }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    hsum512(acc) + _mm_cvtss_f32(m)
+/// acc + madd(p, s): i16 pairs multiplied and added into i32 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn madd_add(acc: __m512i, p: __m512i, s: __m512i) -> __m512i {
+    _mm512_add_epi32(acc, _mm512_madd_epi16(p, s))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn dot_q6_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m2 = _mm512_set1_epi8(3);
-    // i16 lane indices: sub-blocks 4j..4j+4, each over 8 lanes (16 elements).
-    let idx: [__m512i; 4] = std::array::from_fn(|j| {
-        let j = 4 * j as i16;
-        join(
-            _mm256_set_m128i(_mm_set1_epi16(j + 1), _mm_set1_epi16(j)),
-            _mm256_set_m128i(_mm_set1_epi16(j + 3), _mm_set1_epi16(j + 2)),
-        )
-    });
-    let mut acc = _mm256_setzero_ps();
-    for (xb, yb) in x.iter().zip(y) {
-        let scales16 = _mm256_cvtepi8_epi16(ld128(&xb.scales, 0));
-        let scales = _mm512_castsi256_si512(scales16);
-        let mut sumi = _mm512_setzero_si512();
-        for h in 0..2 {
-            let ql = join(ld256(&xb.ql, 64 * h), ld256(&xb.ql, 64 * h + 32));
-            let qh = ld256(&xb.qh, 32 * h);
-            // Quarters 0,1 then 2,3 of this half (see scalar::q6_k_value for the layout).
-            let qh01 = join(qh, _mm256_srli_epi16::<2>(qh));
-            let qh23 = _mm512_srli_epi16::<4>(qh01);
-            let q01 = _mm512_or_si512(
-                _mm512_and_si512(ql, m4),
-                _mm512_slli_epi16::<4>(_mm512_and_si512(qh01, m2)),
-            );
-            let q23 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
-                _mm512_slli_epi16::<4>(_mm512_and_si512(qh23, m2)),
-            );
-            let a01 = ld512(cast_slice(&yb.qs), 128 * h);
-            let a23 = ld512(cast_slice(&yb.qs), 128 * h + 64);
-            let p01 = _mm512_maddubs_epi16(q01, a01);
-            let p23 = _mm512_maddubs_epi16(q23, a23);
-            let s01 = _mm512_permutexvar_epi16(idx[2 * h], scales);
-            let s23 = _mm512_permutexvar_epi16(idx[2 * h + 1], scales);
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p01, s01));
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p23, s23));
-        }
-        // The -32 offset: 32 * sum_sb scale_sb * bsum_sb.
-        let corr = _mm256_madd_epi16(scales16, ld256(&yb.bsums, 0));
-        let sum8 = _mm256_add_epi32(
-            _mm512_castsi512_si256(sumi),
-            _mm512_extracti64x4_epi64::<1>(sumi),
-        );
-        let sum8 = _mm256_sub_epi32(sum8, _mm256_slli_epi32::<5>(corr));
-        let d = f32::from_le_bytes(yb.d) * f16c(xb.d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum8), acc);
-    }
-    hsum_ps(acc)
+/// The same with one VNNI `vpdpwssd`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn madd_add_vnni(acc: __m512i, p: __m512i, s: __m512i) -> __m512i {
+    _mm512_dpwssd_epi32(acc, p, s)
 }
+
+/// The K-quant kernels, once per way of accumulating scaled i16 products.
+macro_rules! k_quant_kernels {
+    ($q4k:ident, $q6k:ident, $features:literal, $madd_add:ident) => {
+        #[target_feature(enable = $features)]
+        fn $q4k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+            let m4 = _mm512_set1_epi8(0x0f);
+            let idx = [pair_index(0), pair_index(2), pair_index(4), pair_index(6)];
+            let mut acc = _mm512_setzero_ps();
+            let mut acc_m = _mm_setzero_ps();
+            for (xb, yb) in x.iter().zip(y) {
+                let dy = f32::from_le_bytes(yb.d);
+                let sm = k4_scales_mins(&xb.scales);
+                let smv = ld128(&sm, 0);
+                // Mins: dmin * sum_j m_j * (bsum_2j + bsum_2j+1), as in the AVX2 kernel.
+                let bs = ld256(&yb.bsums, 0);
+                let sums = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bs),
+                    _mm256_extracti128_si256::<1>(bs),
+                );
+                let prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128::<8>(smv)), sums);
+                acc_m = _mm_fmadd_ps(
+                    _mm_set1_ps(-dy * f16c(xb.dmin)),
+                    _mm_cvtepi32_ps(prod),
+                    acc_m,
+                );
+                // scales: 8 × i16 in lanes 0..8.
+                let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
+                let mut sumi = _mm512_setzero_si512();
+                for (c, idx_c) in idx.iter().enumerate() {
+                    let q = ld256(&xb.qs, 32 * c);
+                    // Low nibbles are sub-block 2c (elements 64c..64c+32), high nibbles 2c+1.
+                    let qz = _mm512_and_si512(join(q, _mm256_srli_epi16::<4>(q)), m4);
+                    let p = _mm512_maddubs_epi16(qz, ld512(cast_slice(&yb.qs), 64 * c));
+                    let sc = _mm512_permutexvar_epi16(*idx_c, scales);
+                    sumi = $madd_add(sumi, p, sc);
+                }
+                let d = dy * f16c(xb.d);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+            }
+            let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            hsum512(acc) + _mm_cvtss_f32(m)
+        }
+
+        #[target_feature(enable = $features)]
+        fn $q6k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+            let m4 = _mm512_set1_epi8(0x0f);
+            let m2 = _mm512_set1_epi8(3);
+            // i16 lane indices: sub-blocks 4j..4j+4, each over 8 lanes (16 elements).
+            let idx: [__m512i; 4] = std::array::from_fn(|j| {
+                let j = 4 * j as i16;
+                join(
+                    _mm256_set_m128i(_mm_set1_epi16(j + 1), _mm_set1_epi16(j)),
+                    _mm256_set_m128i(_mm_set1_epi16(j + 3), _mm_set1_epi16(j + 2)),
+                )
+            });
+            let mut acc = _mm256_setzero_ps();
+            for (xb, yb) in x.iter().zip(y) {
+                let scales16 = _mm256_cvtepi8_epi16(ld128(&xb.scales, 0));
+                let scales = _mm512_castsi256_si512(scales16);
+                let mut sumi = _mm512_setzero_si512();
+                for h in 0..2 {
+                    let ql = join(ld256(&xb.ql, 64 * h), ld256(&xb.ql, 64 * h + 32));
+                    let qh = ld256(&xb.qh, 32 * h);
+                    // Quarters 0,1 then 2,3 of this half (see scalar::q6_k_value for the layout).
+                    let qh01 = join(qh, _mm256_srli_epi16::<2>(qh));
+                    let qh23 = _mm512_srli_epi16::<4>(qh01);
+                    let q01 = _mm512_or_si512(
+                        _mm512_and_si512(ql, m4),
+                        _mm512_slli_epi16::<4>(_mm512_and_si512(qh01, m2)),
+                    );
+                    let q23 = _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                        _mm512_slli_epi16::<4>(_mm512_and_si512(qh23, m2)),
+                    );
+                    let a01 = ld512(cast_slice(&yb.qs), 128 * h);
+                    let a23 = ld512(cast_slice(&yb.qs), 128 * h + 64);
+                    let p01 = _mm512_maddubs_epi16(q01, a01);
+                    let p23 = _mm512_maddubs_epi16(q23, a23);
+                    let s01 = _mm512_permutexvar_epi16(idx[2 * h], scales);
+                    let s23 = _mm512_permutexvar_epi16(idx[2 * h + 1], scales);
+                    sumi = $madd_add(sumi, p01, s01);
+                    sumi = $madd_add(sumi, p23, s23);
+                }
+                // The -32 offset: 32 * sum_sb scale_sb * bsum_sb.
+                let corr = _mm256_madd_epi16(scales16, ld256(&yb.bsums, 0));
+                let sum8 = _mm256_add_epi32(
+                    _mm512_castsi512_si256(sumi),
+                    _mm512_extracti64x4_epi64::<1>(sumi),
+                );
+                let sum8 = _mm256_sub_epi32(sum8, _mm256_slli_epi32::<5>(corr));
+                let d = f32::from_le_bytes(yb.d) * f16c(xb.d);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum8), acc);
+            }
+            hsum_ps(acc)
+        }
+    };
+}
+
+k_quant_kernels!(
+    dot_q4_k,
+    dot_q6_k,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
+    madd_add
+);
+k_quant_kernels!(
+    dot_q4_k_vnni,
+    dot_q6_k_vnni,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    madd_add_vnni
+);
 
 /// Signed int8 × int8 (`y` never -128), adjacent 4 products summed into 16 i32 lanes.
 #[inline]

@@ -147,6 +147,7 @@ pub fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotFn> {
 /// single-row kernel per token.
 ///
 /// Panics if `isa` is not available on this CPU.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn dot_tile_kernel(isa: Isa, ty: GgmlType) -> Option<DotTileFn> {
     assert!(isa.available(), "{isa:?} is not available on this CPU");
     match isa {
