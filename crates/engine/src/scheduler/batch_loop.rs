@@ -217,7 +217,12 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
         st.decode_seconds_total += decode_stats.1;
         st.busy_slots = slots.iter().filter(|s| s.active.is_some()).count();
         st.kv_tokens_used = slots.iter().map(|s| s.cached.len()).sum();
+        let outbox = std::mem::take(&mut tally.outbox);
         tally_into_stats(&mut st, tally);
+        drop(st);
+        for (to, event) in outbox {
+            let _ = to.send(event);
+        }
     }
 }
 
@@ -370,12 +375,17 @@ struct Tally {
     /// Usage of each request that ended, and whether it ended without an error.
     ended: Vec<(Usage, bool)>,
     cancelled: u64,
+    /// Final events, sent after the stats are updated so a client that saw `Done` also
+    /// sees its request counted.
+    outbox: Vec<(mpsc::UnboundedSender<GenerationEvent>, GenerationEvent)>,
 }
 
 fn finish<S>(slot: &mut Slot<S>, reason: FinishReason, clock: u64, tally: &mut Tally) {
     if let Some(a) = slot.active.take() {
         let usage = usage_of(&a);
-        let _ = a.events.send(GenerationEvent::Done { reason, usage });
+        tally
+            .outbox
+            .push((a.events, GenerationEvent::Done { reason, usage }));
         tally.ended.push((usage, true));
     }
     slot.last_used = clock;
@@ -385,7 +395,9 @@ fn finish<S>(slot: &mut Slot<S>, reason: FinishReason, clock: u64, tally: &mut T
 fn fail<S>(slot: &mut Slot<S>, message: String, clock: u64, tally: &mut Tally) {
     if let Some(a) = slot.active.take() {
         let usage = usage_of(&a);
-        let _ = a.events.send(GenerationEvent::Error(message));
+        tally
+            .outbox
+            .push((a.events, GenerationEvent::Error(message)));
         tally.ended.push((usage, false));
     }
     slot.state = None;

@@ -283,7 +283,7 @@ impl TokenConstraint for EvenOnly {
     }
     fn commit(&mut self, token: u32) -> bool {
         self.0 += 1;
-        token % 2 == 0
+        token.is_multiple_of(2)
     }
     fn is_finished(&self) -> bool {
         self.0 >= 3

@@ -1,0 +1,384 @@
+//! POST /v1/chat/completions — whole responses and SSE streams, tool calls, logprobs.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Value};
+
+use super::sse::{done_event, error_event, json_event, response_id, unix_now};
+use crate::app::{parse_body, AppState, LogNote, LoggedByStream};
+use crate::error::ApiError;
+use crate::generation::{collect, Generation, Step, TokenInfo};
+use crate::openai::request::ChatCompletionRequest;
+use crate::openai::response::*;
+use crate::service::InferenceService;
+use crate::tool_calls::{self, ToolFormat};
+use crate::validate::{chat_input, OutputFormat, ToolChoice};
+
+/// JSON schema of a forced tool call `{"name": ..., "arguments": {...}}`, one branch per allowed tool.
+fn forced_call_schema(tools: &[Value], only: Option<&str>) -> Value {
+    let branches: Vec<Value> = tools
+        .iter()
+        .filter(|t| {
+            only.is_none_or(|n| t.pointer("/function/name").and_then(Value::as_str) == Some(n))
+        })
+        .map(|t| {
+            let params = t
+                .pointer("/function/parameters")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t.pointer("/function/name")}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    if branches.len() == 1 {
+        branches.into_iter().next().unwrap_or_default()
+    } else {
+        json!({"anyOf": branches})
+    }
+}
+
+pub fn logprobs_out(service: &dyn InferenceService, tokens: &[TokenInfo]) -> Vec<TokenLogprobOut> {
+    tokens
+        .iter()
+        .map(|t| TokenLogprobOut {
+            token: String::from_utf8_lossy(&t.piece).into_owned(),
+            logprob: t.logprob.logprob,
+            bytes: t.piece.clone(),
+            top_logprobs: t
+                .logprob
+                .top
+                .iter()
+                .map(|&(id, logprob)| {
+                    let bytes = service.token_piece(id);
+                    TopLogprob {
+                        token: String::from_utf8_lossy(&bytes).into_owned(),
+                        logprob,
+                        bytes,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// How the generated text is read back: plain, or as tool calls of some family.
+#[derive(Clone, Copy)]
+enum Reading {
+    Text,
+    Tools(ToolFormat),
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(state, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(body, state.config.max_body_bytes)?;
+    let service = state.service()?;
+    let info = service.info().clone();
+    let input = chat_input(&req, &state.config.defaults, info.n_vocab)?;
+    let mut spec = input.spec;
+
+    let tools = if input.tool_choice == ToolChoice::None {
+        None
+    } else {
+        input.tools.as_deref()
+    };
+    let reading = match (&input.tool_choice, tools) {
+        (ToolChoice::Required | ToolChoice::Function(_), Some(t)) => {
+            if spec.format != OutputFormat::Text {
+                return Err(ApiError::invalid_param(
+                    "response_format",
+                    "response_format cannot be combined with a forced tool_choice",
+                ));
+            }
+            let only = match &input.tool_choice {
+                ToolChoice::Function(n) => Some(n.as_str()),
+                _ => None,
+            };
+            spec.format = OutputFormat::JsonSchema(forced_call_schema(t, only));
+            // The constrained output is the bare call object.
+            Reading::Tools(ToolFormat::Llama3)
+        }
+        (_, Some(_)) => Reading::Tools(info.tool_format),
+        _ => Reading::Text,
+    };
+
+    let messages = input.messages;
+    let tools_owned = tools.map(<[Value]>::to_vec);
+    let svc = service.clone();
+    let prompt =
+        tokio::task::spawn_blocking(move || svc.chat_prompt(&messages, tools_owned.as_deref()))
+            .await
+            .map_err(|e| ApiError::Internal(format!("prompt task failed: {e}")))??;
+    let generation = Generation::start(service.clone(), prompt, &spec)?;
+    let meta = Meta {
+        id: response_id("chatcmpl"),
+        created: unix_now(),
+        model: info.id.clone(),
+    };
+
+    if spec.stream {
+        let stream = ChatStream {
+            state: state.clone(),
+            service,
+            generation,
+            meta,
+            reading,
+            include_usage: spec.include_usage,
+            buffered: String::new(),
+            started: false,
+            ended: false,
+        };
+        let events = stream::unfold(stream, |mut s| async move {
+            s.next_events().await.map(|ev| (ev, s))
+        })
+        .flat_map(|events| stream::iter(events.into_iter().map(Ok::<Event, Infallible>)));
+        let mut response = Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response();
+        response.extensions_mut().insert(LoggedByStream);
+        return Ok(response);
+    }
+
+    let done = collect(generation).await?;
+    observe(&state, &done.usage);
+    let (content, calls) = match reading {
+        Reading::Text => (Some(done.text), None),
+        Reading::Tools(format) => {
+            let parsed = tool_calls::parse(&done.text, format, &meta.id);
+            if parsed.calls.is_empty() {
+                (Some(done.text), None)
+            } else {
+                (parsed.content, Some(parsed.calls))
+            }
+        }
+    };
+    let finish_reason = if calls.is_some() {
+        "tool_calls"
+    } else {
+        done.reason
+    };
+    let logprobs = spec.logprobs.map(|_| ChoiceLogprobs {
+        content: logprobs_out(&*service, &done.tokens),
+    });
+    let body = ChatCompletion {
+        id: meta.id,
+        object: "chat.completion",
+        created: meta.created,
+        model: meta.model,
+        system_fingerprint: SYSTEM_FINGERPRINT,
+        choices: vec![ChatChoice {
+            index: 0,
+            message: AssistantMessage {
+                role: "assistant",
+                content,
+                tool_calls: calls,
+            },
+            logprobs,
+            finish_reason,
+        }],
+        usage: Usage::from_engine(&done.usage),
+        timings: Timings::from_engine(&done.usage),
+    };
+    let mut response = Json(body).into_response();
+    response
+        .extensions_mut()
+        .insert(LogNote(usage_note(&done.usage, finish_reason)));
+    Ok(response)
+}
+
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+/// A short usage summary for the request's log line.
+pub fn usage_note(u: &engine::scheduler::Usage, reason: &str) -> String {
+    let t = Timings::from_engine(u);
+    format!(
+        "prompt={} cached={} gen={} ttft={:.0}ms decode={:.1}tok/s finish={reason}",
+        u.prompt_tokens, u.cached_tokens, u.completion_tokens, t.prompt_ms, t.predicted_per_second
+    )
+}
+
+/// Records time to first token in the metrics histogram.
+pub fn observe(state: &AppState, u: &engine::scheduler::Usage) {
+    if u.completion_tokens > 0 {
+        if let Ok(mut h) = state.metrics.ttft.lock() {
+            h.observe(u.prefill_seconds);
+        }
+    }
+}
+
+struct ChatStream {
+    state: Arc<AppState>,
+    service: Arc<dyn InferenceService>,
+    generation: Generation,
+    meta: Meta,
+    reading: Reading,
+    include_usage: bool,
+    /// Text held until the end when it may be tool calls.
+    buffered: String,
+    started: bool,
+    ended: bool,
+}
+
+impl ChatStream {
+    fn chunk(
+        &self,
+        delta: ChatDelta,
+        logprobs: Option<ChoiceLogprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> Event {
+        json_event(&ChatCompletionChunk {
+            id: self.meta.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT,
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta,
+                logprobs,
+                finish_reason,
+            }],
+            usage: self.include_usage.then_some(None),
+            timings: None,
+        })
+    }
+
+    fn content_chunk(&self, text: String, tokens: &[TokenInfo]) -> Option<Event> {
+        if text.is_empty() && tokens.is_empty() {
+            return None;
+        }
+        let logprobs = (!tokens.is_empty()).then(|| ChoiceLogprobs {
+            content: logprobs_out(&*self.service, tokens),
+        });
+        Some(self.chunk(
+            ChatDelta {
+                content: Some(text),
+                ..Default::default()
+            },
+            logprobs,
+            None,
+        ))
+    }
+
+    /// The events for the next generation step; `None` when the stream is over.
+    async fn next_events(&mut self) -> Option<Vec<Event>> {
+        if self.ended {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !self.started {
+            self.started = true;
+            let role = ChatDelta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+                ..Default::default()
+            };
+            out.push(self.chunk(role, None, None));
+            return Some(out);
+        }
+        match self.generation.next().await {
+            None => {
+                self.ended = true;
+                return None;
+            }
+            Some(Err(e)) => {
+                self.ended = true;
+                tracing::warn!("POST /v1/chat/completions stream failed: {e}");
+                out.push(error_event(&e));
+                out.push(done_event());
+            }
+            Some(Ok(Step::Text(text, tokens))) => match self.reading {
+                Reading::Tools(_) => self.buffered.push_str(&text),
+                Reading::Text => out.extend(self.content_chunk(text, &tokens)),
+            },
+            Some(Ok(Step::Finished {
+                tail,
+                tail_tokens,
+                reason,
+                usage,
+            })) => {
+                self.ended = true;
+                let mut finish = reason;
+                match self.reading {
+                    Reading::Text => out.extend(self.content_chunk(tail, &tail_tokens)),
+                    Reading::Tools(format) => {
+                        self.buffered.push_str(&tail);
+                        let text = std::mem::take(&mut self.buffered);
+                        let parsed = tool_calls::parse(&text, format, &self.meta.id);
+                        if parsed.calls.is_empty() {
+                            out.extend(self.content_chunk(text, &[]));
+                        } else {
+                            finish = "tool_calls";
+                            if let Some(c) = parsed.content {
+                                out.extend(self.content_chunk(c, &[]));
+                            }
+                            let calls = parsed
+                                .calls
+                                .into_iter()
+                                .enumerate()
+                                .map(|(i, c)| ToolCallOut {
+                                    index: Some(i),
+                                    ..c
+                                })
+                                .collect();
+                            out.push(self.chunk(
+                                ChatDelta {
+                                    tool_calls: Some(calls),
+                                    ..Default::default()
+                                },
+                                None,
+                                None,
+                            ));
+                        }
+                    }
+                }
+                out.push(self.chunk(ChatDelta::default(), None, Some(finish)));
+                if self.include_usage {
+                    out.push(json_event(&ChatCompletionChunk {
+                        id: self.meta.id.clone(),
+                        object: "chat.completion.chunk",
+                        created: self.meta.created,
+                        model: self.meta.model.clone(),
+                        system_fingerprint: SYSTEM_FINGERPRINT,
+                        choices: vec![],
+                        usage: Some(Some(Usage::from_engine(&usage))),
+                        timings: Some(Timings::from_engine(&usage)),
+                    }));
+                }
+                out.push(done_event());
+                observe(&self.state, &usage);
+                tracing::info!(
+                    "POST /v1/chat/completions 200 stream {}",
+                    usage_note(&usage, finish)
+                );
+            }
+        }
+        Some(out)
+    }
+}
