@@ -1,14 +1,29 @@
 //! Quantization of f32 rows into ggml formats.
 //!
-//! Without an importance matrix every format uses ggml's deterministic reference quantizer
-//! (`quantize_row_*_ref` in ggml/src/ggml-quants.c), as `llama-quantize` does without
-//! `--imatrix`; the 32-element formats and F16 / BF16 are byte-identical to gguf-py.
+//! Without an importance matrix every format does what `llama-quantize` does without
+//! `--imatrix` (ggml's `quantize_q*` in ggml/src/ggml-quants.c: the `quantize_row_*_ref`
+//! reference quantizers, and the ntry = 7 search for IQ4_NL / IQ4_XS); the 32-element
+//! formats and F16 / BF16 are byte-identical to gguf-py. With one, the importance-weighted
+//! searches (`quantize_row_*_impl`) are used.
 
+mod iq4;
+mod k_quants;
 mod legacy;
+mod legacy_weighted;
+pub mod search;
 
+pub use iq4::{quantize_block_iq4_nl, quantize_block_iq4_xs};
+pub use k_quants::{
+    quantize_block_q2_k, quantize_block_q2_k_weighted, quantize_block_q3_k,
+    quantize_block_q3_k_weighted, quantize_block_q4_k, quantize_block_q5_k, quantize_block_q6_k,
+};
 pub use legacy::{
     f32_to_bf16_bits, quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0,
     quantize_block_q5_1, quantize_block_q8_0,
+};
+pub use legacy_weighted::{
+    quantize_block_q4_0_weighted, quantize_block_q4_1_weighted, quantize_block_q5_0_weighted,
+    quantize_block_q5_1_weighted,
 };
 
 use bytemuck::Pod;
@@ -20,7 +35,23 @@ use crate::error::{check_row, QuantError};
 /// Whether [`quantize_row`] supports `ty`.
 pub fn has_quantizer(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0)
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | IQ4NL
+            | IQ4XS
+    )
 }
 
 /// Quantizes one row: src: [n] f32 -> dst: exactly the bytes of n elements of `ty`.
@@ -29,8 +60,9 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 }
 
 /// As [`quantize_row`], weighting each element's squared error by `imatrix` (one weight per
-/// element of the row, e.g. the mean squared activation of that input column) where the
-/// format's search uses weights. Formats without a weighted search ignore it.
+/// element of the row: the mean squared activation of that input column, as llama.cpp's
+/// imatrix files hold). Q8_0, F16, BF16 and F32 ignore it. `src` must be one whole tensor
+/// row: the Q4_0 / Q4_1 / Q5_0 / Q5_1 weighting uses the row's mean square.
 pub fn quantize_row_with_imatrix(
     ty: GgmlType,
     src: &[f32],
@@ -65,11 +97,45 @@ pub fn quantize_row_with_imatrix(
                 b.copy_from_slice(&f32_to_bf16_bits(v).to_le_bytes());
             }
         }
-        GgmlType::Q4_0 => each_block(ty, src, dst, quantize_block_q4_0)?,
-        GgmlType::Q4_1 => each_block(ty, src, dst, quantize_block_q4_1)?,
-        GgmlType::Q5_0 => each_block(ty, src, dst, quantize_block_q5_0)?,
-        GgmlType::Q5_1 => each_block(ty, src, dst, quantize_block_q5_1)?,
         GgmlType::Q8_0 => each_block(ty, src, dst, quantize_block_q8_0)?,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => match imatrix {
+            None => match ty {
+                GgmlType::Q4_0 => each_block(ty, src, dst, quantize_block_q4_0)?,
+                GgmlType::Q4_1 => each_block(ty, src, dst, quantize_block_q4_1)?,
+                GgmlType::Q5_0 => each_block(ty, src, dst, quantize_block_q5_0)?,
+                _ => each_block(ty, src, dst, quantize_block_q5_1)?,
+            },
+            Some(qw) => {
+                let s2 = legacy_weighted::row_sigma2(src);
+                match ty {
+                    GgmlType::Q4_0 => each_block_weighted(ty, src, dst, qw, |x, w, b| {
+                        quantize_block_q4_0_weighted(x, w, s2, b)
+                    })?,
+                    GgmlType::Q4_1 => each_block_weighted(ty, src, dst, qw, |x, w, b| {
+                        quantize_block_q4_1_weighted(x, w, s2, b)
+                    })?,
+                    GgmlType::Q5_0 => each_block_weighted(ty, src, dst, qw, |x, w, b| {
+                        quantize_block_q5_0_weighted(x, w, s2, b)
+                    })?,
+                    _ => each_block_weighted(ty, src, dst, qw, |x, w, b| {
+                        quantize_block_q5_1_weighted(x, w, s2, b)
+                    })?,
+                }
+            }
+        },
+        GgmlType::Q2K => match imatrix {
+            None => each_block(ty, src, dst, quantize_block_q2_k)?,
+            Some(qw) => each_block_weighted(ty, src, dst, qw, quantize_block_q2_k_weighted)?,
+        },
+        GgmlType::Q3K => match imatrix {
+            None => each_block(ty, src, dst, quantize_block_q3_k)?,
+            Some(qw) => each_block_weighted(ty, src, dst, qw, quantize_block_q3_k_weighted)?,
+        },
+        GgmlType::Q4K => each_block_opt(ty, src, dst, imatrix, quantize_block_q4_k)?,
+        GgmlType::Q5K => each_block_opt(ty, src, dst, imatrix, quantize_block_q5_k)?,
+        GgmlType::Q6K => each_block_opt(ty, src, dst, imatrix, quantize_block_q6_k)?,
+        GgmlType::IQ4NL => each_block_opt(ty, src, dst, imatrix, quantize_block_iq4_nl)?,
+        GgmlType::IQ4XS => each_block_opt(ty, src, dst, imatrix, quantize_block_iq4_xs)?,
         _ => return Err(QuantError::UnsupportedQuantize(ty)),
     }
     Ok(())
@@ -80,7 +146,7 @@ fn each_block<B: Pod>(
     ty: GgmlType,
     src: &[f32],
     dst: &mut [u8],
-    f: impl Fn(&[f32], &mut B),
+    mut f: impl FnMut(&[f32], &mut B),
 ) -> Result<(), QuantError> {
     let n_bytes = dst.len();
     let blocks: &mut [B] =
@@ -94,6 +160,38 @@ fn each_block<B: Pod>(
         f(x, b);
     }
     Ok(())
+}
+
+/// As `each_block`, passing each block its slice of the importance weights.
+fn each_block_weighted<B: Pod>(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+    qw: &[f32],
+    f: impl Fn(&[f32], &[f32], &mut B),
+) -> Result<(), QuantError> {
+    let n = ty.block_size();
+    let mut blocks = qw.chunks_exact(n);
+    each_block(ty, src, dst, |x, b: &mut B| {
+        // qw.len() == src.len() was checked, so there is one weight chunk per block
+        if let Some(w) = blocks.next() {
+            f(x, w, b)
+        }
+    })
+}
+
+/// As `each_block` for quantizers taking optional importance weights.
+fn each_block_opt<B: Pod>(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+    qw: Option<&[f32]>,
+    f: impl Fn(&[f32], Option<&[f32]>, &mut B),
+) -> Result<(), QuantError> {
+    match qw {
+        None => each_block(ty, src, dst, |x, b: &mut B| f(x, None, b)),
+        Some(qw) => each_block_weighted(ty, src, dst, qw, |x, w, b| f(x, Some(w), b)),
+    }
 }
 
 #[cfg(test)]
