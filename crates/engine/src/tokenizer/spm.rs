@@ -133,3 +133,67 @@ pub fn byte_token(vocab: &Vocab, b: u8) -> Option<u32> {
             .and_then(|s| vocab.text_to_id(s))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use gguf::{Array, Metadata, Value};
+
+    use super::super::vocab::Vocab;
+    use super::*;
+
+    /// A hand-made SentencePiece vocab: `<unk> <s> </s>`, two byte tokens, then pieces with
+    /// scores chosen so that the merge order is visible.
+    fn vocab() -> Vocab {
+        let tokens = [
+            "<unk>", "<s>", "</s>", "<0xC3>", "<0xA9>", "▁", "a", "b", "c", "ab", "▁a", "bc",
+            "▁abc",
+        ];
+        let scores = [
+            0.0, 0.0, 0.0, 0.0, 0.0, -5.0, -6.0, -6.0, -6.0, -1.0, -0.5, -0.8, -0.1,
+        ];
+        let types = [2, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1, 1];
+        let mut m = Metadata::new();
+        m.insert("tokenizer.ggml.model", Value::String("llama".into()));
+        m.insert(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::String(
+                tokens.iter().map(|s| s.to_string()).collect(),
+            )),
+        );
+        m.insert(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(scores.to_vec())),
+        );
+        m.insert(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(types.to_vec())),
+        );
+        Vocab::from_gguf(&m).unwrap()
+    }
+
+    fn ids(text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        encode(&vocab(), text, &mut out);
+        out
+    }
+
+    #[test]
+    fn highest_score_merges_first() {
+        // "▁a"(-0.5) beats "ab"(-1.0) and "bc"(-0.8); then "b"+"c" → "bc"; then
+        // "▁a"+"bc" → "▁abc".
+        assert_eq!(ids("▁abc"), vec![12]);
+        // Without "c": "▁a" + "b" is no token, so they stay apart.
+        assert_eq!(ids("▁ab"), vec![10, 7]);
+        // Without the leading ▁: "ab" merges.
+        assert_eq!(ids("ab"), vec![9]);
+    }
+
+    #[test]
+    fn unknown_characters_fall_back_to_bytes() {
+        // "é" = C3 A9 has byte tokens; "ü" = C3 BC has only its first byte: the missing
+        // byte is dropped (llama.cpp throws there; a malformed vocab must not stop us).
+        assert_eq!(ids("aé"), vec![6, 3, 4]);
+        assert_eq!(ids("ü"), vec![3]);
+        assert!(ids("").is_empty());
+    }
+}

@@ -346,3 +346,107 @@ impl Vocab {
         self.tokens.get(id as usize).map(|t| t.kind)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gguf::Value;
+
+    fn strings(v: &[&str]) -> Value {
+        Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()))
+    }
+
+    fn bpe_meta() -> Metadata {
+        let mut m = Metadata::new();
+        m.insert("tokenizer.ggml.model", Value::String("gpt2".into()));
+        m.insert("tokenizer.ggml.pre", Value::String("qwen2".into()));
+        m.insert(
+            "tokenizer.ggml.tokens",
+            strings(&["a", "b", "ab", "<|endoftext|>"]),
+        );
+        m.insert("tokenizer.ggml.merges", strings(&["a b"]));
+        m
+    }
+
+    #[test]
+    fn reads_a_small_bpe_vocab() {
+        let v = Vocab::from_gguf(&bpe_meta()).unwrap();
+        assert_eq!(v.merges, vec![("a".to_string(), "b".to_string())]);
+        // Default BPE bos/eos id 11 is outside this vocab: none, as llama.cpp disables it.
+        assert_eq!((v.bos, v.eos), (None, None));
+        assert!(!v.add_bos);
+        // `<|endoftext|>` is found by text: eot, end of generation, control.
+        assert_eq!(v.eot, Some(3));
+        assert!(v.eog.contains(&3));
+        assert_eq!(v.kind(3), Some(TokenKind::Control));
+        assert_eq!(v.special_by_len, vec![3]);
+    }
+
+    #[test]
+    fn hostile_metadata_gives_errors() {
+        let err = |m: &Metadata| Vocab::from_gguf(m).unwrap_err();
+
+        assert!(matches!(
+            err(&Metadata::new()),
+            TokenizerError::MissingKey(_)
+        ));
+
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.model", Value::String("bert".into()));
+        assert!(matches!(err(&m), TokenizerError::UnsupportedModel(_)));
+
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.pre", Value::String("nonesuch".into()));
+        assert!(matches!(err(&m), TokenizerError::UnsupportedPre(_)));
+
+        let mut m = bpe_meta();
+        m.insert(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1, 1])),
+        );
+        assert!(matches!(err(&m), TokenizerError::BadKey(_)));
+
+        let mut m = bpe_meta();
+        m.insert(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::String(vec!["x".into()])),
+        );
+        assert!(matches!(err(&m), TokenizerError::BadKey(_)));
+
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.merges", strings(&["ab"]));
+        assert!(matches!(err(&m), TokenizerError::BadMerge(_)));
+
+        let mut m = Metadata::new();
+        m.insert("tokenizer.ggml.model", Value::String("gpt2".into()));
+        m.insert("tokenizer.ggml.tokens", strings(&["a"]));
+        assert!(
+            matches!(err(&m), TokenizerError::MissingKey(_)),
+            "no merges"
+        );
+
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.tokens", strings(&["a", "a"]));
+        assert!(matches!(err(&m), TokenizerError::DuplicateToken(_)));
+
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.tokens", strings(&[]));
+        assert!(matches!(err(&m), TokenizerError::BadKey(_)));
+
+        // add_bos asked for but no usable BOS id.
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.add_bos_token", Value::Bool(true));
+        m.insert("tokenizer.ggml.bos_token_id", Value::U32(u32::MAX));
+        assert!(matches!(err(&m), TokenizerError::MissingKey(_)));
+    }
+
+    #[test]
+    fn out_of_range_special_ids_fall_back() {
+        let mut m = bpe_meta();
+        m.insert("tokenizer.ggml.eos_token_id", Value::U32(u32::MAX));
+        m.insert("tokenizer.ggml.padding_token_id", Value::U32(2));
+        let v = Vocab::from_gguf(&m).unwrap();
+        assert_eq!(v.eos, None);
+        assert_eq!(v.pad, Some(2));
+    }
+}
