@@ -10,6 +10,7 @@
 //! Shapes are given as `[rows, cols]` of row-major f32 tensors; `n` is the number of batch
 //! rows. Head-structured activations keep heads side by side in a row: `[n, n_head * head_dim]`.
 
+pub mod conformance;
 pub mod cpu;
 mod error;
 mod params;

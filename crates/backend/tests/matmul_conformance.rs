@@ -9,7 +9,9 @@ use backend::Backend;
 use gguf::{GgmlType, GgufFile, GgufWriter};
 
 fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
@@ -28,7 +30,8 @@ fn build_file(seed: &mut u64) -> (Arc<GgufFile>, Vec<Vec<f32>>) {
     let mut w = GgufWriter::new();
     let mut data = Vec::new();
     for (i, &(ty, rows, cols, _)) in CASES.iter().enumerate() {
-        w.add_tensor(&format!("w{i}"), &[cols as u64, rows as u64], ty).unwrap();
+        w.add_tensor(&format!("w{i}"), &[cols as u64, rows as u64], ty)
+            .unwrap();
         data.push((0..rows * cols).map(|_| lcg(seed)).collect::<Vec<f32>>());
     }
     let mut bytes = Vec::new();
@@ -62,13 +65,17 @@ fn fast_matmul_matches_reference() {
         let wf = fast.load_weight(&file, &format!("w{i}")).unwrap();
         let ws = slow.load_weight(&file, &format!("w{i}")).unwrap();
         for n in [1, 3, 17] {
-            let x = CpuTensor::from_vec(n, cols, (0..n * cols).map(|_| lcg(&mut seed)).collect()).unwrap();
+            let x = CpuTensor::from_vec(n, cols, (0..n * cols).map(|_| lcg(&mut seed)).collect())
+                .unwrap();
             let mut yf = CpuTensor::zeros(n, rows);
             let mut ys = CpuTensor::zeros(n, rows);
             fast.matmul(&wf, &x, &mut yf).unwrap();
             slow.matmul(&ws, &x, &mut ys).unwrap();
             let e = rel_l2(&yf.data, &ys.data);
-            assert!(e < tol, "{ty} [{rows}x{cols}] n={n}: relative error {e:.2e}");
+            assert!(
+                e < tol,
+                "{ty} [{rows}x{cols}] n={n}: relative error {e:.2e}"
+            );
         }
         // Wrong shapes are errors, not panics.
         let x = CpuTensor::zeros(2, cols + 1);
@@ -89,7 +96,14 @@ fn embed_reads_the_dequantized_row() {
     let info = file.tensor("w2").unwrap();
     let rb = info.n_bytes as usize / rows;
     let mut want = vec![0.0f32; cols];
-    quant::dequantize_row(ty, &file.tensor_data(info)[(rows - 1) * rb..rows * rb], &mut want).unwrap();
+    quant::dequantize_row(
+        ty,
+        &file.tensor_data(info)[(rows - 1) * rb..rows * rb],
+        &mut want,
+    )
+    .unwrap();
     assert_eq!(out.row(1), &want[..]);
-    assert!(b.embed(&w, &[rows as u32], &mut CpuTensor::zeros(1, cols)).is_err());
+    assert!(b
+        .embed(&w, &[rows as u32], &mut CpuTensor::zeros(1, cols))
+        .is_err());
 }

@@ -1,0 +1,713 @@
+//! One conformance suite for every backend: each op on random inputs (odd sizes, several
+//! sequences, split batches) against a naive host implementation written here from the op's
+//! documented contract, accumulating in f64. `run_all(&backend)` is what a new backend (CUDA)
+//! calls from its tests; the CPU backend runs it in `tests/cpu_conformance.rs`.
+
+use std::sync::Arc;
+
+use gguf::{GgmlType, GgufFile, GgufWriter};
+
+use crate::{
+    AttentionParams, Backend, ColumnCopy, KvType, RecurrentShape, RopeMode, RopeParams, Row,
+};
+
+/// Deterministic uniform values in [-1, 1).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn uniform(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
+}
+
+/// Relative L2 distance of `got` from `want`.
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn check(op: &str, got: &[f32], want: &[f32], tol: f64) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{op}: {} values, expected {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let e = rel_l2(got, want);
+    if e.is_nan() || e > tol {
+        return Err(format!("{op}: relative L2 error {e:.3e} > {tol:.0e}"));
+    }
+    Ok(())
+}
+
+/// An in-memory GGUF holding `tensors` (name, rows, cols, type, f32 values).
+pub fn gguf_with(tensors: &[(&str, usize, usize, GgmlType, &[f32])]) -> Arc<GgufFile> {
+    let mut w = GgufWriter::new();
+    for &(name, rows, cols, ty, _) in tensors {
+        let dims: Vec<u64> = if rows == 1 {
+            vec![cols as u64]
+        } else {
+            vec![cols as u64, rows as u64]
+        };
+        w.add_tensor(name, &dims, ty).expect("tensor declaration");
+    }
+    let mut bytes = Vec::new();
+    w.write(&mut bytes, |i, info, out| {
+        let (_, rows, cols, ty, data) = tensors[i];
+        let mut buf = vec![0u8; info.n_bytes as usize / rows];
+        for r in 0..rows {
+            quant::quantize_row(ty, &data[r * cols..(r + 1) * cols], &mut buf).expect("quantize");
+            out.write_all(&buf)?;
+        }
+        Ok(())
+    })
+    .expect("in-memory GGUF");
+    Arc::new(GgufFile::from_bytes(bytes).expect("in-memory GGUF reads back"))
+}
+
+fn dequantized(ty: GgmlType, data: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut buf = vec![0u8; ty.bytes_for(cols as u64).unwrap_or(0) as usize];
+    let mut row = vec![0.0f32; cols];
+    for r in data.chunks_exact(cols) {
+        quant::quantize_row(ty, r, &mut buf).expect("quantize");
+        quant::dequantize_row(ty, &buf, &mut row).expect("dequantize");
+        out.extend_from_slice(&row);
+    }
+    out
+}
+
+fn up<B: Backend>(b: &B, data: &[f32], rows: usize, cols: usize) -> Result<B::Tensor, String> {
+    b.upload(data, rows, cols).map_err(|e| e.to_string())
+}
+
+/// Runs every check; the first failure is returned.
+pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
+    matmul_and_embed(b)?;
+    norms_and_activations(b)?;
+    rope(b)?;
+    attention(b)?;
+    delta_net(b)?;
+    Ok(())
+}
+
+/// matmul of several weight types and odd shapes against dequantized f64 products; embed.
+pub fn matmul_and_embed<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(1);
+    let cases = [
+        (GgmlType::F32, 37, 96, 1e-5),
+        (GgmlType::F16, 29, 64, 3e-3),
+        (GgmlType::Q8_0, 37, 96, 2e-2),
+        (GgmlType::Q4_0, 5, 160, 3e-2),
+        (GgmlType::Q4K, 19, 256, 3e-2),
+        (GgmlType::Q6K, 3, 512, 2e-2),
+    ];
+    let datas: Vec<Vec<f32>> = cases.iter().map(|&(_, r, c, _)| g.vec(r * c)).collect();
+    let names: Vec<String> = (0..cases.len()).map(|i| format!("w{i}")).collect();
+    let specs: Vec<(&str, usize, usize, GgmlType, &[f32])> = cases
+        .iter()
+        .zip(&datas)
+        .zip(&names)
+        .map(|((&(ty, r, c, _), d), n)| (n.as_str(), r, c, ty, d.as_slice()))
+        .collect();
+    let file = gguf_with(&specs);
+    for (i, &(ty, rows, cols, tol)) in cases.iter().enumerate() {
+        let w = b.load_weight(&file, &names[i]).map_err(|e| e.to_string())?;
+        if b.weight_shape(&w) != (rows, cols) {
+            return Err(format!("weight_shape {ty}: {:?}", b.weight_shape(&w)));
+        }
+        let wd = dequantized(ty, &datas[i], cols);
+        for n in [1, 2, 17] {
+            let x = g.vec(n * cols);
+            let want: Vec<f32> = (0..n)
+                .flat_map(|t| {
+                    let xr = &x[t * cols..(t + 1) * cols];
+                    wd.chunks_exact(cols)
+                        .map(|wr| {
+                            wr.iter()
+                                .zip(xr)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>() as f32
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let mut y = b.zeros(n, rows);
+            b.matmul(&w, &up(b, &x, n, cols)?, &mut y)
+                .map_err(|e| e.to_string())?;
+            check(
+                &format!("matmul {ty} [{rows}x{cols}] n={n}"),
+                &b.download(&y),
+                &want,
+                tol,
+            )?;
+        }
+        let toks = [0u32, (rows - 1) as u32, (rows / 2) as u32];
+        let mut e = b.zeros(toks.len(), cols);
+        b.embed(&w, &toks, &mut e).map_err(|e| e.to_string())?;
+        let want: Vec<f32> = toks
+            .iter()
+            .flat_map(|&t| wd[t as usize * cols..][..cols].to_vec())
+            .collect();
+        check(&format!("embed {ty}"), &b.download(&e), &want, 1e-6)?;
+        if b.embed(&w, &[rows as u32], &mut b.zeros(1, cols)).is_ok() {
+            return Err(format!("embed {ty}: out-of-range token accepted"));
+        }
+    }
+    Ok(())
+}
+
+/// rms_norm (grouped), l2_norm, add, add_bias, swiglu, silu, mul_sigmoid, gated_rms_norm,
+/// copy_cols, get_rows.
+pub fn norms_and_activations<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(2);
+    let (n, group, groups) = (5, 24, 3);
+    let cols = group * groups;
+    let wv = g.vec(group);
+    let bias = g.vec(cols);
+    let file = gguf_with(&[
+        ("norm", 1, group, GgmlType::F32, &wv),
+        ("bias", 1, cols, GgmlType::F32, &bias),
+    ]);
+    let w = b.load_weight(&file, "norm").map_err(|e| e.to_string())?;
+    let bw = b.load_weight(&file, "bias").map_err(|e| e.to_string())?;
+    let x = g.vec(n * cols);
+    let z = g.vec(n * cols);
+    let eps = 1e-5f32;
+    let rms = |v: &[f32]| {
+        1.0 / (v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>() / v.len() as f64 + eps as f64)
+            .sqrt()
+    };
+    let silu = |a: f32| a as f64 / (1.0 + (-(a as f64)).exp());
+    let sig = |a: f32| 1.0 / (1.0 + (-(a as f64)).exp());
+    let want_norm: Vec<f32> = x
+        .chunks_exact(group)
+        .flat_map(|c| {
+            let s = rms(c);
+            c.iter()
+                .zip(&wv)
+                .map(move |(a, w)| (*a as f64 * s * *w as f64) as f32)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let xt = up(b, &x, n, cols)?;
+    let mut out = b.zeros(n, cols);
+    b.rms_norm(&xt, &w, eps, &mut out)
+        .map_err(|e| e.to_string())?;
+    check("rms_norm", &b.download(&out), &want_norm, 1e-6)?;
+    let mut t = up(b, &x, n, cols)?;
+    b.rms_norm_inplace(&mut t, &w, eps)
+        .map_err(|e| e.to_string())?;
+    check("rms_norm_inplace", &b.download(&t), &want_norm, 1e-6)?;
+
+    // l2 over the middle group only
+    let mut t = up(b, &x, n, cols)?;
+    b.l2_norm(&mut t, group, group, 8, 1e-6)
+        .map_err(|e| e.to_string())?;
+    let mut want = x.clone();
+    for r in 0..n {
+        for c in want[r * cols + group..r * cols + 2 * group].chunks_exact_mut(8) {
+            let s = 1.0 / (c.iter().map(|a| (*a as f64).powi(2)).sum::<f64>() + 1e-6).sqrt();
+            c.iter_mut().for_each(|a| *a = (*a as f64 * s) as f32);
+        }
+    }
+    check("l2_norm", &b.download(&t), &want, 1e-6)?;
+
+    let mut t = up(b, &x, n, cols)?;
+    b.add(&mut t, &up(b, &z, n, cols)?)
+        .map_err(|e| e.to_string())?;
+    b.add_bias(&mut t, &bw).map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..n * cols)
+        .map(|i| x[i] + z[i] + bias[i % cols])
+        .collect();
+    check("add/add_bias", &b.download(&t), &want, 1e-7)?;
+
+    let mut t = b.zeros(n, cols);
+    b.swiglu(&xt, &up(b, &z, n, cols)?, &mut t)
+        .map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..n * cols)
+        .map(|i| (silu(x[i]) * z[i] as f64) as f32)
+        .collect();
+    check("swiglu", &b.download(&t), &want, 1e-6)?;
+
+    let mut t = up(b, &x, n, cols)?;
+    b.silu(&mut t).map_err(|e| e.to_string())?;
+    let want: Vec<f32> = x.iter().map(|&a| silu(a) as f32).collect();
+    check("silu", &b.download(&t), &want, 1e-6)?;
+
+    let mut t = up(b, &x, n, cols)?;
+    b.mul_sigmoid(&mut t, &up(b, &z, n, cols)?)
+        .map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..n * cols)
+        .map(|i| (x[i] as f64 * sig(z[i])) as f32)
+        .collect();
+    check("mul_sigmoid", &b.download(&t), &want, 1e-6)?;
+
+    let mut t = up(b, &x, n, cols)?;
+    b.gated_rms_norm(&mut t, &w, &up(b, &z, n, cols)?, eps)
+        .map_err(|e| e.to_string())?;
+    let want: Vec<f32> = want_norm
+        .iter()
+        .zip(&z)
+        .map(|(a, zz)| (*a as f64 * silu(*zz)) as f32)
+        .collect();
+    check("gated_rms_norm", &b.download(&t), &want, 1e-6)?;
+
+    let c = ColumnCopy {
+        n_blocks: 3,
+        width: 5,
+        src_offset: 2,
+        src_stride: 24,
+        dst_offset: 1,
+        dst_stride: 6,
+    };
+    let mut t = b.zeros(n, 19);
+    b.copy_cols(&xt, &mut t, &c).map_err(|e| e.to_string())?;
+    let mut want = vec![0.0f32; n * 19];
+    for r in 0..n {
+        for blk in 0..3 {
+            for i in 0..5 {
+                want[r * 19 + 1 + blk * 6 + i] = x[r * cols + 2 + blk * 24 + i];
+            }
+        }
+    }
+    check("copy_cols", &b.download(&t), &want, 0.0)?;
+
+    let mut t = b.zeros(2, cols);
+    b.get_rows(&xt, &[4, 1], &mut t)
+        .map_err(|e| e.to_string())?;
+    let want = [&x[4 * cols..5 * cols], &x[cols..2 * cols]].concat();
+    check("get_rows", &b.download(&t), &want, 0.0)?;
+    Ok(())
+}
+
+/// Normal and NeoX layouts, partial rotation, linear scaling, frequency factors.
+pub fn rope<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(3);
+    let (n, heads, hd) = (4, 3, 16);
+    let x = g.vec(n * heads * hd);
+    let pos = [0u32, 1, 17, 4000];
+    for (mode, n_rot, scale, factors) in [
+        (RopeMode::Normal, 16, 1.0, None),
+        (RopeMode::Neox, 16, 1.0, None),
+        (RopeMode::Neox, 6, 0.25, Some(vec![1.0, 2.0, 8.0])),
+        (
+            RopeMode::Mrope {
+                sections: [1, 1, 1, 0],
+                interleaved: true,
+            },
+            6,
+            1.0,
+            None,
+        ),
+    ] {
+        let p = RopeParams {
+            mode,
+            n_rot,
+            freq_base: 10000.0,
+            freq_scale: scale,
+            freq_factors: factors.clone(),
+        };
+        let mut want = x.clone();
+        for (r, &ps) in pos.iter().enumerate() {
+            for h in 0..heads {
+                let head = &mut want[(r * heads + h) * hd..][..hd];
+                for i in 0..n_rot / 2 {
+                    let f = factors.as_ref().map_or(1.0, |f| f[i] as f64);
+                    let theta =
+                        ps as f64 * scale as f64 * 10000f64.powf(-2.0 * i as f64 / n_rot as f64)
+                            / f;
+                    let (a, c) = match mode {
+                        RopeMode::Normal => (2 * i, 2 * i + 1),
+                        _ => (i, i + n_rot / 2),
+                    };
+                    let (x0, x1) = (head[a] as f64, head[c] as f64);
+                    head[a] = (x0 * theta.cos() - x1 * theta.sin()) as f32;
+                    head[c] = (x0 * theta.sin() + x1 * theta.cos()) as f32;
+                }
+            }
+        }
+        let mut t = up(b, &x, n, heads * hd)?;
+        b.rope(&mut t, &pos, hd, &p).map_err(|e| e.to_string())?;
+        check(
+            &format!("rope {mode:?} n_rot {n_rot}"),
+            &b.download(&t),
+            &want,
+            1e-6,
+        )?;
+    }
+    Ok(())
+}
+
+/// Naive causal GQA attention of one sequence over all its rows, f64.
+pub fn naive_attention(q: &[f32], k: &[f32], v: &[f32], n: usize, p: &AttentionParams) -> Vec<f32> {
+    let (hk, hv) = (p.head_dim_k, p.head_dim_v);
+    let group = p.n_head / p.n_kv_head;
+    let mut out = vec![0.0f32; n * p.n_head * hv];
+    for t in 0..n {
+        for h in 0..p.n_head {
+            let kvh = h / group;
+            let qh = &q[t * p.n_head * hk + h * hk..][..hk];
+            let s: Vec<f64> = (0..=t)
+                .map(|u| {
+                    let kr = &k[u * p.n_kv_head * hk + kvh * hk..][..hk];
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * p.scale as f64
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let zsum: f64 = e.iter().sum();
+            for d in 0..hv {
+                let acc: f64 = (0..=t)
+                    .map(|u| e[u] / zsum * v[u * p.n_kv_head * hv + kvh * hv + d] as f64)
+                    .sum();
+                out[t * p.n_head * hv + h * hv + d] = acc as f32;
+            }
+        }
+    }
+    out
+}
+
+/// Two sequences of different lengths, fed as a mixed prefill batch and then a batched
+/// decode step, against naive attention; every KV type.
+pub fn attention<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(4);
+    let p = AttentionParams {
+        n_head: 6,
+        n_kv_head: 2,
+        head_dim_k: 32,
+        head_dim_v: 64,
+        scale: 0.3,
+    };
+    let lens = [9usize, 4];
+    let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = lens
+        .iter()
+        .map(|&n| (g.vec(n * 6 * 32), g.vec(n * 2 * 32), g.vec(n * 2 * 64)))
+        .collect();
+    let want: Vec<Vec<f32>> = lens
+        .iter()
+        .zip(&data)
+        .map(|(&n, (q, k, v))| naive_attention(q, k, v, n, &p))
+        .collect();
+    for (kv, tol) in [
+        (KvType::F32, 1e-5),
+        (KvType::F16, 2e-3),
+        (KvType::Q8_0, 2e-2),
+        (KvType::Q4_0, 0.2),
+    ] {
+        let mut c0 = b
+            .new_kv_cache(16, 2, 32, 64, kv)
+            .map_err(|e| e.to_string())?;
+        let mut c1 = b
+            .new_kv_cache(16, 2, 32, 64, kv)
+            .map_err(|e| e.to_string())?;
+        // Step 1: seq0 rows 0..8 and seq1 rows 0..3 in one batch. Step 2: one row each.
+        let mut got = [Vec::new(), Vec::new()];
+        for (ranges, _) in [([(0usize, 8usize), (0, 3)], 0), ([(8, 9), (3, 4)], 1)] {
+            let mut rows = Vec::new();
+            let (mut qb, mut kb, mut vb) = (Vec::new(), Vec::new(), Vec::new());
+            for (s, &(a, e)) in ranges.iter().enumerate() {
+                let (q, k, v) = &data[s];
+                rows.extend((a..e).map(|pos| Row { seq: s, pos }));
+                qb.extend_from_slice(&q[a * 192..e * 192]);
+                kb.extend_from_slice(&k[a * 64..e * 64]);
+                vb.extend_from_slice(&v[a * 128..e * 128]);
+            }
+            let m = rows.len();
+            let mut out = b.zeros(m, 6 * 64);
+            b.attention(
+                &up(b, &qb, m, 192)?,
+                &up(b, &kb, m, 64)?,
+                &up(b, &vb, m, 128)?,
+                &rows,
+                &mut [&mut c0, &mut c1],
+                &p,
+                &mut out,
+            )
+            .map_err(|e| e.to_string())?;
+            let o = b.download(&out);
+            for (r, row) in rows.iter().enumerate() {
+                got[row.seq].extend_from_slice(&o[r * 384..(r + 1) * 384]);
+            }
+        }
+        for s in 0..2 {
+            check(&format!("attention {kv} seq {s}"), &got[s], &want[s], tol)?;
+        }
+        let z = b.zeros(1, 192);
+        let r = b.attention(
+            &z,
+            &b.zeros(1, 64),
+            &b.zeros(1, 128),
+            &[Row { seq: 0, pos: 16 }],
+            &mut [&mut c0],
+            &p,
+            &mut b.zeros(1, 384),
+        );
+        if r.is_ok() {
+            return Err(format!("attention {kv}: position past the cache accepted"));
+        }
+    }
+    Ok(())
+}
+
+/// Token-by-token gated delta rule of one sequence (the documented recurrence), f64 state.
+#[allow(clippy::too_many_arguments)]
+pub fn naive_delta_rule(
+    sh: &RecurrentShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gg: &[f32],
+    beta: &[f32],
+    n: usize,
+    state: &mut [f64],
+) -> Vec<f32> {
+    let (dk, dv, hk, hv) = (sh.d_k, sh.d_v, sh.n_k_heads, sh.n_v_heads);
+    let mut out = vec![0.0f32; n * hv * dv];
+    let scale = 1.0 / (dk as f64).sqrt();
+    for t in 0..n {
+        for h in 0..hv {
+            let kh = h % hk;
+            let qv = &q[t * hk * dk + kh * dk..][..dk];
+            let kv = &k[t * hk * dk + kh * dk..][..dk];
+            let s = &mut state[h * dv * dk..(h + 1) * dv * dk];
+            let decay = (gg[t * hv + h] as f64).exp();
+            for j in 0..dv {
+                let row = &mut s[j * dk..(j + 1) * dk];
+                row.iter_mut().for_each(|x| *x *= decay);
+                let sk: f64 = row.iter().zip(kv).map(|(a, b)| a * *b as f64).sum();
+                let u = beta[t * hv + h] as f64 * (v[t * hv * dv + h * dv + j] as f64 - sk);
+                row.iter_mut()
+                    .zip(kv)
+                    .for_each(|(a, b)| *a += u * *b as f64);
+                out[t * hv * dv + h * dv + j] =
+                    (row.iter().zip(qv).map(|(a, b)| a * *b as f64).sum::<f64>() * scale) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// conv1d across calls and sequences, delta_rule_gates, and the delta rule over a long
+/// prefill (chunked) then single steps, two sequences in one batch.
+pub fn delta_net<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(5);
+    let sh = RecurrentShape {
+        d_conv: 4,
+        conv_channels: 0,
+        n_k_heads: 2,
+        n_v_heads: 4,
+        d_k: 16,
+        d_v: 16,
+    };
+    // conv1d: 7 channels, seq lens 70 and 3, in two calls (prefill then one step each)
+    let ch = 7;
+    let csh = RecurrentShape {
+        conv_channels: ch,
+        ..sh
+    };
+    let wconv = g.vec(ch * 4);
+    let dtb = g.vec(4);
+    let a: Vec<f32> = g.vec(4).iter().map(|x| -(x.abs() + 0.1)).collect();
+    let file = gguf_with(&[
+        ("conv", ch, 4, GgmlType::F32, &wconv),
+        ("dt", 1, 4, GgmlType::F32, &dtb),
+        ("a", 1, 4, GgmlType::F32, &a),
+    ]);
+    let wc = b.load_weight(&file, "conv").map_err(|e| e.to_string())?;
+    let lens = [71usize, 4];
+    let xs: Vec<Vec<f32>> = lens.iter().map(|&n| g.vec(n * ch)).collect();
+    let want: Vec<Vec<f32>> = xs
+        .iter()
+        .zip(&lens)
+        .map(|(x, &n)| {
+            (0..n)
+                .flat_map(|t| {
+                    (0..ch)
+                        .map(|c| {
+                            (0..4)
+                                .map(|j| {
+                                    let src = t as i64 - 3 + j as i64;
+                                    if src < 0 {
+                                        0.0
+                                    } else {
+                                        wconv[c * 4 + j] as f64 * x[src as usize * ch + c] as f64
+                                    }
+                                })
+                                .sum::<f64>() as f32
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        })
+        .collect();
+    let mut s0 = b.new_recurrent_state(&csh).map_err(|e| e.to_string())?;
+    let mut s1 = b.new_recurrent_state(&csh).map_err(|e| e.to_string())?;
+    let mut got = [Vec::new(), Vec::new()];
+    for ranges in [[(0usize, 70usize), (0, 3)], [(70, 71), (3, 4)]] {
+        let rows: Vec<Row> = ranges
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &(a, e))| (a..e).map(move |pos| Row { seq: s, pos }))
+            .collect();
+        let xb: Vec<f32> = ranges
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &(a, e))| xs[s][a * ch..e * ch].to_vec())
+            .collect();
+        let mut out = b.zeros(rows.len(), ch);
+        b.conv1d(
+            &up(b, &xb, rows.len(), ch)?,
+            &wc,
+            &rows,
+            &mut [&mut s0, &mut s1],
+            &mut out,
+        )
+        .map_err(|e| e.to_string())?;
+        let o = b.download(&out);
+        for (r, row) in rows.iter().enumerate() {
+            got[row.seq].extend_from_slice(&o[r * ch..(r + 1) * ch]);
+        }
+    }
+    for s in 0..2 {
+        check(&format!("conv1d seq {s}"), &got[s], &want[s], 1e-6)?;
+    }
+
+    // gates
+    let n = 6;
+    let al = g.vec(n * 4);
+    let be = g.vec(n * 4);
+    let mut at = up(b, &al, n, 4)?;
+    let mut bt = up(b, &be, n, 4)?;
+    let dt = b.load_weight(&file, "dt").map_err(|e| e.to_string())?;
+    let aw = b.load_weight(&file, "a").map_err(|e| e.to_string())?;
+    b.delta_rule_gates(&mut at, &mut bt, &dt, &aw)
+        .map_err(|e| e.to_string())?;
+    let want_g: Vec<f32> = (0..n * 4)
+        .map(|i| ((1.0 + ((al[i] + dtb[i % 4]) as f64).exp()).ln() * a[i % 4] as f64) as f32)
+        .collect();
+    let want_b: Vec<f32> = be
+        .iter()
+        .map(|&x| (1.0 / (1.0 + (-(x as f64)).exp())) as f32)
+        .collect();
+    check("delta_rule_gates g", &b.download(&at), &want_g, 1e-6)?;
+    check("delta_rule_gates beta", &b.download(&bt), &want_b, 1e-6)?;
+
+    // delta rule: seq0 prefill 70 (chunked) + 1 step, seq1 3 + 1
+    let l2 = |v: &mut Vec<f32>| {
+        for c in v.chunks_exact_mut(16) {
+            let s = c.iter().map(|x| x * x).sum::<f32>().sqrt();
+            c.iter_mut().for_each(|x| *x /= s);
+        }
+    };
+    let mut seqs = Vec::new();
+    for &n in &lens {
+        let (mut q, mut k) = (g.vec(n * 32), g.vec(n * 32));
+        l2(&mut q);
+        l2(&mut k);
+        let v = g.vec(n * 64);
+        let gg: Vec<f32> = g.vec(n * 4).iter().map(|x| -x.abs() * 0.3).collect();
+        let bb: Vec<f32> = g.vec(n * 4).iter().map(|x| 0.5 + 0.5 * x).collect();
+        seqs.push((q, k, v, gg, bb));
+    }
+    let want: Vec<Vec<f32>> = seqs
+        .iter()
+        .zip(&lens)
+        .map(|((q, k, v, gg, bb), &n)| {
+            naive_delta_rule(&sh, q, k, v, gg, bb, n, &mut vec![0.0; 4 * 16 * 16])
+        })
+        .collect();
+    let mut s0 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+    let mut s1 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+    let mut got = [Vec::new(), Vec::new()];
+    let mut snapshot = None;
+    for (step, ranges) in [[(0usize, 70usize), (0, 3)], [(70, 71), (3, 4)]]
+        .iter()
+        .enumerate()
+    {
+        let rows: Vec<Row> = ranges
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &(a, e))| (a..e).map(move |pos| Row { seq: s, pos }))
+            .collect();
+        let cat = |field: usize, w: usize| -> Vec<f32> {
+            let mut out = Vec::new();
+            for (s, &(a, e)) in ranges.iter().enumerate() {
+                let (q, k, v, gg, bb) = &seqs[s];
+                let d: &[f32] = [q, k, v, gg, bb][field];
+                out.extend_from_slice(&d[a * w..e * w]);
+            }
+            out
+        };
+        let m = rows.len();
+        let q = up(b, &cat(0, 32), m, 32)?;
+        let k = up(b, &cat(1, 32), m, 32)?;
+        let v = up(b, &cat(2, 64), m, 64)?;
+        let gt = up(b, &cat(3, 4), m, 4)?;
+        let bt = up(b, &cat(4, 4), m, 4)?;
+        if step == 1 {
+            snapshot = Some(s0.clone());
+        }
+        let mut out = b.zeros(m, 64);
+        b.delta_rule(
+            &q,
+            &k,
+            &v,
+            &gt,
+            &bt,
+            &rows,
+            &mut [&mut s0, &mut s1],
+            &mut out,
+        )
+        .map_err(|e| e.to_string())?;
+        let o = b.download(&out);
+        for (r, row) in rows.iter().enumerate() {
+            got[row.seq].extend_from_slice(&o[r * 64..(r + 1) * 64]);
+        }
+        if step == 1 {
+            // Restoring the snapshot and replaying the step gives the same output.
+            let mut again = snapshot.take().expect("snapshot");
+            let mut dummy = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+            let mut out2 = b.zeros(m, 64);
+            b.delta_rule(
+                &q,
+                &k,
+                &v,
+                &gt,
+                &bt,
+                &rows,
+                &mut [&mut again, &mut dummy],
+                &mut out2,
+            )
+            .map_err(|e| e.to_string())?;
+            check(
+                "delta_rule replay from snapshot",
+                &b.download(&out2)[..64],
+                &o[..64],
+                1e-6,
+            )?;
+        }
+    }
+    for s in 0..2 {
+        check(&format!("delta_rule seq {s}"), &got[s], &want[s], 1e-5)?;
+    }
+    Ok(())
+}
