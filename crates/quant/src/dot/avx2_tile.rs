@@ -14,7 +14,7 @@ use bytemuck::cast_slice;
 use gguf::GgmlType;
 use std::arch::x86_64::*;
 
-/// Most tokens per call.
+/// Most tokens per kernel instance (a call takes up to [`super::MAX_TILE`]).
 pub(super) const MAX_T: usize = 4;
 
 /// `vpshufb` mask broadcasting i16 lane `s` (0..8) of each 128-bit lane to all its lanes.
@@ -181,16 +181,25 @@ macro_rules! tile_entry {
             );
             let x = cast_slice(w);
             let y = |t: usize| cast_slice(&acts[t * al..(t + 1) * al]);
-            // SAFETY: `tile_kernel` is only called after AVX2+FMA+F16C were detected.
-            unsafe {
-                match n_tok {
-                    0 => {}
-                    1 => out[..1].copy_from_slice(&$kernel::<1>(x, [y(0)])),
-                    2 => out[..2].copy_from_slice(&$kernel::<2>(x, [y(0), y(1)])),
-                    3 => out[..3].copy_from_slice(&$kernel::<3>(x, [y(0), y(1), y(2)])),
-                    4 => out[..4].copy_from_slice(&$kernel::<4>(x, [y(0), y(1), y(2), y(3)])),
-                    _ => panic!("tile of {n_tok} tokens (max {MAX_T})"),
+            assert!(n_tok <= super::MAX_TILE, "tile of {n_tok} tokens");
+            // Runs of up to MAX_T tokens (the register budget of 16 ymm registers).
+            let mut t0 = 0;
+            while t0 < n_tok {
+                let m = (n_tok - t0).min(MAX_T);
+                let o = &mut out[t0..t0 + m];
+                // SAFETY: `tile_kernel` is only called after AVX2+FMA+F16C were detected.
+                unsafe {
+                    match m {
+                        1 => o.copy_from_slice(&$kernel::<1>(x, [y(t0)])),
+                        2 => o.copy_from_slice(&$kernel::<2>(x, [y(t0), y(t0 + 1)])),
+                        3 => o.copy_from_slice(&$kernel::<3>(x, [y(t0), y(t0 + 1), y(t0 + 2)])),
+                        _ => o.copy_from_slice(&$kernel::<4>(
+                            x,
+                            [y(t0), y(t0 + 1), y(t0 + 2), y(t0 + 3)],
+                        )),
+                    }
                 }
+                t0 += m;
             }
         }
     };

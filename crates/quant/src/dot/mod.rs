@@ -14,6 +14,8 @@ mod avx2;
 mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tile;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -29,7 +31,7 @@ pub type DotFn = fn(w: &[u8], act: &[u8], n: usize) -> f32;
 pub type DotTileFn = fn(w: &[u8], acts: &[u8], n_tok: usize, n: usize, out: &mut [f32]);
 
 /// Most tokens a [`DotTileFn`] takes per call.
-pub const MAX_TILE: usize = 4;
+pub const MAX_TILE: usize = 8;
 
 /// An instruction-set path. Use [`Isa::available`] before forcing one in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -153,7 +155,15 @@ pub fn dot_tile_kernel(isa: Isa, ty: GgmlType) -> Option<DotTileFn> {
     match isa {
         // SAFETY: `isa.available()` checked AVX2+FMA+F16C above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => unsafe { avx2_tile::tile_kernel(ty) },
+        Isa::Avx2 => unsafe { avx2_tile::tile_kernel(ty) },
+        // SAFETY: as above, plus AVX-512 F/BW/VL, and VNNI checked here.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            let vnni = std::is_x86_feature_detected!("avx512vnni");
+            vnni.then(|| avx512_tile::tile_kernel(ty))
+                .flatten()
+                .or_else(|| avx2_tile::tile_kernel(ty))
+        },
         _ => None,
     }
 }
