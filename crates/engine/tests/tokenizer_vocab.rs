@@ -6,14 +6,20 @@ use engine::{StreamDecoder, Tokenizer};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data");
 
-fn load_vocab(name: &str) -> Tokenizer {
+fn load_vocab_metadata(name: &str) -> gguf::Metadata {
     let path = format!("{DATA}/vocab/ggml-vocab-{name}.gguf.zst");
     let compressed = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut decoder = ruzstd::decoding::StreamingDecoder::new(compressed.as_slice()).unwrap();
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut decoder, &mut bytes).unwrap();
-    let file = gguf::GgufFile::from_bytes(bytes).unwrap();
-    Tokenizer::from_gguf(file.metadata()).unwrap()
+    gguf::GgufFile::from_bytes(bytes)
+        .unwrap()
+        .metadata()
+        .clone()
+}
+
+fn load_vocab(name: &str) -> Tokenizer {
+    Tokenizer::from_gguf(&load_vocab_metadata(name)).unwrap()
 }
 
 fn load_model_tokenizer(rel: &str) -> Tokenizer {
@@ -358,4 +364,37 @@ fn out_of_range_ids_decode_to_nothing() {
     assert_eq!(q.decode(&[u32::MAX, 9707], false), "Hello");
     let mut dec = StreamDecoder::new(&q);
     assert_eq!(dec.push(u32::MAX), "");
+}
+
+/// llama.cpp's fallback pre-tokenizer ("default": four regex passes) on the GPT-2 vocab.
+/// Expected ids from Hugging Face `tokenizers` (Python): a Sequence of the same four
+/// regexes as isolated splits, then ByteLevel, over this vocab and its merges.
+#[test]
+fn default_pre_tokenizer_on_gpt2_vocab() {
+    let mut meta = load_vocab_metadata("gpt-2");
+    meta.insert("tokenizer.ggml.pre", gguf::Value::String("default".into()));
+    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let cases: [(&str, &[u32]); 3] = [
+        (
+            "Hello, world! It's 12345 <=> $x+y^2 | ~z",
+            &[
+                15496, 11, 995, 0, 632, 6, 82, 220, 10163, 2231, 220, 27, 14804, 220, 3, 87, 10,
+                88, 61, 17, 220, 91, 220, 93, 89,
+            ],
+        ),
+        (
+            "price: $1,234.56 (approx.) -- don't!",
+            &[
+                20888, 25, 220, 3, 16, 11, 24409, 13, 3980, 220, 7, 1324, 13907, 2014, 220, 438,
+                836, 6, 83, 0,
+            ],
+        ),
+        (
+            "  spaced\tout\n\nlines 2024",
+            &[220, 38980, 197, 448, 198, 198, 6615, 220, 19004, 19],
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(tok.encode(text, false, false).unwrap(), want, "{text:?}");
+    }
 }
