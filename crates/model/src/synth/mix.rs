@@ -84,7 +84,7 @@ impl FileType {
 /// llama.cpp's `use_more_bits(i_layer, n_layers)`. `i` counts from 0 in layer order; for
 /// i < n/8 the first clause holds, so C++'s negative remainder never matters.
 fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// Whether llama-quantize would quantize this tensor at all (`tensor_allows_quantization`,
@@ -100,7 +100,7 @@ fn is_quantizable(name: &str, dims: &[u64]) -> bool {
 
 /// llama.cpp's `tensor_type_fallback`: a type whose block does not divide the row length.
 fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
-    if row_len % ty.block_size() as u64 == 0 {
+    if row_len.is_multiple_of(ty.block_size() as u64) {
         return ty;
     }
     let alt = match ty {
@@ -111,7 +111,7 @@ fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
         GgmlType::Q2K | GgmlType::Q3K => GgmlType::Q4_0,
         other => other,
     };
-    if row_len % alt.block_size() as u64 == 0 {
+    if row_len.is_multiple_of(alt.block_size() as u64) {
         alt
     } else {
         GgmlType::F16

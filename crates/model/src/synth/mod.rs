@@ -269,4 +269,34 @@ mod tests {
             assert!(d.is_finite() && d > 0.0 && d < 0.01);
         }
     }
+
+    #[test]
+    fn tiny_synthetic_models_load_and_give_finite_logits() {
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen35] {
+            for ftype in [
+                FileType::Q4KM,
+                FileType::IQ4XS,
+                FileType::Q4_0,
+                FileType::Q8_0,
+            ] {
+                let plan = SynthPlan::new(tiny(arch), ftype);
+                let mut bytes = Vec::new();
+                plan.write(&mut bytes, 3, |_| {}).unwrap();
+                let file = gguf::GgufFile::from_bytes(bytes).unwrap();
+                let model = crate::Model::load_from_gguf(file, &crate::LoadOptions::default())
+                    .unwrap_or_else(|e| panic!("{} {}: {e}", arch.name(), ftype.name()));
+                let mut state = model.new_state(64, crate::KvType::F16).unwrap();
+                let logits = model.forward(&mut state, &[1, 2, 3, 4, 5], false).unwrap();
+                assert_eq!(logits.len(), 1024);
+                assert!(
+                    logits.iter().all(|x| x.is_finite()),
+                    "{} {}: non-finite logits",
+                    arch.name(),
+                    ftype.name()
+                );
+                let next = model.forward(&mut state, &[6], false).unwrap();
+                assert!(next.iter().all(|x| x.is_finite()));
+            }
+        }
+    }
 }

@@ -186,7 +186,7 @@ impl Shape {
     /// Whether layer `il` is a DeltaNet (recurrent) layer.
     pub fn is_recurrent(&self, il: usize) -> bool {
         match &self.deltanet {
-            Some(d) => (il + 1) % d.full_attention_interval != 0,
+            Some(d) => !(il + 1).is_multiple_of(d.full_attention_interval),
             None => false,
         }
     }
