@@ -3,6 +3,7 @@ pub mod scheduler;
 
 pub mod sampler;
 pub mod stop;
+pub mod generate;
 
 pub mod tokenizer;
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
