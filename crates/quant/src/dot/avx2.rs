@@ -60,6 +60,16 @@ pub(super) unsafe fn kernel(ty: GgmlType) -> Option<DotFn> {
             // SAFETY: as above.
             unsafe { dot_iq4_nl(cast_slice(w), cast_slice(a)) }
         },
+        Q2K => |w, a, n| {
+            check_lengths(Q2K, w, a, n);
+            // SAFETY: as above.
+            unsafe { dot_q2_k(cast_slice(w), cast_slice(a)) }
+        },
+        Q3K => |w, a, n| {
+            check_lengths(Q3K, w, a, n);
+            // SAFETY: as above.
+            unsafe { dot_q3_k(cast_slice(w), cast_slice(a)) }
+        },
         Q5K => |w, a, n| {
             check_lengths(Q5K, w, a, n);
             // SAFETY: as above.
@@ -445,6 +455,121 @@ fn dot_iq4_xs(x: &[BlockIQ4XS], y: &[BlockQ8K]) -> f32 {
         }
         let d = f32::from_le_bytes(yb.d) * f16c(xb.d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Shuffle masks picking, from i16 scales copied to both 128-bit lanes, scale `2k` for
+/// the low lane and `2k + 1` for the high lane (k = quarter of a 128-element half).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn quarter_scale_masks() -> [__m256i; 4] {
+    std::array::from_fn(|k| {
+        let (a, b) = (2 * k, 2 * k + 1);
+        let lo = _mm_set1_epi16((((2 * a + 1) << 8) | (2 * a)) as i16);
+        let hi = _mm_set1_epi16((((2 * b + 1) << 8) | (2 * b)) as i16);
+        _mm256_set_m128i(hi, lo)
+    })
+}
+
+/// `v >> n` on 16-bit lanes, for a run-time `n`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn srl16(v: __m256i, n: usize) -> __m256i {
+    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
+}
+
+/// The 16 6-bit Q3_K scales before the -32 offset, unpacked with 32-bit masks as ggml
+/// does (same result as [`super::scalar::q3_k_scales`] + 32).
+#[inline]
+fn q3_k_scales_biased(packed: &[u8; 12]) -> [u8; 16] {
+    let u = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
+    let (a0, a1, tmp) = (u(0), u(1), u(2));
+    const M4: u32 = 0x0f0f_0f0f;
+    const M2: u32 = 0x0303_0303;
+    let words = [
+        (a0 & M4) | ((tmp & M2) << 4),
+        (a1 & M4) | (((tmp >> 2) & M2) << 4),
+        ((a0 >> 4) & M4) | (((tmp >> 4) & M2) << 4),
+        ((a1 >> 4) & M4) | (((tmp >> 6) & M2) << 4),
+    ];
+    let mut out = [0u8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// Q3_K · Q8_K. With u = q + 4 = (2 low bits) | (high bit << 2) in 0..8 (unsigned for
+/// `maddubs`), sum sc * q * a = sum sc * u * a - 4 * sum_sb sc_sb * bsum_sb.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q3_k(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let m1 = _mm256_set1_epi8(1);
+    let masks = quarter_scale_masks();
+    let mut acc = _mm256_setzero_ps();
+    for (xb, yb) in x.iter().zip(y) {
+        let sc8 = q3_k_scales_biased(&xb.scales);
+        let s16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(ld128(&sc8, 0), _mm_set1_epi8(32)));
+        let halves = [
+            _mm256_permute2x128_si256::<0x00>(s16, s16),
+            _mm256_permute2x128_si256::<0x11>(s16, s16),
+        ];
+        let hmask = ld256(&xb.hmask, 0);
+        let mut sumi = _mm256_setzero_si256();
+        for (h, s_half) in halves.into_iter().enumerate() {
+            let qs = ld256(&xb.qs, 32 * h);
+            for (k, mask) in masks.iter().enumerate() {
+                // Element 128h + 32k + l: bits 2k.. of qs[32h + l], high bit 4h+k of hmask[l].
+                let low = _mm256_and_si256(srl16(qs, 2 * k), m3);
+                let high = _mm256_and_si256(srl16(hmask, 4 * h + k), m1);
+                let u = _mm256_or_si256(low, _mm256_slli_epi16::<2>(high));
+                let p = _mm256_maddubs_epi16(u, ld256(&yb.qs, 128 * h + 32 * k));
+                let sc = _mm256_shuffle_epi8(s_half, *mask);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+            }
+        }
+        let corr = _mm256_madd_epi16(s16, ld256(&yb.bsums, 0));
+        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<2>(corr));
+        let d = f32::from_le_bytes(yb.d) * f16c(xb.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Q2_K · Q8_K: q in 0..4 with 4-bit scales (low nibbles) and mins (high nibbles), both
+/// per sub-block of 16; the mins meet the activations through `bsums`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q2_k(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0f);
+    let masks = quarter_scale_masks();
+    let mut acc = _mm256_setzero_ps();
+    for (xb, yb) in x.iter().zip(y) {
+        let raw = ld128(&xb.scales, 0);
+        let s16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+        let halves = [
+            _mm256_permute2x128_si256::<0x00>(s16, s16),
+            _mm256_permute2x128_si256::<0x11>(s16, s16),
+        ];
+        let mut sumi = _mm256_setzero_si256();
+        for (h, s_half) in halves.into_iter().enumerate() {
+            let qs = ld256(&xb.qs, 32 * h);
+            for (j, mask) in masks.iter().enumerate() {
+                // Element 128h + 32j + l: bits 2j.. of qs[32h + l].
+                let q = _mm256_and_si256(srl16(qs, 2 * j), m3);
+                let p = _mm256_maddubs_epi16(q, ld256(&yb.qs, 128 * h + 32 * j));
+                let sc = _mm256_shuffle_epi8(s_half, *mask);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+            }
+        }
+        let summs = _mm256_madd_epi16(mins16, ld256(&yb.bsums, 0));
+        let dy = f32::from_le_bytes(yb.d);
+        let d = _mm256_set1_ps(dy * f16c(xb.d));
+        let dmin = _mm256_set1_ps(-dy * f16c(xb.dmin));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(summs), acc);
     }
     hsum_ps(acc)
 }
