@@ -137,7 +137,7 @@ impl ChatTemplate {
         env.add_filter("string", |v: &Value| python_str(v).map(Value::from));
         env.add_filter("trim", trim_filter);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+        env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
             .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
         let mut t = ChatTemplate {
             env,
@@ -257,6 +257,42 @@ impl ChatTemplate {
     }
 }
 
+/// transformers' `{% generation %}…{% endgeneration %}` (its AssistantTracker extension)
+/// renders the body unchanged; minijinja does not know the tag, so it becomes
+/// `{% if true %}…{% endif %}`, keeping the whitespace-control markers.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..close];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => out.push_str(&format!("{{%{lead} {r} {trail}%}}")),
+            None => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The error and its causes on one line (minijinja's Display omits the chain).
 fn render_error_message(e: &Error) -> String {
     let mut msg = e.to_string();
@@ -319,6 +355,27 @@ mod tests {
             t.render(&[], None, false, &serde_json::Map::new()).unwrap(),
             "26 Jul 2024"
         );
+    }
+
+    #[test]
+    fn generation_tag_renders_its_body() {
+        // Expected output from Jinja2 with transformers' AssistantTracker extension.
+        let src = "{%- for m in messages %}\n  {%- if m.role == 'assistant' %}\n    {%- generation %}\n{{ m.content }}\n    {%- endgeneration %}\n  {%- else %}\n[{{ m.content }}]\n  {% endif %}\n{%- endfor %}\n{% generation %}X{% endgeneration %}";
+        let out = render(
+            src,
+            json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]),
+        )
+        .unwrap();
+        assert_eq!(out, "[hi]\nyoX");
+    }
+
+    #[test]
+    fn shareable_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<ChatTemplate>();
+        send_sync::<crate::Tokenizer>();
+        fn send<T: Send>() {}
+        send::<crate::StreamDecoder>();
     }
 
     #[test]
