@@ -32,6 +32,18 @@ fn main() {
         GgmlType::F32,
     ];
     let x: Vec<f32> = (0..N).map(|i| (i % 17) as f32 - 8.0).collect();
+    // Activation quantization, once per matvec call.
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4K] {
+        let mut out = Vec::new();
+        let mut best = f64::MAX;
+        for _ in 0..200 {
+            let t = Instant::now();
+            quant::quantize_activations(ty, std::hint::black_box(&x), &mut out);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let at = quant::vec_dot_type(ty);
+        println!("quantize {N} f32 -> {}: {:.2} us", at.name(), best * 1e6);
+    }
     for ty in types {
         let rb = ty.bytes_for(N as u64).unwrap() as usize;
         let mut s = 0x9e37_79b9_7f4a_7c15u64;

@@ -9,6 +9,16 @@
 use crate::blocks::{to_f16_le, BlockQ8K, BlockQ8_0, BlockQ8_1, QK8_0, QK8_1, QK_K};
 use gguf::GgmlType;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+/// Whether the AVX2 quantizers can run (detected once).
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+}
+
 /// The activation format that weights of type `ty` are dotted against.
 ///
 /// Float weights (F32, F16, BF16) take f32 activations. Types without a dot kernel
@@ -56,9 +66,9 @@ pub fn quantize_activations_into(ty: GgmlType, x: &[f32], out: &mut [u8]) {
         "activation buffer size"
     );
     match vec_dot_type(ty) {
-        GgmlType::Q8_0 => quantize_row_q8_0(x, bytemuck::cast_slice_mut(out)),
-        GgmlType::Q8_1 => quantize_row_q8_1(x, bytemuck::cast_slice_mut(out)),
-        GgmlType::Q8K => quantize_row_q8_k(x, bytemuck::cast_slice_mut(out)),
+        GgmlType::Q8_0 => quantize_row_q8_0_fast(x, bytemuck::cast_slice_mut(out)),
+        GgmlType::Q8_1 => quantize_row_q8_1_fast(x, bytemuck::cast_slice_mut(out)),
+        GgmlType::Q8K => quantize_row_q8_k_fast(x, bytemuck::cast_slice_mut(out)),
         _ => {
             for (o, v) in out.chunks_exact_mut(4).zip(x) {
                 o.copy_from_slice(&v.to_le_bytes());
@@ -66,6 +76,25 @@ pub fn quantize_activations_into(ty: GgmlType, x: &[f32], out: &mut [u8]) {
         }
     }
 }
+
+macro_rules! fast_quantizer {
+    ($fast:ident, $scalar:ident, $block:ty, $qk:expr) => {
+        /// As the scalar quantizer of the same name (bit-identical), with AVX2 when present.
+        pub fn $fast(x: &[f32], y: &mut [$block]) {
+            assert_eq!(x.len(), y.len() * $qk, "activation row length");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                // SAFETY: AVX2 was detected.
+                return unsafe { avx2::$scalar(x, y) };
+            }
+            $scalar(x, y)
+        }
+    };
+}
+
+fast_quantizer!(quantize_row_q8_0_fast, quantize_row_q8_0, BlockQ8_0, QK8_0);
+fast_quantizer!(quantize_row_q8_1_fast, quantize_row_q8_1, BlockQ8_1, QK8_1);
+fast_quantizer!(quantize_row_q8_k_fast, quantize_row_q8_k, BlockQ8K, QK_K);
 
 /// x -> Q8_0: per block of 32, d = max|x| / 127, q = round(x / d) (ties away from zero).
 pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
@@ -132,6 +161,7 @@ pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytemuck::Zeroable;
 
     #[test]
     fn q8_0_round_trip_within_half_step() {
@@ -168,6 +198,81 @@ mod tests {
         for (j, s) in b.bsums.iter().enumerate() {
             let want: i32 = b.qs[j * 16..j * 16 + 16].iter().map(|&v| v as i32).sum();
             assert_eq!(i16::from_le_bytes(*s) as i32, want);
+        }
+    }
+
+    /// The fast quantizers against the scalar ones, bit for bit, on random rows and on
+    /// rows full of exact rounding ties (x * id = k + 0.5).
+    #[test]
+    fn fast_quantizers_are_bit_identical() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut rows: Vec<Vec<f32>> = (0..20)
+            .map(|r| (0..768).map(|_| rand() * (1 + r) as f32).collect())
+            .collect();
+        // amax 127 -> d = 1 and iscale = -1: odd multiples of 0.5 are exact ties.
+        rows.push(
+            (0..768)
+                .map(|i| {
+                    if i % 32 == 0 {
+                        127.0
+                    } else {
+                        ((i * 7) % 201) as f32 * 0.5 - 50.0
+                    }
+                })
+                .collect(),
+        );
+        // A row whose first block is all zero.
+        rows.push(
+            (0..768)
+                .map(|i| ((i % 255) as f32 - 127.0) * 0.5 + if i % 32 == 0 { 127.0 } else { 0.0 })
+                .collect(),
+        );
+        rows.push(
+            (0..768)
+                .map(|i| if i < 256 { 0.0 } else { (i % 7) as f32 - 3.5 })
+                .collect(),
+        );
+        for x in &rows {
+            let n = x.len();
+            let (mut a, mut b) = (
+                vec![BlockQ8_0::zeroed(); n / 32],
+                vec![BlockQ8_0::zeroed(); n / 32],
+            );
+            quantize_row_q8_0(x, &mut a);
+            quantize_row_q8_0_fast(x, &mut b);
+            assert_eq!(
+                bytemuck::cast_slice::<_, u8>(&a),
+                bytemuck::cast_slice::<_, u8>(&b),
+                "q8_0"
+            );
+            let (mut a, mut b) = (
+                vec![BlockQ8_1::zeroed(); n / 32],
+                vec![BlockQ8_1::zeroed(); n / 32],
+            );
+            quantize_row_q8_1(x, &mut a);
+            quantize_row_q8_1_fast(x, &mut b);
+            assert_eq!(
+                bytemuck::cast_slice::<_, u8>(&a),
+                bytemuck::cast_slice::<_, u8>(&b),
+                "q8_1"
+            );
+            let (mut a, mut b) = (
+                vec![BlockQ8K::zeroed(); n / 256],
+                vec![BlockQ8K::zeroed(); n / 256],
+            );
+            quantize_row_q8_k(x, &mut a);
+            quantize_row_q8_k_fast(x, &mut b);
+            assert_eq!(
+                bytemuck::cast_slice::<_, u8>(&a),
+                bytemuck::cast_slice::<_, u8>(&b),
+                "q8_K"
+            );
         }
     }
 
