@@ -8,7 +8,7 @@ pub mod quantize;
 
 pub use dequantize::{dequantize_row, has_dequantizer};
 pub use error::QuantError;
-pub use quantize::{has_quantizer, quantize_row, quantize_row_with_imatrix};
+pub use quantize::{has_quantizer, quantize_row, quantize_row_with_imatrix, quantize_rows};
 
 // Activations, dot products and matvec (quant-kernels engineer).
 pub mod activation;
@@ -17,4 +17,4 @@ pub mod matvec;
 
 pub use activation::{activation_row_bytes, quantize_activations, vec_dot_type};
 pub use dot::{vec_dot, Isa};
-pub use matvec::{matmul, matvec};
+pub use matvec::{matmul, matmul_quantized, matvec, quantize_activation_rows};

@@ -63,6 +63,81 @@ pub fn matmul_with(
     n_tokens: usize,
     y: &mut [f32],
 ) {
+    // Sizes are checked by `quantize_activation_rows` and `matmul_quantized_with`; check the weights
+    // first so a wrong matrix is reported as such rather than as bad activations.
+    let (row_bytes, _) = row_lengths(ty, n_cols);
+    assert_eq!(
+        w.len(),
+        n_rows * row_bytes,
+        "{ty} weights [{n_rows}, {n_cols}]: byte length"
+    );
+    let acts = quantize_activation_rows(ty, x, n_tokens, n_cols);
+    matmul_quantized_with(isa, ty, w, n_rows, n_cols, &acts, n_tokens, y);
+}
+
+/// Quantizes `n_tokens` rows of activations for weights of type `ty`, once, so that
+/// several matrices reading the same input (Q/K/V, gate/up) can share them through
+/// [`matmul_quantized`]. Weight types with the same [`crate::vec_dot_type`] (e.g. Q4_K
+/// and Q6_K, or Q4_0 and Q8_0) take the same activations.
+///
+/// x: `[n_tokens, n_cols]` f32; returns `[n_tokens, activation_row_bytes]`.
+pub fn quantize_activation_rows(
+    ty: GgmlType,
+    x: &[f32],
+    n_tokens: usize,
+    n_cols: usize,
+) -> Vec<u8> {
+    assert_eq!(
+        x.len(),
+        n_tokens * n_cols,
+        "activations [{n_tokens}, {n_cols}]: length"
+    );
+    let act_bytes = crate::activation::activation_row_bytes(ty, n_cols);
+    let mut acts = vec![0u8; n_tokens * act_bytes];
+    if act_bytes == 0 {
+        return acts;
+    }
+    let quantize = |(a, xr): (&mut [u8], &[f32])| quantize_activations_into(ty, xr, a);
+    if n_tokens >= 4 {
+        acts.par_chunks_mut(act_bytes)
+            .zip(x.par_chunks(n_cols))
+            .for_each(quantize);
+    } else {
+        acts.chunks_mut(act_bytes)
+            .zip(x.chunks(n_cols))
+            .for_each(quantize);
+    }
+    acts
+}
+
+/// As [`matmul`], with activations already quantized by [`quantize_activation_rows`]`(ty, ..)` (or any
+/// type with the same [`crate::vec_dot_type`]).
+///
+/// acts: `[n_tokens, activation_row_bytes(ty, n_cols)]`; y: `[n_tokens, n_rows]` f32.
+pub fn matmul_quantized(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    acts: &[u8],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    matmul_quantized_with(best_isa(), ty, w, n_rows, n_cols, acts, n_tokens, y)
+}
+
+/// As [`matmul_quantized`] on a forced instruction-set path.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quantized_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    acts: &[u8],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
     let (row_bytes, act_bytes) = row_lengths(ty, n_cols);
     assert_eq!(
         w.len(),
@@ -70,9 +145,9 @@ pub fn matmul_with(
         "{ty} weights [{n_rows}, {n_cols}]: byte length"
     );
     assert_eq!(
-        x.len(),
-        n_tokens * n_cols,
-        "activations [{n_tokens}, {n_cols}]: length"
+        acts.len(),
+        n_tokens * act_bytes,
+        "quantized activations [{n_tokens}, {n_cols}]: byte length"
     );
     assert_eq!(
         y.len(),
@@ -87,28 +162,14 @@ pub fn matmul_with(
         return;
     }
     let kernel = dot_kernel(isa, ty).unwrap_or_else(|| panic!("no dot product for {ty}"));
-
-    // acts: [n_tokens, act_bytes], quantized once.
-    let mut acts = vec![0u8; n_tokens * act_bytes];
-    let quantize = |(a, xr): (&mut [u8], &[f32])| quantize_activations_into(ty, xr, a);
-    if n_tokens >= 4 {
-        acts.par_chunks_mut(act_bytes)
-            .zip(x.par_chunks(n_cols))
-            .for_each(quantize);
-    } else {
-        acts.chunks_mut(act_bytes)
-            .zip(x.chunks(n_cols))
-            .for_each(quantize);
-    }
-
     if n_tokens == 1 {
-        matvec_rows(kernel, w, row_bytes, n_cols, &acts, y);
+        matvec_rows(kernel, w, row_bytes, n_cols, acts, y);
     } else {
         let kernels = Kernels {
             row: kernel,
             tile: dot_tile_kernel(isa, ty),
         };
-        matmul_rows(kernels, w, row_bytes, n_cols, &acts, act_bytes, n_tokens, y);
+        matmul_rows(kernels, w, row_bytes, n_cols, acts, act_bytes, n_tokens, y);
     }
 }
 

@@ -79,3 +79,28 @@ fn matvec_many_rows_is_threaded_correctly() {
     check(quant::dot::best_isa(), GgmlType::Q8_0, 1001, 1024, 1, 9);
     check(quant::dot::best_isa(), GgmlType::Q4K, 515, 1536, 5, 10);
 }
+
+#[test]
+fn shared_quantized_activations_match_matmul() {
+    // Q4_K and Q6_K both take Q8_K activations: quantize once, run both.
+    let mut rng = Rng::new(11);
+    let (n_rows, n_cols, n_tokens) = (23, 512, 3);
+    let x = rng.activations(n_tokens * n_cols);
+    let acts = quant::quantize_activation_rows(GgmlType::Q4K, &x, n_tokens, n_cols);
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let w = random_weights(&mut rng, ty, n_rows, n_cols);
+        let mut y1 = vec![0f32; n_tokens * n_rows];
+        let mut y2 = vec![0f32; n_tokens * n_rows];
+        quant::matmul(ty, &w, n_rows, n_cols, &x, n_tokens, &mut y1);
+        quant::matmul_quantized(ty, &w, n_rows, n_cols, &acts, n_tokens, &mut y2);
+        assert_eq!(y1, y2, "{ty}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "byte length")]
+fn wrong_weight_size_panics_with_a_message() {
+    let w = vec![0u8; 100];
+    let mut y = vec![0f32; 2];
+    quant::matvec(GgmlType::Q8_0, &w, 2, 64, &[0.0; 64], &mut y);
+}
