@@ -249,22 +249,28 @@ fn stream_decoder_skips_control_tokens_unless_asked() {
     assert_eq!(dec.push(im_end), "<|im_end|>");
 }
 
+/// The four fixture models' own 512-token vocabularies (the tokenizers the model tests use):
+/// the prompt gives transformers' `prompt_ids` (no BOS: add_bos_token is false).
 #[test]
-fn fixture_qwen2_prompt_ids() {
-    let tok = load_model_tokenizer("tests/data/fixtures/qwen2/model-f32.gguf");
-    let reference: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{DATA}/fixtures/qwen2/reference.json")).unwrap(),
-    )
-    .unwrap();
-    let prompt = reference["prompt"].as_str().unwrap();
-    let want: Vec<u32> = reference["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    assert_eq!(tok.encode(prompt, true, false).unwrap(), want);
-    assert_eq!(tok.decode(&want, false), prompt);
+fn fixture_prompt_ids() {
+    for arch in ["llama", "qwen2", "qwen3", "qwen35"] {
+        let tok = load_model_tokenizer(&format!("tests/data/fixtures/{arch}/model-f32.gguf"));
+        let reference: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{DATA}/fixtures/{arch}/reference.json")).unwrap(),
+        )
+        .unwrap();
+        let prompt = reference["prompt"].as_str().unwrap();
+        let want: Vec<u32> = reference["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(prompt, true, false).unwrap(), want, "{arch}");
+        assert_eq!(tok.decode(&want, false), prompt, "{arch}");
+        assert_eq!(tok.n_vocab(), 512, "{arch}");
+        assert!(tok.is_eog(511), "{arch}: eos 511 ends generation");
+    }
 }
 
 #[test]
