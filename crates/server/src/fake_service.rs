@@ -34,9 +34,9 @@ impl BatchModel for ByteModel {
     fn state_len(&self, s: &Vec<u32>) -> usize {
         s.len()
     }
-    fn truncate(&self, s: &mut Vec<u32>, pos: usize) -> Result<(), String> {
+    fn truncate(&self, s: &mut Vec<u32>, pos: usize) -> Result<usize, String> {
         s.truncate(pos);
-        Ok(())
+        Ok(s.len())
     }
     fn prefill(&self, s: &mut Vec<u32>, tokens: &[u32]) -> Result<Vec<f32>, String> {
         std::thread::sleep(self.delay);

@@ -6,6 +6,7 @@
 pub mod app;
 pub mod error;
 pub mod generation;
+pub mod model_service;
 pub mod openai;
 pub mod routes;
 pub mod service;
@@ -16,6 +17,7 @@ pub mod validate;
 
 pub use app::{router, AppState, ServerConfig};
 pub use error::ApiError;
+pub use model_service::{ModelService, ModelServiceOptions};
 pub use service::{InferenceService, ModelInfo};
 pub use shutdown::serve;
 

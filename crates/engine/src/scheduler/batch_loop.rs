@@ -141,6 +141,7 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                         slot.cached.extend_from_slice(chunk);
                         active.prompt_pos = end;
                         if end == prompt.len() {
+                            model.checkpoint(state);
                             on_logits(slot, &mut logits, &config, clock, &mut tally);
                         }
                     }
@@ -256,21 +257,26 @@ fn admit<M: BatchModel>(
     }
     // Keep at least one prompt token to compute: its logits give the first new token.
     let mut keep = common_prefix(&slot.cached, prompt).min(prompt.len() - 1);
-    let truncated = match slot.state.as_mut() {
-        Some(state) => guarded(|| model.truncate(state, keep)).is_ok(),
-        None => false,
+    let kept = match slot.state.as_mut() {
+        Some(state) => guarded(|| model.truncate(state, keep))
+            .ok()
+            .filter(|&k| k <= keep),
+        None => None,
     };
-    if !truncated {
-        keep = 0;
-        slot.cached.clear();
-        slot.state = None;
-        match guarded(|| model.new_state(config.n_ctx_per_slot)) {
-            Ok(s) => slot.state = Some(s),
-            Err(e) => {
-                let _ = job.events.send(GenerationEvent::Error(format!(
-                    "cannot allocate a sequence: {e}"
-                )));
-                return;
+    match kept {
+        Some(k) => keep = k,
+        None => {
+            keep = 0;
+            slot.cached.clear();
+            slot.state = None;
+            match guarded(|| model.new_state(config.n_ctx_per_slot)) {
+                Ok(s) => slot.state = Some(s),
+                Err(e) => {
+                    let _ = job.events.send(GenerationEvent::Error(format!(
+                        "cannot allocate a sequence: {e}"
+                    )));
+                    return;
+                }
             }
         }
     }

@@ -13,9 +13,13 @@ pub trait BatchModel: Send + Sync + 'static {
     fn new_state(&self, n_ctx: usize) -> Result<Self::State, String>;
     /// Tokens currently held by the state.
     fn state_len(&self, state: &Self::State) -> usize;
-    /// Drops everything from position `pos` on. May fail (recurrent state without a
-    /// snapshot at `pos`); the scheduler then starts the sequence over from an empty state.
-    fn truncate(&self, state: &mut Self::State, pos: usize) -> Result<(), String>;
+    /// Rolls the state back to at most `pos` tokens and returns the length it kept: `pos`
+    /// itself when possible, else an earlier restore point (a recurrent-state snapshot).
+    /// On an error the scheduler starts the sequence over from an empty state.
+    fn truncate(&self, state: &mut Self::State, pos: usize) -> Result<usize, String>;
+    /// Called when a prompt has been fully computed: a good place to remember a restore
+    /// point, since the next turn of a chat shares at least this prefix.
+    fn checkpoint(&self, _state: &mut Self::State) {}
     /// Appends `tokens` to one sequence; returns the logits of the last one: [n_vocab].
     fn prefill(&self, state: &mut Self::State, tokens: &[u32]) -> Result<Vec<f32>, String>;
     /// Appends one token to each sequence in one pass over the weights;

@@ -13,6 +13,8 @@ pub struct FakeModel {
     pub prefill_tokens: AtomicUsize,
     pub decode_calls: AtomicUsize,
     pub max_batch: AtomicUsize,
+    /// Truncate only to checkpoints, as a model with recurrent state does.
+    pub restore_points: bool,
 }
 
 impl FakeModel {
@@ -23,6 +25,7 @@ impl FakeModel {
             prefill_tokens: AtomicUsize::new(0),
             decode_calls: AtomicUsize::new(0),
             max_batch: AtomicUsize::new(0),
+            restore_points: false,
         }
     }
 
@@ -44,6 +47,7 @@ impl FakeModel {
 pub struct FakeState {
     tokens: Vec<u32>,
     n_ctx: usize,
+    checkpoints: Vec<usize>,
 }
 
 impl BatchModel for FakeModel {
@@ -57,6 +61,7 @@ impl BatchModel for FakeModel {
         Ok(FakeState {
             tokens: Vec::new(),
             n_ctx,
+            checkpoints: Vec::new(),
         })
     }
 
@@ -64,12 +69,28 @@ impl BatchModel for FakeModel {
         state.tokens.len()
     }
 
-    fn truncate(&self, state: &mut FakeState, pos: usize) -> Result<(), String> {
+    fn truncate(&self, state: &mut FakeState, pos: usize) -> Result<usize, String> {
         if pos > state.tokens.len() {
             return Err("truncate past the end".into());
         }
-        state.tokens.truncate(pos);
-        Ok(())
+        // Like a recurrent model: only restore points are reachable.
+        let kept = match self.restore_points {
+            true => state
+                .checkpoints
+                .iter()
+                .copied()
+                .filter(|&c| c <= pos)
+                .max()
+                .unwrap_or(0),
+            false => pos,
+        };
+        state.tokens.truncate(kept);
+        state.checkpoints.retain(|&c| c <= kept);
+        Ok(kept)
+    }
+
+    fn checkpoint(&self, state: &mut FakeState) {
+        state.checkpoints.push(state.tokens.len());
     }
 
     fn prefill(&self, state: &mut FakeState, tokens: &[u32]) -> Result<Vec<f32>, String> {

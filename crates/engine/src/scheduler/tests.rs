@@ -307,3 +307,23 @@ fn a_constraint_masks_tokens_and_ends_generation() {
         }
     ));
 }
+
+#[test]
+fn recurrent_style_models_reuse_up_to_the_last_restore_point() {
+    let mut m = FakeModel::new(50, Duration::ZERO);
+    m.restore_points = true;
+    let model = Arc::new(m);
+    let s = start(&model, 1, 64);
+    let turn1 = vec![1, 2, 3, 4];
+    let (out1, _) = collect(s.submit(request(turn1.clone(), 5)).unwrap());
+    let mut turn2 = turn1.clone();
+    turn2.extend(&out1);
+    turn2.extend([9, 8]);
+    let (out2, end) = collect(s.submit(request(turn2.clone(), 5)).unwrap());
+    assert_eq!(out2, reference(&model, &turn2, 5, &[]));
+    // The checkpoint sits at the end of the first prompt.
+    match end {
+        GenerationEvent::Done { usage, .. } => assert_eq!(usage.cached_tokens, turn1.len()),
+        e => panic!("{e:?}"),
+    }
+}

@@ -1,0 +1,236 @@
+//! [`InferenceService`] over a loaded model: tokenizer, chat template, and the slot
+//! scheduler driving `Model::forward` (prefill) and `Model::forward_batch` (decode).
+
+use std::sync::Arc;
+
+use engine::scheduler::{
+    BatchModel, GenerationRequest, GenerationStream, Scheduler, SchedulerConfig, SchedulerStats,
+    TokenConstraint,
+};
+use engine::{ChatTemplate, Tokenizer};
+use model::{KvType, Model, SeqState};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::service::{InferenceService, ModelInfo};
+use crate::tool_calls::ToolFormat;
+
+/// Used when the model has no chat template and none was given (llama.cpp's default too).
+pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
+{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+/// The scheduler's view of a CPU model.
+struct ModelBatch {
+    model: Arc<Model>,
+    kv_type: KvType,
+}
+
+impl BatchModel for ModelBatch {
+    type State = SeqState;
+
+    fn n_vocab(&self) -> usize {
+        self.model.config().n_vocab
+    }
+
+    fn new_state(&self, n_ctx: usize) -> Result<SeqState, String> {
+        self.model
+            .new_state(n_ctx, self.kv_type)
+            .map_err(|e| e.to_string())
+    }
+
+    fn state_len(&self, state: &SeqState) -> usize {
+        state.len()
+    }
+
+    fn truncate(&self, state: &mut SeqState, pos: usize) -> Result<usize, String> {
+        // Attention-only models truncate anywhere; hybrid ones only to a snapshot.
+        let target = if state.can_truncate(pos) {
+            pos
+        } else {
+            state
+                .snapshot_positions()
+                .into_iter()
+                .filter(|&p| p <= pos && state.can_truncate(p))
+                .max()
+                .unwrap_or(0)
+        };
+        state.truncate(target).map_err(|e| e.to_string())?;
+        Ok(target)
+    }
+
+    fn checkpoint(&self, state: &mut SeqState) {
+        state.snapshot();
+    }
+
+    fn prefill(&self, state: &mut SeqState, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        self.model
+            .forward(state, tokens, false)
+            .map_err(|e| e.to_string())
+    }
+
+    fn decode_batch(
+        &self,
+        states: &mut [&mut SeqState],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, String> {
+        self.model
+            .forward_batch(states, tokens)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// How to set the service up.
+#[derive(Debug, Clone)]
+pub struct ModelServiceOptions {
+    /// Model name shown to clients.
+    pub id: String,
+    pub n_slots: usize,
+    pub n_ctx_per_slot: usize,
+    pub kv_type: KvType,
+    pub max_queue: usize,
+    pub prefill_chunk: usize,
+    /// Chat template source overriding the model's.
+    pub chat_template: Option<String>,
+}
+
+pub struct ModelService {
+    info: ModelInfo,
+    tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    scheduler: Scheduler,
+}
+
+impl ModelService {
+    pub fn new(model: Arc<Model>, opts: ModelServiceOptions) -> Result<ModelService, ApiError> {
+        let meta = model.gguf().metadata();
+        let tokenizer = Tokenizer::from_gguf(meta)
+            .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))?;
+        let from_file = ChatTemplate::from_gguf(meta)
+            .map_err(|e| ApiError::Internal(format!("chat template: {e}")))?;
+        let template = match (&opts.chat_template, from_file) {
+            (Some(source), file) => {
+                let (bos, eos) = file.as_ref().map_or((None, None), |t| {
+                    (
+                        t.bos_token().map(str::to_string),
+                        t.eos_token().map(str::to_string),
+                    )
+                });
+                ChatTemplate::new(source)
+                    .map_err(|e| ApiError::Internal(format!("--chat-template-file: {e}")))?
+                    .with_special_tokens(bos.as_deref(), eos.as_deref())
+            }
+            (None, Some(t)) => t,
+            (None, None) => {
+                tracing::warn!("the model has no chat template; chat requests use ChatML");
+                ChatTemplate::new(CHATML_TEMPLATE)
+                    .map_err(|e| ApiError::Internal(format!("ChatML template: {e}")))?
+            }
+        };
+        let tool_format = ToolFormat::detect(template.source());
+        let n_vocab = model.config().n_vocab;
+        let config = SchedulerConfig {
+            n_slots: opts.n_slots,
+            n_ctx_per_slot: opts.n_ctx_per_slot,
+            max_queue: opts.max_queue,
+            prefill_chunk: opts.prefill_chunk,
+            eog_tokens: tokenizer.eog_ids().collect(),
+        };
+        let scheduler = Scheduler::start(
+            Arc::new(ModelBatch {
+                model,
+                kv_type: opts.kv_type,
+            }),
+            config,
+        )?;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let info = ModelInfo {
+            id: opts.id,
+            created,
+            n_ctx: opts.n_ctx_per_slot,
+            n_vocab,
+            n_slots: opts.n_slots,
+            tool_format,
+        };
+        Ok(ModelService {
+            info,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            scheduler,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+}
+
+impl InferenceService for ModelService {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn chat_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+    ) -> Result<Vec<u32>, ApiError> {
+        let text = self
+            .template
+            .render(messages, tools, true, &serde_json::Map::new())
+            .map_err(|e| {
+                ApiError::invalid_param(
+                    "messages",
+                    format!("the chat template failed on these messages: {e}"),
+                )
+            })?;
+        // A template that writes BOS itself must not get a second one.
+        let has_bos = self
+            .template
+            .bos_token()
+            .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        self.tokenizer
+            .encode(&text, !has_bos, true)
+            .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize: {e}")))
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer
+            .encode(text, add_special, true)
+            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}")))
+    }
+
+    fn token_piece(&self, id: u32) -> Vec<u8> {
+        // Control tokens print nothing, as in llama.cpp's default output.
+        self.tokenizer.piece(id, false)
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, false)
+    }
+
+    fn json_constraint(
+        &self,
+        _schema: Option<&Value>,
+    ) -> Result<Box<dyn TokenConstraint>, ApiError> {
+        Err(ApiError::invalid_param(
+            "response_format",
+            "JSON output is not available in this build",
+        ))
+    }
+
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, ApiError> {
+        Ok(self.scheduler.submit(request)?)
+    }
+
+    fn stats(&self) -> SchedulerStats {
+        self.scheduler.stats()
+    }
+
+    fn shutdown(&self) {
+        self.scheduler.shutdown()
+    }
+}

@@ -1,0 +1,130 @@
+//! The server over the real bundled model: greedy completions equal llama.cpp's server
+//! output for the same prompt (tests/data/stories260K.reference.jsonl), also when four
+//! requests are decoded together in one batch, and a second chat turn reuses the cache.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use model::{KvType, LoadOptions, Model};
+use serde_json::{json, Value};
+use server::{AppState, ModelService, ModelServiceOptions, ServerConfig};
+use tower::ServiceExt;
+
+fn data(rel: &str) -> String {
+    format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn app(n_slots: usize) -> axum::Router {
+    let model = Model::load(
+        data("models/stories260K.gguf").as_ref(),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let opts = ModelServiceOptions {
+        id: "stories260K".into(),
+        n_slots,
+        n_ctx_per_slot: 256,
+        kv_type: KvType::F32,
+        max_queue: 16,
+        prefill_chunk: 3,
+        chat_template: None,
+    };
+    let service = ModelService::new(Arc::new(model), opts).unwrap();
+    let state = AppState::new(ServerConfig::default());
+    state.set_service(Arc::new(service));
+    server::router(state)
+}
+
+async fn post(app: &axum::Router, path: &str, body: Value) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn reference() -> (String, String, usize) {
+    let line = std::fs::read_to_string(data("tests/data/stories260K.reference.jsonl")).unwrap();
+    let r: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    (
+        r["prompt"].as_str().unwrap().into(),
+        r["content"].as_str().unwrap().into(),
+        r["prompt_n"].as_u64().unwrap() as usize,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_completions_match_llama_cpp_alone_and_batched() {
+    let (prompt, content, prompt_n) = reference();
+    let app = app(4);
+    let req = json!({"prompt": prompt, "max_tokens": 64, "temperature": 0});
+    let (status, body) = post(&app, "/v1/completions", req.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["text"], content);
+    assert_eq!(body["usage"]["prompt_tokens"], prompt_n);
+    assert_eq!(body["usage"]["completion_tokens"], 64);
+
+    let (_, tok) = post(
+        &app,
+        "/tokenize",
+        json!({"content": prompt, "add_special": true}),
+    )
+    .await;
+    assert_eq!(tok["tokens"].as_array().unwrap().len(), prompt_n);
+
+    // Four at once: decoded in shared batches, each must still be the reference.
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (app, req) = (app.clone(), req.clone());
+            tokio::spawn(async move { post(&app, "/v1/completions", req).await })
+        })
+        .collect();
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["choices"][0]["text"], content);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_chat_turn_reuses_the_cached_prefix() {
+    let app = app(1);
+    let turn1 = json!([{"role": "user", "content": "Tell me a story."}]);
+    let (status, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": turn1, "max_tokens": 20, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let prompt1 = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    let turn2 = json!([
+        {"role": "user", "content": "Tell me a story."},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Another one."}
+    ]);
+    let (_, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": turn2, "max_tokens": 5, "temperature": 0}),
+    )
+    .await;
+    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= prompt1,
+        "cached {cached} of the first prompt's {prompt1} tokens"
+    );
+}
