@@ -16,6 +16,7 @@ typedef long long int64_t;
 typedef unsigned long long uint64_t;
 
 #define WARP_SIZE 32
+#define NEG_INF __int_as_float(0xff800000)
 #define FULL_MASK 0xffffffffu
 
 // IEEE half bits -> f32 (cvt.f32.f16 exists on every PTX target we build).

@@ -7,9 +7,10 @@
 // - W: [nrows, ncols] in GGUF block layout, uploaded byte-for-byte (rows of row_bytes bytes;
 //   the allocation has >= 16 bytes of padding after the last row). Blocks of odd sizes
 //   (18, 22, 34, 110, 210 bytes) are not 16-byte aligned, so each warp stages a group of
-//   blocks through shared memory with aligned, coalesced 16-byte loads (the group's byte
-//   range rounded out to 16 bytes), then each lane decodes one 32-element unit from there.
-//   The next group's loads are issued before the current group is decoded.
+//   blocks (2048 weights) through shared memory with aligned, coalesced 16-byte loads (the
+//   group's byte range rounded out to 16 bytes), then each lane decodes two 32-element units
+//   from there (see quant_formats.cuh `decode2`). The next group's loads are issued before the
+//   current group is decoded.
 // - One warp per row, WARPS rows per block; the weights are read once for all n_tokens <= NT
 //   tokens (small-batch decode), so a step costs one pass over W.
 // y: [n_tokens, nrows] f32.
@@ -18,12 +19,15 @@
 struct alignas(16) u32x4 {
     uint32_t x, y, z, w;
 };
+struct alignas(8) float2v {
+    float x, y;
+};
 
 #define MV_WARPS 4
-// Largest staged group: 32 blocks of q8_0 = 1088 bytes, + up to 15 bytes of leading and
-// trailing alignment slack -> 69 vectors; 3 loads per lane.
-#define MV_GROUP_VECS 72
-#define MV_LOADS_PER_LANE 3
+// Largest staged group: 64 blocks of q8_0 = 2176 bytes, + up to 30 bytes of leading and
+// trailing alignment slack -> 138 vectors; 5 loads per lane.
+#define MV_LOADS_PER_LANE 5
+#define MV_GROUP_VECS (32 * MV_LOADS_PER_LANE)
 
 // x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements.
 // grid: (ncols/32 / 8 rounded up, n_tokens), block (32, 8): one warp per 32 elements.
@@ -46,7 +50,6 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     }
 }
 
-template <typename F>
 static __device__ __forceinline__ void mv_load_group(const uint8_t* W, long long start, int len, int lane,
                                                      u32x4 r[MV_LOADS_PER_LANE], int& off, int& nvec) {
     const long long a0 = start & ~15ll;
@@ -71,11 +74,17 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
     u32x4* sbuf = stage[threadIdx.y];
     const uint8_t* sbytes = (const uint8_t*)sbuf;
 
-    constexpr int G = 32 / F::UNITS;  // blocks per staged group: 32 units, one per lane
+    // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
+    // 256-wide super-block. A staged group is 32 tasks, one per lane.
+    constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
+    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
+    constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
     constexpr int BLOCK_ELEMS = 32 * F::UNITS;
     const int nblocks = ncols / BLOCK_ELEMS;
     const long long row_start = row * row_bytes;
     const int n_units_x = ncols / 32;
+    const int blk = (lane / TASKS_PER_BLOCK) * BLOCKS_PER_TASK;  // this lane's block in the group
+    const int task = lane % TASKS_PER_BLOCK;
 
     float acc[NT];
 #pragma unroll
@@ -83,7 +92,7 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
 
     u32x4 r[MV_LOADS_PER_LANE];
     int off, nvec;
-    mv_load_group<F>(W, row_start, min(G, nblocks) * F::BLOCK_BYTES, lane, r, off, nvec);
+    mv_load_group(W, row_start, min(G, nblocks) * F::BLOCK_BYTES, lane, r, off, nvec);
 
     for (int g0 = 0; g0 < nblocks; g0 += G) {
         const int nb = min(G, nblocks - g0);
@@ -96,46 +105,49 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
         const int cur_off = off;
         const int g1 = g0 + G;
         if (g1 < nblocks) {
-            mv_load_group<F>(W, row_start + (long long)g1 * F::BLOCK_BYTES, min(G, nblocks - g1) * F::BLOCK_BYTES,
-                             lane, r, off, nvec);
+            mv_load_group(W, row_start + (long long)g1 * F::BLOCK_BYTES, min(G, nblocks - g1) * F::BLOCK_BYTES, lane, r,
+                          off, nvec);
         }
-        const int blk = lane / F::UNITS;
-        const int u = lane % F::UNITS;
         if (blk < nb) {
-            int v[8];
-            float s0, s1, m0, m1;
-            F::decode(sbytes + cur_off + blk * F::BLOCK_BYTES, u, v, s0, s1, m0, m1);
-            const int xunit = (g0 + blk) * F::UNITS + u;  // 32-element unit index within the row
+            Task tk;
+            Decode2<F>::run(sbytes + cur_off + blk * F::BLOCK_BYTES, task, tk);
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t < n_tokens) {
-                    const u32x4* xp = (const u32x4*)(xq + (long long)t * ncols + 32 * xunit);
-                    const u32x4 xa = xp[0], xb = xp[1];
-                    const int xv[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
-                                       (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
-                    int sumi0 = 0, sumi1 = 0;
+            for (int j = 0; j < 2; j++) {
+                // the second block of a 32-wide task may lie past the row's end
+                if (BLOCKS_PER_TASK == 1 || blk + j < nb) {
+                    const int xunit = (g0 + blk) * F::UNITS + tk.unit[j];  // unit index in the row
 #pragma unroll
-                    for (int i = 0; i < 4; i++) sumi0 = dp4a(v[i], xv[i], sumi0);
+                    for (int t = 0; t < NT; t++) {
+                        if (t < n_tokens) {
+                            const u32x4* xp = (const u32x4*)(xq + (long long)t * ncols + 32 * xunit);
+                            const u32x4 xa = xp[0], xb = xp[1];
+                            const int xv[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                                               (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+                            int sumi0 = 0, sumi1 = 0;
 #pragma unroll
-                    for (int i = 4; i < 8; i++) sumi1 = dp4a(v[i], xv[i], sumi1);
-                    const long long xu = (long long)t * n_units_x + xunit;
-                    const float xd = xds[2 * xu];
-                    float r_t;
-                    if constexpr (F::SPLIT) {
-                        r_t = xd * (s0 * (float)sumi0 + s1 * (float)sumi1);
-                    } else {
-                        r_t = xd * s0 * (float)(sumi0 + sumi1);
+                            for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], xv[i], sumi0);
+#pragma unroll
+                            for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], xv[i], sumi1);
+                            const long long xu = (long long)t * n_units_x + xunit;
+                            const float2v ds = ((const float2v*)xds)[xu];
+                            float r_t;
+                            if constexpr (F::SPLIT) {
+                                r_t = ds.x * (tk.s0[j] * (float)sumi0 + tk.s1[j] * (float)sumi1);
+                            } else {
+                                r_t = ds.x * tk.s0[j] * (float)(sumi0 + sumi1);
+                            }
+                            if constexpr (F::HAS_MIN) r_t += tk.m0[j] * ds.y;
+                            if constexpr (F::HALF_MIN) {
+                                int sx0 = 0, sx1 = 0;
+#pragma unroll
+                                for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, xv[i], sx0);
+#pragma unroll
+                                for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, xv[i], sx1);
+                                r_t += ds.x * (tk.m0[j] * (float)sx0 + tk.m1[j] * (float)sx1);
+                            }
+                            acc[t] += r_t;
+                        }
                     }
-                    if constexpr (F::HAS_MIN) r_t += m0 * xds[2 * xu + 1];
-                    if constexpr (F::HALF_MIN) {
-                        int sx0 = 0, sx1 = 0;
-#pragma unroll
-                        for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, xv[i], sx0);
-#pragma unroll
-                        for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, xv[i], sx1);
-                        r_t += xd * (m0 * (float)sx0 + m1 * (float)sx1);
-                    }
-                    acc[t] += r_t;
                 }
             }
         }

@@ -12,6 +12,11 @@
 // so that dot(w, x) over the unit with x ~ xd * xq (q8_1) is
 //     xd * (s0 * sumi0 + s1 * sumi1) + m0 * xs   (xs = xd * sum(xq)),
 // which the matvec driver evaluates with dp4a.
+//
+// The driver gives each lane two units at a time ("a lane task"): `decode2(b, task, ...)`
+// decodes units u[0], u[1] of one block, sharing the loads and scale decoding they have in common
+// (e.g. the low and high nibbles of the same 32 Q4_K bytes). The 32-wide formats take two
+// consecutive blocks per task (u = 0 of block b and of block b + BLOCK_BYTES).
 #pragma once
 #include "common.cuh"
 
@@ -274,4 +279,202 @@ struct FmtQ6_K {  // block_q6_K: ql[128], qh[64], scales[16] int8, d f16; x = d*
         s1 = d * (float)sc[8 * n + 2 * k + 1];
         m0 = m1 = 0.0f;
     }
+};
+
+// Eight little-endian u32 from p, with p aligned to A bytes (16: two vector loads).
+template <int A>
+static __device__ __forceinline__ void ld8(const uint8_t* p, uint32_t w[8]) {
+    if constexpr (A >= 16) {
+        struct alignas(16) v4 { uint32_t x, y, z, w; };
+        const v4 a = ((const v4*)p)[0], b = ((const v4*)p)[1];
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = ld32<(A >= 4)>(p + 4 * i);
+    }
+}
+
+// A decoded lane task: two 32-element units.
+struct Task {
+    int v[2][8];
+    float s0[2], s1[2], m0[2], m1[2];
+    int unit[2];  // unit index within the block (32-wide formats: block offset 0 / 1)
+};
+
+// Two consecutive blocks of a 32-wide format.
+template <typename F>
+static __device__ __forceinline__ void decode2_blocks(const uint8_t* b, Task& t) {
+    F::decode(b, 0, t.v[0], t.s0[0], t.s1[0], t.m0[0], t.m1[0]);
+    F::decode(b + F::BLOCK_BYTES, 0, t.v[1], t.s0[1], t.s1[1], t.m0[1], t.m1[1]);
+    t.unit[0] = 0;
+    t.unit[1] = 1;
+}
+
+// Q4_K task k (0..3): units 2k (low nibbles) and 2k+1 (high nibbles) of qs[32k .. 32k+32].
+static __device__ __forceinline__ void decode2_q4_k(const uint8_t* b, int k, Task& t) {
+    const uint32_t dd = ld32<true>(b);
+    const float d = f16_to_f32((uint16_t)(dd & 0xFFFF)), dmin = f16_to_f32((uint16_t)(dd >> 16));
+    uint32_t w[8];
+    ld8<16>(b + 16 + 32 * k, w);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        t.v[0][i] = w[i] & 0x0F0F0F0F;
+        t.v[1][i] = (w[i] >> 4) & 0x0F0F0F0F;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int sc, m;
+        scale_min_k4(2 * k + j, b + 4, sc, m);
+        t.s0[j] = t.s1[j] = d * (float)sc;
+        t.m0[j] = -dmin * (float)m;
+        t.m1[j] = 0.0f;
+        t.unit[j] = 2 * k + j;
+    }
+}
+
+// Q5_K task k: as Q4_K, fifth bits from qh[0..32] bits 2k and 2k+1.
+static __device__ __forceinline__ void decode2_q5_k(const uint8_t* b, int k, Task& t) {
+    const uint32_t dd = ld32<true>(b);
+    const float d = f16_to_f32((uint16_t)(dd & 0xFFFF)), dmin = f16_to_f32((uint16_t)(dd >> 16));
+    uint32_t w[8], h[8];
+    ld8<16>(b + 48 + 32 * k, w);
+    ld8<16>(b + 16, h);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        t.v[0][i] = (w[i] & 0x0F0F0F0F) | (((h[i] >> (2 * k)) & 0x01010101) << 4);
+        t.v[1][i] = ((w[i] >> 4) & 0x0F0F0F0F) | (((h[i] >> (2 * k + 1)) & 0x01010101) << 4);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int sc, m;
+        scale_min_k4(2 * k + j, b + 4, sc, m);
+        t.s0[j] = t.s1[j] = d * (float)sc;
+        t.m0[j] = -dmin * (float)m;
+        t.m1[j] = 0.0f;
+        t.unit[j] = 2 * k + j;
+    }
+}
+
+// Q6_K task k (0..3): n = k/2, c = k%2; units 4n+c (low nibbles of ql[64n+32c..]) and 4n+c+2
+// (high nibbles of the same bytes); 2-bit highs from qh[32n..32n+32] at shifts 2c and 2c+4.
+static __device__ __forceinline__ void decode2_q6_k(const uint8_t* b, int k, Task& t) {
+    const int n = k >> 1, c = k & 1;
+    uint32_t w[8], h[8];
+    ld8<2>(b + 64 * n + 32 * c, w);
+    ld8<2>(b + 128 + 32 * n, h);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint32_t lo0 = w[i] & 0x0F0F0F0Fu, lo1 = (w[i] >> 4) & 0x0F0F0F0Fu;
+        const uint32_t hi0 = ((h[i] >> (2 * c)) & 0x03030303u) << 4;
+        const uint32_t hi1 = ((h[i] >> (2 * c + 4)) & 0x03030303u) << 4;
+        t.v[0][i] = sub_bytes_biased(lo0 | hi0, 0x20202020u);
+        t.v[1][i] = sub_bytes_biased(lo1 | hi1, 0x20202020u);
+    }
+    const float d = f16_to_f32(ld_u16(b + 208));
+    const int8_t* sc = (const int8_t*)(b + 192);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int u = 4 * n + c + 2 * j;
+        t.s0[j] = d * (float)sc[2 * u];
+        t.s1[j] = d * (float)sc[2 * u + 1];
+        t.m0[j] = t.m1[j] = 0.0f;
+        t.unit[j] = u;
+    }
+}
+
+// Q2_K task k: n = k/2, units 4n + 2(k%2) + {0,1} from qs[32n..] at shifts 2j.
+static __device__ __forceinline__ void decode2_q2_k(const uint8_t* b, int k, Task& t) {
+    const int n = k >> 1, j0 = 2 * (k & 1);
+    const uint32_t dd = ld32<true>(b + 80);
+    const float d = f16_to_f32((uint16_t)(dd & 0xFFFF)), dmin = f16_to_f32((uint16_t)(dd >> 16));
+    uint32_t w[8];
+    ld8<4>(b + 16 + 32 * n, w);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        t.v[0][i] = (w[i] >> (2 * j0)) & 0x03030303;
+        t.v[1][i] = (w[i] >> (2 * j0 + 2)) & 0x03030303;
+    }
+    const int u0 = 4 * n + j0;
+    const uint32_t scs = ld32<true>(b + 2 * u0);  // scales[2u0 .. 2u0+4]
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int sc0 = (scs >> (16 * j)) & 0xFF, sc1 = (scs >> (16 * j + 8)) & 0xFF;
+        t.s0[j] = d * (float)(sc0 & 0xF);
+        t.s1[j] = d * (float)(sc1 & 0xF);
+        t.m0[j] = -dmin * (float)(sc0 >> 4);
+        t.m1[j] = -dmin * (float)(sc1 >> 4);
+        t.unit[j] = u0 + j;
+    }
+}
+
+// Q3_K task k: n = k/2, units 4n + 2(k%2) + {0,1}: 2 low bits from qs[32n..], high bit u of hmask.
+static __device__ __forceinline__ void decode2_q3_k(const uint8_t* b, int k, Task& t) {
+    const int n = k >> 1, j0 = 2 * (k & 1);
+    const int u0 = 4 * n + j0;
+    uint32_t w[8], h[8];
+    ld8<2>(b + 32 + 32 * n, w);
+    ld8<2>(b, h);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint32_t lo = (w[i] >> (2 * (j0 + j))) & 0x03030303u;
+            const uint32_t hb = (h[i] >> (u0 + j)) & 0x01010101u;
+            t.v[j][i] = sub_bytes_biased(lo, ((~hb) & 0x01010101u) << 2);
+        }
+    }
+    const float d = f16_to_f32(ld_u16(b + 108));
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int u = u0 + j;
+        t.s0[j] = d * (float)FmtQ3_K::scale(b + 96, 2 * u);
+        t.s1[j] = d * (float)FmtQ3_K::scale(b + 96, 2 * u + 1);
+        t.m0[j] = t.m1[j] = 0.0f;
+        t.unit[j] = u;
+    }
+}
+
+// IQ4_XS task k: units 2k and 2k+1 from qs[32k .. 32k+32] (16 bytes each).
+static __device__ __forceinline__ void decode2_iq4_xs(const uint8_t* b, int k, Task& t) {
+    const float d = f16_to_f32(ld_u16(b));
+    const uint32_t sh = ld_u16(b + 2);
+    const uint32_t sl = b[4 + k];
+    uint32_t w[8];
+    ld8<8>(b + 8 + 32 * k, w);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            t.v[j][i] = iq4nl_lookup4(w[4 * j + i] & 0x0F0F0F0F);
+            t.v[j][4 + i] = iq4nl_lookup4((w[4 * j + i] >> 4) & 0x0F0F0F0F);
+        }
+        const int ls = ((sl >> (4 * j)) & 0xF) | (((sh >> (4 * k + 2 * j)) & 3) << 4);
+        t.s0[j] = t.s1[j] = d * (float)(ls - 32);
+        t.m0[j] = t.m1[j] = 0.0f;
+        t.unit[j] = 2 * k + j;
+    }
+}
+
+// decode2 dispatch per format (formats with UNITS == 1 take two consecutive blocks).
+template <typename F> struct Decode2 {
+    static __device__ __forceinline__ void run(const uint8_t* b, int, Task& t) { decode2_blocks<F>(b, t); }
+};
+template <> struct Decode2<FmtQ4_K> {
+    static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q4_k(b, k, t); }
+};
+template <> struct Decode2<FmtQ5_K> {
+    static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q5_k(b, k, t); }
+};
+template <> struct Decode2<FmtQ6_K> {
+    static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q6_k(b, k, t); }
+};
+template <> struct Decode2<FmtQ2_K> {
+    static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q2_k(b, k, t); }
+};
+template <> struct Decode2<FmtQ3_K> {
+    static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q3_k(b, k, t); }
+};
+template <> struct Decode2<FmtIQ4_XS> {
+    static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_iq4_xs(b, k, t); }
 };

@@ -13,6 +13,7 @@ pub mod error;
 pub mod kernel_cache;
 pub mod matvec;
 pub mod nvrtc;
+pub mod ops;
 pub mod sources;
 pub mod synthetic;
 

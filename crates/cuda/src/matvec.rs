@@ -43,6 +43,11 @@ pub fn supports(ty: GgmlType) -> bool {
     kernel_stem(ty).is_some()
 }
 
+/// Whether `matvec` quantizes x to q8_1 for this weight type (all block formats).
+pub fn quantizes_activations(ty: GgmlType) -> bool {
+    kernel_stem(ty).is_some_and(|(_, q)| q)
+}
+
 /// A weight matrix in device memory, byte-for-byte as stored in GGUF.
 /// Shape [n_rows, n_cols]: row r holds output r's weights over n_cols inputs.
 pub struct DeviceMatrix {
@@ -50,7 +55,7 @@ pub struct DeviceMatrix {
     pub n_rows: usize,
     pub n_cols: usize,
     row_bytes: usize,
-    data: CudaSlice<u8>,
+    pub(crate) data: CudaSlice<u8>,
 }
 
 impl DeviceMatrix {
@@ -68,6 +73,9 @@ impl DeviceMatrix {
 pub struct MatvecScratch {
     xq: CudaSlice<i8>,
     xds: CudaSlice<f32>,
+    /// Shape of the x last quantized into it.
+    cols: usize,
+    n_tokens: usize,
 }
 
 impl CudaDevice {
@@ -125,11 +133,14 @@ impl CudaDevice {
         Ok(MatvecScratch {
             xq: self.stream().alloc_zeros::<i8>(n)?,
             xds: self.stream().alloc_zeros::<f32>(n / 16)?,
+            cols: 0,
+            n_tokens: 0,
         })
     }
 
     /// y = W x for `n_tokens` tokens: x [n_tokens, n_cols] f32, y [n_tokens, n_rows] f32.
-    /// Weights are read once per group of up to 8 tokens. Asynchronous on the device stream.
+    /// For block formats x is first quantized to q8_1 into `scratch` (which must hold
+    /// n_tokens rows). Weights are read once per group of up to 8 tokens. Asynchronous.
     pub fn matvec(
         &self,
         w: &DeviceMatrix,
@@ -138,72 +149,38 @@ impl CudaDevice {
         y: &mut CudaSlice<f32>,
         scratch: &mut MatvecScratch,
     ) -> Result<()> {
-        let (stem, quantized) = kernel_stem(w.ty).ok_or(CudaError::UnsupportedType(w.ty.name()))?;
-        let (rows, cols) = (w.n_rows, w.n_cols);
-        if x.len() < n_tokens * cols || y.len() < n_tokens * rows {
-            return Err(CudaError::Shape(format!(
-                "x {} / y {} too small for {} tokens of {}x{}",
-                x.len(),
-                y.len(),
-                n_tokens,
-                rows,
-                cols
-            )));
+        let (_, quantized) = kernel_stem(w.ty).ok_or(CudaError::UnsupportedType(w.ty.name()))?;
+        if quantized {
+            self.quantize_for_matvec(x, n_tokens, w.n_cols, scratch)?;
+            self.matvec_prequantized(w, scratch, y)
+        } else {
+            self.matvec_float(w, x, n_tokens, y)
         }
-        let grid = (rows as u32).div_ceil(ROWS_PER_BLOCK);
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (32, ROWS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
-        let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
-            let nt = n.next_power_of_two();
-            let n_i = n as i32;
-            let name = format!("mv_{stem}_n{nt}");
-            let xs = x.slice(t0 * cols..(t0 + n) * cols);
-            let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
-            if quantized {
-                if scratch.xq.len() < n * cols || scratch.xds.len() < n * cols / 16 {
-                    return Err(CudaError::Shape("matvec scratch too small".into()));
-                }
-                self.quantize_q8_1(&xs, n, cols, scratch)?;
-                let f = self.function(Program::MatvecQuant, &name)?;
-                let mut b = self.stream().launch_builder(&f);
-                b.arg(&w.data)
-                    .arg(&scratch.xq)
-                    .arg(&scratch.xds)
-                    .arg(&mut ys);
-                b.arg(&rows_i).arg(&cols_i).arg(&row_bytes).arg(&n_i);
-                // SAFETY: argument list matches mv_<fmt>_n<NT>(W, xq, xds, y, nrows, ncols,
-                // row_bytes, n_tokens); buffer sizes were checked above.
-                unsafe { b.launch(cfg) }?;
-            } else {
-                let f = self.function(Program::MatvecFloat, &name)?;
-                let mut b = self.stream().launch_builder(&f);
-                b.arg(&w.data)
-                    .arg(&xs)
-                    .arg(&mut ys)
-                    .arg(&rows_i)
-                    .arg(&cols_i)
-                    .arg(&n_i);
-                // SAFETY: matches mv_<f32|f16|bf16>_n<NT>(W, x, y, nrows, ncols, n_tokens).
-                unsafe { b.launch(cfg) }?;
-            }
-            t0 += n;
-        }
-        Ok(())
     }
 
-    fn quantize_q8_1(
+    /// Quantizes x [n_tokens, cols] f32 to q8_1 into `scratch`, once for every block-format
+    /// matvec that reads the same x (Q/K/V, gate/up).
+    pub fn quantize_for_matvec(
         &self,
-        x: &cudarc::driver::CudaView<'_, f32>,
+        x: &CudaSlice<f32>,
         n_tokens: usize,
         cols: usize,
         scratch: &mut MatvecScratch,
     ) -> Result<()> {
+        if !cols.is_multiple_of(32) || x.len() < n_tokens * cols {
+            return Err(CudaError::Shape(format!(
+                "x of {} for {n_tokens}x{cols} (cols % 32 == 0)",
+                x.len()
+            )));
+        }
+        if scratch.xq.len() < n_tokens * cols || scratch.xds.len() < n_tokens * cols / 16 {
+            return Err(CudaError::Shape(format!(
+                "matvec scratch too small for {n_tokens}x{cols}"
+            )));
+        }
+        if n_tokens == 0 {
+            return Ok(());
+        }
         let units = (cols / 32) as u32;
         let cfg = LaunchConfig {
             grid_dim: (units.div_ceil(8), n_tokens as u32, 1),
@@ -217,8 +194,103 @@ impl CudaDevice {
             .arg(&mut scratch.xq)
             .arg(&mut scratch.xds)
             .arg(&cols_i);
-        // SAFETY: matches quantize_q8_1(x, xq, xds, ncols); scratch sized by the caller's check.
+        // SAFETY: matches quantize_q8_1(x, xq, xds, ncols); sizes checked above.
         unsafe { b.launch(cfg) }?;
+        scratch.cols = cols;
+        scratch.n_tokens = n_tokens;
+        Ok(())
+    }
+
+    /// y = W x with x already quantized by `quantize_for_matvec` (block formats only).
+    pub fn matvec_prequantized(
+        &self,
+        w: &DeviceMatrix,
+        xq: &MatvecScratch,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (stem, quantized) = kernel_stem(w.ty).ok_or(CudaError::UnsupportedType(w.ty.name()))?;
+        let (rows, cols, n_tokens) = (w.n_rows, w.n_cols, xq.n_tokens);
+        if !quantized || xq.cols != cols || y.len() < n_tokens * rows {
+            return Err(CudaError::Shape(format!(
+                "{} {rows}x{cols} with x quantized as {n_tokens}x{} into y of {}",
+                w.ty.name(),
+                xq.cols,
+                y.len()
+            )));
+        }
+        let grid = (rows as u32).div_ceil(ROWS_PER_BLOCK);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (32, ROWS_PER_BLOCK, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
+            let n_i = n as i32;
+            let f = self.function(
+                Program::MatvecQuant,
+                &format!("mv_{stem}_n{}", n.next_power_of_two()),
+            )?;
+            let xqs = xq.xq.slice(t0 * cols..(t0 + n) * cols);
+            let xds = xq.xds.slice(t0 * cols / 16..(t0 + n) * cols / 16);
+            let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(&w.data).arg(&xqs).arg(&xds).arg(&mut ys);
+            b.arg(&rows_i).arg(&cols_i).arg(&row_bytes).arg(&n_i);
+            // SAFETY: argument list matches mv_<fmt>_n<NT>(W, xq, xds, y, nrows, ncols,
+            // row_bytes, n_tokens); n <= NT tokens; buffer sizes were checked above.
+            unsafe { b.launch(cfg) }?;
+            t0 += n;
+        }
+        Ok(())
+    }
+
+    fn matvec_float(
+        &self,
+        w: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (stem, _) = kernel_stem(w.ty).ok_or(CudaError::UnsupportedType(w.ty.name()))?;
+        let (rows, cols) = (w.n_rows, w.n_cols);
+        if x.len() < n_tokens * cols || y.len() < n_tokens * rows {
+            return Err(CudaError::Shape(format!(
+                "x {} / y {} too small for {n_tokens} tokens of {rows}x{cols}",
+                x.len(),
+                y.len()
+            )));
+        }
+        let grid = (rows as u32).div_ceil(ROWS_PER_BLOCK);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (32, ROWS_PER_BLOCK, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows_i, cols_i) = (rows as i32, cols as i32);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
+            let n_i = n as i32;
+            let f = self.function(
+                Program::MatvecFloat,
+                &format!("mv_{stem}_n{}", n.next_power_of_two()),
+            )?;
+            let xs = x.slice(t0 * cols..(t0 + n) * cols);
+            let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(&w.data)
+                .arg(&xs)
+                .arg(&mut ys)
+                .arg(&rows_i)
+                .arg(&cols_i)
+                .arg(&n_i);
+            // SAFETY: matches mv_<f32|f16|bf16>_n<NT>(W, x, y, nrows, ncols, n_tokens).
+            unsafe { b.launch(cfg) }?;
+            t0 += n;
+        }
         Ok(())
     }
 }

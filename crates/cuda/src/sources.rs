@@ -17,13 +17,17 @@ pub enum Program {
     MatvecQuant,
     MatvecFloat,
     Bandwidth,
+    Elementwise,
+    Attention,
 }
 
 impl Program {
-    pub const ALL: [Program; 3] = [
+    pub const ALL: [Program; 5] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
+        Program::Elementwise,
+        Program::Attention,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -31,6 +35,8 @@ impl Program {
             Program::MatvecQuant => "matvec_quant.cu",
             Program::MatvecFloat => "matvec_float.cu",
             Program::Bandwidth => "bandwidth.cu",
+            Program::Elementwise => "elementwise.cu",
+            Program::Attention => "attention.cu",
         }
     }
 
@@ -39,6 +45,8 @@ impl Program {
             Program::MatvecQuant => include_str!("../kernels/matvec_quant.cu"),
             Program::MatvecFloat => include_str!("../kernels/matvec_float.cu"),
             Program::Bandwidth => include_str!("../kernels/bandwidth.cu"),
+            Program::Elementwise => include_str!("../kernels/elementwise.cu"),
+            Program::Attention => include_str!("../kernels/attention.cu"),
         }
     }
 

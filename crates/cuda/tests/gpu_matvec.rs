@@ -61,7 +61,9 @@ fn check(dev: &cuda::CudaDevice, c: &Case, seed: u64) -> Result<(), String> {
         .stream()
         .clone_htod(&vec![f32::NAN; c.tokens * c.rows])
         .map_err(|e| e.to_string())?;
-    let mut scratch = dev.matvec_scratch(8, c.cols).map_err(|e| e.to_string())?;
+    let mut scratch = dev
+        .matvec_scratch(c.tokens, c.cols)
+        .map_err(|e| e.to_string())?;
     dev.matvec(&w, &xd, c.tokens, &mut y, &mut scratch)
         .map_err(|e| e.to_string())?;
     let y = dev.stream().clone_dtoh(&y).map_err(|e| e.to_string())?;

@@ -74,8 +74,8 @@ fn run() -> Result<(), String> {
     println!("read bandwidth: {bw:.0} GB/s ({bw_gib} GiB read-only reduction, median of 10)");
 
     println!(
-        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7}",
-        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw"
+        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>8}",
+        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw", "quant us"
     );
     let stream = dev.stream();
     for ty in types {
@@ -96,29 +96,55 @@ fn run() -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let mut scratch = dev.matvec_scratch(8, cols).map_err(|e| e.to_string())?;
             for n in [1usize, 8] {
-                for w in &ws {
-                    dev.matvec(w, &x, n, &mut y, &mut scratch)
+                // Block formats: x is quantized once (as a model does for Q/K/V or gate/up) and
+                // the matvec kernel alone is timed; the quantization is timed separately.
+                let quantized = cuda::matvec::quantizes_activations(ty);
+                let run = |w: &cuda::DeviceMatrix,
+                           y: &mut cuda::CudaSlice<f32>,
+                           s: &mut cuda::MatvecScratch| {
+                    if quantized {
+                        dev.matvec_prequantized(w, s, y)
+                    } else {
+                        dev.matvec(w, &x, n, y, s)
+                    }
+                };
+                if quantized {
+                    dev.quantize_for_matvec(&x, n, cols, &mut scratch)
                         .map_err(|e| e.to_string())?;
+                }
+                for w in &ws {
+                    run(w, &mut y, &mut scratch).map_err(|e| e.to_string())?;
                 }
                 let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
                 let start = stream.record_event(flags).map_err(|e| e.to_string())?;
                 for i in 0..iters {
-                    dev.matvec(&ws[i % copies], &x, n, &mut y, &mut scratch)
-                        .map_err(|e| e.to_string())?;
+                    run(&ws[i % copies], &mut y, &mut scratch).map_err(|e| e.to_string())?;
                 }
                 let end = stream.record_event(flags).map_err(|e| e.to_string())?;
                 let us =
                     start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 * 1e3 / iters as f64;
+                let q_us = if quantized {
+                    let start = stream.record_event(flags).map_err(|e| e.to_string())?;
+                    for _ in 0..iters {
+                        dev.quantize_for_matvec(&x, n, cols, &mut scratch)
+                            .map_err(|e| e.to_string())?;
+                    }
+                    let end = stream.record_event(flags).map_err(|e| e.to_string())?;
+                    start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 * 1e3 / iters as f64
+                } else {
+                    0.0
+                };
                 let gbs = mb * 1e3 / us;
                 println!(
-                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}%",
+                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}% {:>8.1}",
                     ty.name(),
                     format!("{rows}x{cols}"),
                     n,
                     mb,
                     us,
                     gbs,
-                    100.0 * gbs / bw
+                    100.0 * gbs / bw,
+                    q_us
                 );
             }
         }

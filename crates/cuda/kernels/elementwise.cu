@@ -1,0 +1,141 @@
+// elementwise.cu — the small per-token ops of a transformer layer, f32 activations.
+//
+// Simple, correct kernels (memory-bound, tiny next to the matvecs): RMS norm, RoPE (normal,
+// NeoX, multi-section MRoPE and interleaved IMRoPE as in ggml), SwiGLU, residual add, and
+// embedding-row lookup (get_rows) for F32 / F16 / BF16 and every block format decoded by
+// quant_formats.cuh.
+#include "quant_formats.cuh"
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w      x, y: [n_rows, d]; w: [d]
+// grid n_rows, block 256.
+extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                        float* __restrict__ y, int d, float eps) {
+    __shared__ float partial[32];
+    const float* xr = x + (long long)blockIdx.x * d;
+    float* yr = y + (long long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) partial[0] = v;
+    }
+    __syncthreads();
+    const float scale = rsqrtf(partial[0] / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+// RoPE in place on x: [n_tokens, n_heads, head_dim] (token stride head_dim * n_heads).
+// The first n_dims of each head rotate; pair i (0 <= i < n_dims/2) has angle
+// p * freq_scale * freq_base^(-2i/n_dims). mode 0: pairs (2i, 2i+1) (llama); 1: (i, i+n_dims/2)
+// (NeoX); 2: MRoPE, NeoX pairs with p taken per section from pos [4][n_tokens] (ggml
+// rope_multi: sector = i % sum(sections), contiguous sections t, h, w, e); 3: IMRoPE, sections
+// interleaved t,h,w,t,h,w... (ggml GGML_ROPE_TYPE_IMROPE). pos: [n_tokens] (modes 0, 1) or
+// [4, n_tokens] (modes 2, 3).
+// grid (n_tokens, n_heads), block n_dims/2 (<= 1024).
+extern "C" __global__ void rope_f32(float* __restrict__ x, const int* __restrict__ pos, int n_tokens, int n_heads,
+                                    int head_dim, int n_dims, float freq_base, float freq_scale, int mode, int s0,
+                                    int s1, int s2, int s3) {
+    const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+    if (i >= n_dims / 2) return;
+    float p;
+    if (mode <= 1) {
+        p = (float)pos[t];
+    } else {
+        const int sect = s0 + s1 + s2 + s3;
+        const int sector = i % sect;
+        int which;
+        if (mode == 2) {
+            which = sector < s0 ? 0 : sector < s0 + s1 ? 1 : sector < s0 + s1 + s2 ? 2 : 3;
+        } else {
+            which = (sector % 3 == 1 && sector < 3 * s1) ? 1
+                    : (sector % 3 == 2 && sector < 3 * s2) ? 2
+                    : (sector % 3 == 0 && sector < 3 * s0) ? 0
+                                                           : 3;
+        }
+        p = (float)pos[which * n_tokens + t];
+    }
+    const float theta = p * powf(freq_base, -2.0f * (float)i / (float)n_dims) * freq_scale;
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    float* xh = x + ((long long)t * n_heads + h) * head_dim;
+    const int a = mode == 0 ? 2 * i : i;
+    const int b = mode == 0 ? 2 * i + 1 : i + n_dims / 2;
+    const float x0 = xh[a], x1 = xh[b];
+    xh[a] = x0 * cs - x1 * sn;
+    xh[b] = x0 * sn + x1 * cs;
+}
+
+// y = silu(gate) * up = gate / (1 + exp(-gate)) * up      all [n]
+extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
+                                      float* __restrict__ y, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        y[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// y = a + b      all [n] (y may alias a: in-place residual add)
+extern "C" __global__ void add_f32(const float* a, const float* __restrict__ b, float* y, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        y[i] = a[i] + b[i];
+    }
+}
+
+// Embedding rows: y[t, :] = dequantize(table[ids[t], :]). table: [n_vocab, d] in GGUF layout
+// (row_bytes per row); ids checked on the host. grid n_tokens, block 256.
+template <typename F>
+static __device__ __forceinline__ void get_rows_quant(const uint8_t* __restrict__ table, const int* __restrict__ ids,
+                                                      float* __restrict__ y, int d, long long row_bytes) {
+    const uint8_t* row = table + (long long)ids[blockIdx.x] * row_bytes;
+    float* yr = y + (long long)blockIdx.x * d;
+    const int n_units = d / 32;
+    for (int uu = threadIdx.x; uu < n_units; uu += blockDim.x) {
+        const int blk = uu / F::UNITS, u = uu % F::UNITS;
+        int v[8];
+        float s0, s1, m0, m1;
+        F::decode(row + (long long)blk * F::BLOCK_BYTES, u, v, s0, s1, m0, m1);
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            const int q = (int)(int8_t)((v[e / 4] >> (8 * (e % 4))) & 0xFF);
+            const bool second = e >= 16;
+            float val = (second ? s1 : s0) * (float)q;
+            if (F::HAS_MIN) val += m0;
+            if (F::HALF_MIN) val += second ? m1 : m0;
+            yr[uu * 32 + e] = val;
+        }
+    }
+}
+
+#define GET_ROWS(name, F)                                                                                    \
+    extern "C" __global__ void get_rows_##name(const uint8_t* __restrict__ table, const int* __restrict__ ids, \
+                                               float* __restrict__ y, int d, long long row_bytes) {            \
+        get_rows_quant<F>(table, ids, y, d, row_bytes);                                                      \
+    }
+GET_ROWS(q4_0, FmtQ4_0)
+GET_ROWS(q4_1, FmtQ4_1)
+GET_ROWS(q5_0, FmtQ5_0)
+GET_ROWS(q5_1, FmtQ5_1)
+GET_ROWS(q8_0, FmtQ8_0)
+GET_ROWS(iq4_nl, FmtIQ4_NL)
+GET_ROWS(iq4_xs, FmtIQ4_XS)
+GET_ROWS(q2_k, FmtQ2_K)
+GET_ROWS(q3_k, FmtQ3_K)
+GET_ROWS(q4_k, FmtQ4_K)
+GET_ROWS(q5_k, FmtQ5_K)
+GET_ROWS(q6_k, FmtQ6_K)
+
+// kind: 0 f32, 1 f16, 2 bf16
+extern "C" __global__ void get_rows_float(const uint8_t* __restrict__ table, const int* __restrict__ ids,
+                                          float* __restrict__ y, int d, long long row_bytes, int kind) {
+    const uint8_t* row = table + (long long)ids[blockIdx.x] * row_bytes;
+    float* yr = y + (long long)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        yr[i] = kind == 0 ? ((const float*)row)[i]
+                : kind == 1 ? f16_to_f32(((const uint16_t*)row)[i])
+                            : bf16_to_f32(((const uint16_t*)row)[i]);
+    }
+}
