@@ -359,3 +359,16 @@ fn recurrent_states<'a, B: Backend>(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_is_shareable_and_states_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Model>();
+        send::<SeqState>();
+    }
+}

@@ -23,6 +23,12 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
     if x.rows == 0 {
         return Ok(());
     }
+    if !quant::dot::supports(w.ty) {
+        return Err(BackendError::UnsupportedType {
+            op: "matmul",
+            ty: w.ty,
+        });
+    }
     quant::matmul(
         w.ty,
         w.bytes(),
