@@ -186,6 +186,25 @@ fn cvt_f16x2(bits: u32) -> __m128 {
     out
 }
 
+/// Four f16 (little-endian in `bits`) → 4 f32 lanes, through a zeroing `vmovq` (see
+/// [`cvt_f16x2`] for why asm).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn cvt_f16x4(bits: u64) -> __m128 {
+    let out: __m128;
+    // SAFETY: register-only instructions of the enabled F16C feature; no memory access.
+    unsafe {
+        std::arch::asm!(
+            "vmovq {x}, {g}",
+            "vcvtph2ps {x}, {x}",
+            g = in(reg) bits,
+            x = out(xmm_reg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// f16 bits → f32 with F16C (the `half` crate's portable conversion is far slower).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]

@@ -8,7 +8,7 @@
 //! register (Q8_0). Q6_K's -32 offset is folded into one product of the scales with the
 //! activation block sums (`bsums`) instead of a second multiply per vector.
 
-use super::avx2::{f16c, hsum_ps, k4_scales_mins, ld128, ld256};
+use super::avx2::{cvt_f16x4, f16c, hsum_ps, k4_scales_mins, ld128, ld256};
 use super::{check_lengths, DotFn};
 use crate::blocks::*;
 use bytemuck::cast_slice;
@@ -43,6 +43,11 @@ pub(super) unsafe fn kernel(ty: GgmlType) -> Option<DotFn> {
             check_lengths(Q6K, w, a, n);
             // SAFETY: as above.
             unsafe { dot_q6_k(cast_slice(w), cast_slice(a)) }
+        },
+        Q4_0 if vnni => |w, a, n| {
+            check_lengths(Q4_0, w, a, n);
+            // SAFETY: AVX-512 F/BW/VL + AVX2/FMA/F16C detected by the caller, VNNI above.
+            unsafe { dot_q4_0_vnni(cast_slice(w), cast_slice(a)) }
         },
         Q8_0 => |w, a, n| {
             check_lengths(Q8_0, w, a, n);
@@ -256,6 +261,54 @@ fn dot_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let a = _mm512_castsi256_si512(ld256(&yb.qs, 0));
         let p = _mm512_castsi512_si256(mul_sum_i8_512(q, a));
         sum += d2(xb.d, yb.d) * hsum_ps(_mm256_cvtepi32_ps(p));
+    }
+    sum
+}
+
+/// Q4_0 · Q8_0 with VNNI, two blocks per 256-bit register: the low nibbles of both
+/// blocks meet activations 0..16 of each, the high nibbles 16..32. `vpdpbusd` takes the
+/// nibbles unsigned, so the -8 offset is a second `vpdpbusd` of 8s against the
+/// activations (no sign tricks, no `vpmaddwd`). Lanes 0..4 hold block 0, 4..8 block 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_q4_0_vnni(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let eight = _mm256_set1_epi8(8);
+    // f32 lanes [p0, _, p1, _] -> [p0 × 4, p1 × 4].
+    let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    let mut acc = _mm256_setzero_ps();
+    let mut xp = x.chunks_exact(2);
+    let mut yp = y.chunks_exact(2);
+    for (xs, ys) in (&mut xp).zip(&mut yp) {
+        let raw = _mm256_set_m128i(ld128(&xs[1].qs, 0), ld128(&xs[0].qs, 0));
+        let lo = _mm256_and_si256(raw, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+        let a_lo = _mm256_set_m128i(ld128(&ys[1].qs, 0), ld128(&ys[0].qs, 0));
+        let a_hi = _mm256_set_m128i(ld128(&ys[1].qs, 16), ld128(&ys[0].qs, 16));
+        let s = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, a_lo),
+            hi,
+            a_hi,
+        );
+        let t = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, a_lo),
+            eight,
+            a_hi,
+        );
+        let p = _mm256_cvtepi32_ps(_mm256_sub_epi32(s, t));
+        let h = |d: [u8; 2]| u16::from_le_bytes(d) as u64;
+        let f = cvt_f16x4(h(xs[0].d) | h(ys[0].d) << 16 | h(xs[1].d) << 32 | h(ys[1].d) << 48);
+        let dd = _mm_mul_ps(f, _mm_movehdup_ps(f));
+        let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), spread);
+        acc = _mm256_fmadd_ps(dd, p, acc);
+    }
+    let mut sum = hsum_ps(acc);
+    for (xb, yb) in xp.remainder().iter().zip(yp.remainder()) {
+        let raw = ld128(&xb.qs, 0);
+        let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), m4);
+        let a = ld256(&yb.qs, 0);
+        let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);
+        let t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, a);
+        sum += d2(xb.d, yb.d) * hsum_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, t)));
     }
     sum
 }
