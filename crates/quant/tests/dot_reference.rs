@@ -44,3 +44,31 @@ fn q8_0_dot_of_known_block() {
     let got = quant::vec_dot(GgmlType::Q8_0, &w, &act, 32);
     assert!((got - 1232.0).abs() < 1232.0 * 0.01, "{got}");
 }
+
+#[test]
+fn wrong_lengths_panic_on_every_path() {
+    let act = {
+        let mut a = Vec::new();
+        quant::quantize_activations(GgmlType::Q4K, &[0.5; 512], &mut a);
+        a
+    };
+    for isa in Isa::all_available() {
+        for ty in DOT_TYPES {
+            let (wl, al) = quant::dot::row_lengths(ty, 512);
+            let w = vec![0u8; wl - 1];
+            let a = vec![0u8; al];
+            let r = std::panic::catch_unwind(|| vec_dot_with(isa, ty, &w, &a, 512));
+            assert!(r.is_err(), "{ty} {isa:?}: short weight row accepted");
+            let k = quant::dot::dot_kernel(isa, ty).unwrap();
+            let w = vec![0u8; wl];
+            let r = std::panic::catch_unwind(|| k(&w, &a[..al - 1], 512));
+            assert!(
+                r.is_err(),
+                "{ty} {isa:?}: kernel accepted a short activation row"
+            );
+        }
+        // A Q4_K row is 2 blocks of 256; 512 Q8_K activations fit it exactly.
+        let w = vec![0u8; 2 * 144];
+        assert_eq!(vec_dot_with(isa, GgmlType::Q4K, &w, &act, 512), 0.0);
+    }
+}

@@ -5,6 +5,14 @@
 //! out plain `fn` pointers ([`DotFn`]) per weight type; [`dot_kernel`] picks one once per
 //! matvec, so the per-row cost of dispatch is one indirect call. A SIMD module only
 //! covers the formats it speeds up; the rest fall back to the scalar reference.
+//! Prefill also gets multi-token kernels ([`DotTileFn`], [`dot_tile_kernel`]) that unpack
+//! each weight block once for up to [`MAX_TILE`] tokens.
+//!
+//! Files: `scalar.rs` (reference, every format), `avx2.rs` (single-row AVX2 kernels and
+//! shared helpers), `avx2_tile.rs` (AVX2 Q4_K/Q6_K/Q4_0/Q8_0, 1..=4 tokens; with one token
+//! they are also the single-row kernels), `avx512.rs` (AVX-512 single-row Q4_K/Q6_K/Q8_0
+//! and, with VNNI, Q4_0), `avx512_tile.rs` (AVX-512 VNNI Q4_K/Q6_K, 1..=8 tokens),
+//! `neon.rs` (aarch64).
 
 pub mod scalar;
 
@@ -96,24 +104,33 @@ pub fn supports(ty: GgmlType) -> bool {
     scalar_kernel(ty).is_some()
 }
 
+/// The scalar reference for `ty`, wrapped to check the slice lengths.
 fn scalar_kernel(ty: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
+    macro_rules! checked {
+        ($ty:expr, $f:path) => {
+            |w: &[u8], a: &[u8], n: usize| {
+                check_lengths($ty, w, a, n);
+                $f(w, a, n)
+            }
+        };
+    }
     Some(match ty {
-        F32 => scalar::dot_f32,
-        F16 => scalar::dot_f16,
-        BF16 => scalar::dot_bf16,
-        Q4_0 => scalar::dot_q4_0,
-        Q4_1 => scalar::dot_q4_1,
-        Q5_0 => scalar::dot_q5_0,
-        Q5_1 => scalar::dot_q5_1,
-        Q8_0 => scalar::dot_q8_0,
-        Q2K => scalar::dot_q2_k,
-        Q3K => scalar::dot_q3_k,
-        Q4K => scalar::dot_q4_k,
-        Q5K => scalar::dot_q5_k,
-        Q6K => scalar::dot_q6_k,
-        IQ4NL => scalar::dot_iq4_nl,
-        IQ4XS => scalar::dot_iq4_xs,
+        F32 => checked!(F32, scalar::dot_f32),
+        F16 => checked!(F16, scalar::dot_f16),
+        BF16 => checked!(BF16, scalar::dot_bf16),
+        Q4_0 => checked!(Q4_0, scalar::dot_q4_0),
+        Q4_1 => checked!(Q4_1, scalar::dot_q4_1),
+        Q5_0 => checked!(Q5_0, scalar::dot_q5_0),
+        Q5_1 => checked!(Q5_1, scalar::dot_q5_1),
+        Q8_0 => checked!(Q8_0, scalar::dot_q8_0),
+        Q2K => checked!(Q2K, scalar::dot_q2_k),
+        Q3K => checked!(Q3K, scalar::dot_q3_k),
+        Q4K => checked!(Q4K, scalar::dot_q4_k),
+        Q5K => checked!(Q5K, scalar::dot_q5_k),
+        Q6K => checked!(Q6K, scalar::dot_q6_k),
+        IQ4NL => checked!(IQ4NL, scalar::dot_iq4_nl),
+        IQ4XS => checked!(IQ4XS, scalar::dot_iq4_xs),
         _ => return None,
     })
 }
@@ -129,6 +146,7 @@ pub fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotFn> {
         // SAFETY: `isa.available()` checked AVX2+FMA+F16C (and AVX-512 F/BW/VL) above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2_tile::row_kernel(ty).or_else(|| avx2::kernel(ty)) },
+        // SAFETY: `isa.available()` checked AVX-512 F/BW/VL on top of AVX2+FMA+F16C.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             avx512::kernel(ty)
