@@ -98,7 +98,16 @@ fn tile_kernels_match_scalar_for_every_token_count() {
             let Some(tile) = quant::dot::dot_tile_kernel(isa, ty) else {
                 continue;
             };
-            for n in [256, 5 * 256, 11 * 256] {
+            // Odd block counts too (7 and 1 blocks of 32) for the pairwise kernels.
+            let odd: &[usize] = if ty.block_size() == 32 {
+                &[7 * 32, 32]
+            } else {
+                &[]
+            };
+            for n in [256, 5 * 256, 11 * 256]
+                .into_iter()
+                .chain(odd.iter().copied())
+            {
                 let w = random_weights(&mut rng, ty, 1, n);
                 for n_tok in 1..=quant::dot::MAX_TILE {
                     let mut acts = Vec::new();

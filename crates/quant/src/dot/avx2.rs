@@ -171,7 +171,7 @@ fn bytes_from_bits_32(qh: [u8; 4]) -> __m256i {
 /// (measured: Q8_0 at half speed, Q4_K capped at ~17 GB/s).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn cvt_f16x2(bits: u32) -> __m128 {
+pub(super) fn cvt_f16x2(bits: u32) -> __m128 {
     let out: __m128;
     // SAFETY: register-only instructions of the enabled F16C feature; no memory access.
     unsafe {

@@ -1,11 +1,12 @@
-//! AVX-512 VNNI multi-token kernels for Q4_K and Q6_K (prefill of Q4_K_M models).
+//! AVX-512 VNNI multi-token kernels for Q4_K and Q6_K (prefill of Q4_K_M models) and for
+//! Q4_0 / Q8_0.
 //!
 //! Design: as `avx2_tile.rs`, but with 32 zmm registers a whole unpacked block fits in
 //! registers: 4 × 64 weights as bytes plus their 4 per-lane scale vectors, reused for up
 //! to 8 tokens. Per token and 64 weights the work is one `vpmaddubsw` (u8 × i8 → i16 pairs)
 //! and one VNNI `vpdpwssd` (× scale, accumulated in i32).
 
-use super::avx2::{f16c, hsum_ps, k4_scales_mins, ld128, ld256};
+use super::avx2::{cvt_f16x2, f16c, hsum_ps, k4_scales_mins, ld128, ld256};
 use super::{row_lengths, DotTileFn};
 use crate::blocks::*;
 use bytemuck::cast_slice;
@@ -141,6 +142,89 @@ fn q6_k<const T: usize>(x: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     acc.map(|v| hsum_ps(v))
 }
 
+/// 32-wide signed-weight rows (Q4_0, Q8_0) · `T` Q8_0 rows, two blocks per zmm.
+///
+/// `vpdpbusd` wants one unsigned operand: the activations are made unsigned by flipping
+/// their sign bit (a + 128 = a ^ 0x80), and the extra 128 · sum(w) of each group of 4 is
+/// taken off once per block pair, not per token, by starting the accumulator at
+/// -128 · sum(w). Weights are laid out per block as activations are: 32 bytes in
+/// element order, block 0 in bytes 0..32 and block 1 in 32..64 of the register.
+macro_rules! signed32_vnni {
+    ($name:ident, $block:ty, |$xb:ident| $unpack:expr) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        fn $name<const T: usize>(x: &[$block], ys: [&[BlockQ8_0]; T]) -> [f32; T] {
+            let flip = _mm512_set1_epi8(i8::MIN);
+            // f32 lanes [s0, s1, ..] -> [s0 × 8, s1 × 8].
+            let spread = join(_mm256_setzero_si256(), _mm256_set1_epi32(1));
+            let mut acc = [_mm512_setzero_ps(); T];
+            let pairs = x.len() / 2;
+            for b in (0..2 * pairs).step_by(2) {
+                let w0: __m256i = {
+                    let $xb = &x[b];
+                    $unpack
+                };
+                let w1: __m256i = {
+                    let $xb = &x[b + 1];
+                    $unpack
+                };
+                let w = join(w0, w1);
+                let neg_corr = _mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, w),
+                );
+                let dx = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                    x[b].d[0],
+                    x[b].d[1],
+                    x[b + 1].d[0],
+                    x[b + 1].d[1],
+                ])));
+                for t in 0..T {
+                    let (y0, y1) = (&ys[t][b], &ys[t][b + 1]);
+                    let a = join(ld256(&y0.qs, 0), ld256(&y1.qs, 0));
+                    let s = _mm512_dpbusd_epi32(neg_corr, _mm512_xor_si512(a, flip), w);
+                    let h = |d: [u8; 2]| u16::from_le_bytes(d) as u32;
+                    let dy = cvt_f16x2(h(y0.d) | h(y1.d) << 16);
+                    let dd =
+                        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dx, dy)));
+                    acc[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[t]);
+                }
+            }
+            let mut out = acc.map(|v| hsum512(v));
+            if x.len() % 2 == 1 {
+                let b = x.len() - 1;
+                let w: __m256i = {
+                    let $xb = &x[b];
+                    $unpack
+                };
+                let flip256 = _mm512_castsi512_si256(flip);
+                let neg_corr = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip256, w),
+                );
+                let dx = f16c(x[b].d);
+                for t in 0..T {
+                    let yb = &ys[t][b];
+                    let a = _mm256_xor_si256(ld256(&yb.qs, 0), flip256);
+                    let s = _mm256_dpbusd_epi32(neg_corr, a, w);
+                    out[t] += dx * f16c(yb.d) * hsum_ps(_mm256_cvtepi32_ps(s));
+                }
+            }
+            out
+        }
+    };
+}
+
+signed32_vnni!(q8_0, BlockQ8_0, |xb| ld256(&xb.qs, 0));
+signed32_vnni!(q4_0, BlockQ4_0, |xb| {
+    let raw = ld128(&xb.qs, 0);
+    let m4 = _mm_set1_epi8(0x0f);
+    let q = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(raw), m4),
+        _mm_and_si128(raw, m4),
+    );
+    _mm256_sub_epi8(q, _mm256_set1_epi8(8))
+});
+
 /// Expands to a [`DotTileFn`] that checks lengths and runs `$kernel::<T>` for `n_tok`.
 macro_rules! tile_entry {
     ($ty:expr, $kernel:ident) => {
@@ -186,6 +270,8 @@ pub(super) unsafe fn tile_kernel(ty: GgmlType) -> Option<DotTileFn> {
     Some(match ty {
         GgmlType::Q4K => tile_entry!(GgmlType::Q4K, q4_k),
         GgmlType::Q6K => tile_entry!(GgmlType::Q6K, q6_k),
+        GgmlType::Q4_0 => tile_entry!(GgmlType::Q4_0, q4_0),
+        GgmlType::Q8_0 => tile_entry!(GgmlType::Q8_0, q8_0),
         _ => return None,
     })
 }
