@@ -32,6 +32,8 @@ enum Command {
     Bench(commands::bench::Args),
     /// Write a GGUF of a real model's shape with random weights.
     Synth(commands::synth::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat page at /).
+    Serve(commands::serve::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +44,6 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => commands::run::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Synth(args) => commands::synth::run(args),
+        Command::Serve(args) => commands::serve::run(args),
     }
 }

@@ -5,3 +5,4 @@ pub mod bench;
 pub mod run;
 pub mod synth;
 pub mod tokenize;
+pub mod serve;

@@ -1,0 +1,261 @@
+//! `redline serve -m MODEL`: the OpenAI-compatible HTTP server.
+//!
+//! The port is bound first and `/health` answers 503 while the model loads; then the
+//! memory ledger is logged and requests are served by `--parallel` slots decoded together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use engine::scheduler::SamplingParams;
+use model::KvType;
+use server::{AppState, ModelService, ModelServiceOptions, ServerConfig};
+
+use super::run::{ModelArgs, SamplingArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Slots: requests decoded together in one batched step.
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
+    parallel: usize,
+    /// Total context in tokens, shared evenly by the slots (0: the model's training context
+    /// per slot, at most 4096).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    ctx_size: usize,
+    /// KV cache type for keys (f32, f16, q8_0, q4_0).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    cache_type_k: String,
+    /// KV cache type for values; must equal --cache-type-k.
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    cache_type_v: String,
+    /// Layers to put on the GPU (this build serves from the CPU; kept for llama.cpp parity).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
+    n_gpu_layers: usize,
+    /// Choose context and cache type to fit the device memory (CPU: checks only).
+    #[arg(long)]
+    fit: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Model name shown to clients (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health and the chat page.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Read the API key from a file (first line).
+    #[arg(long = "api-key-file")]
+    api_key_file: Option<PathBuf>,
+    /// Jinja chat template to use instead of the model's.
+    #[arg(long = "chat-template-file")]
+    chat_template_file: Option<PathBuf>,
+    /// Requests that may wait for a slot before new ones get 503.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    max_queue: usize,
+    /// Prompt tokens computed per scheduler step (bounds how long a new prompt stalls streams).
+    #[arg(long = "prefill-chunk", visible_alias = "ub", default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = 8 << 20)]
+    max_body: usize,
+    /// Seconds running streams get to finish after SIGTERM.
+    #[arg(long = "shutdown-grace", default_value_t = 30)]
+    shutdown_grace: u64,
+}
+
+fn sampling_defaults(s: &SamplingArgs) -> SamplingParams {
+    SamplingParams {
+        temperature: s.temp,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        logit_bias: Vec::new(),
+        seed: s.seed,
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64),
+        b => format!("{:.1} KiB", b as f64 / 1024.0),
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_target(false)
+        .try_init();
+    let kv_type = KvType::from_name(&args.cache_type_k)
+        .with_context(|| format!("unknown --cache-type-k {:?}", args.cache_type_k))?;
+    if KvType::from_name(&args.cache_type_v) != Some(kv_type) {
+        bail!(
+            "--cache-type-v must equal --cache-type-k ({}) in this build",
+            args.cache_type_k
+        );
+    }
+    if args.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if args.sampling.repeat_penalty != 1.0 {
+        tracing::warn!(
+            "--repeat-penalty is not used by the server; use presence/frequency penalties"
+        );
+    }
+    let api_key = match (&args.api_key, &args.api_key_file) {
+        (Some(k), None) => Some(k.trim().to_string()),
+        (None, Some(f)) => {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Some(text.lines().next().unwrap_or("").trim().to_string())
+        }
+        (None, None) => None,
+        (Some(_), Some(_)) => bail!("give --api-key or --api-key-file, not both"),
+    };
+    if api_key.as_deref() == Some("") {
+        bail!("the API key is empty");
+    }
+    let chat_template = match &args.chat_template_file {
+        Some(f) => {
+            Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)
+        }
+        None => None,
+    };
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("bad --host/--port {}:{}", args.host, args.port))?;
+
+    let config = ServerConfig {
+        api_key,
+        defaults: sampling_defaults(&args.sampling),
+        max_body_bytes: args.max_body,
+    };
+    let state = AppState::new(config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let grace = Duration::from_secs(args.shutdown_grace);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(
+            "listening on http://{} (health is 503 until the model is loaded)",
+            listener.local_addr()?
+        );
+        let loader_state = state.clone();
+        let loading =
+            tokio::task::spawn_blocking(move || load(&args, kv_type, chat_template, &loader_state));
+        let serving = tokio::spawn(server::serve(
+            listener,
+            state.clone(),
+            server::shutdown::termination_signal(),
+            grace,
+        ));
+        match loading.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => bail!("model loading panicked: {e}"),
+        }
+        serving.await.context("server task")?.context("serving")?;
+        Ok(())
+    })
+}
+
+/// Loads the model, logs the memory ledger, and makes the service available.
+fn load(
+    args: &Args,
+    kv_type: KvType,
+    chat_template: Option<String>,
+    state: &AppState,
+) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let model = args.model.load()?;
+    let c = model.config();
+    let n_ctx_per_slot = match args.ctx_size {
+        0 => c.n_ctx_train.clamp(1, 4096),
+        n => n / args.parallel,
+    };
+    if n_ctx_per_slot < 16 {
+        bail!(
+            "-c {} over {} slots leaves {} tokens per slot; give a larger -c",
+            args.ctx_size,
+            args.parallel,
+            n_ctx_per_slot
+        );
+    }
+    let weight_bytes: u64 = model.gguf().tensors().iter().map(|t| t.n_bytes).sum();
+    let state_bytes = model.new_state(n_ctx_per_slot, kv_type)?.bytes() as u64;
+    let n_layer = c.n_layer;
+    tracing::info!(
+        "loaded {} ({}, {} layers, vocab {}) in {:.2}s",
+        args.model.display_name(),
+        c.arch.name(),
+        n_layer,
+        c.n_vocab,
+        t0.elapsed().as_secs_f64()
+    );
+    tracing::info!("memory ledger (host):");
+    tracing::info!(
+        "  weights (mmapped)        {:>12}",
+        human_bytes(weight_bytes)
+    );
+    tracing::info!(
+        "  KV cache + state / slot  {:>12}  ({} tokens, {kv_type:?})",
+        human_bytes(state_bytes),
+        n_ctx_per_slot
+    );
+    tracing::info!(
+        "  KV cache + state, {} slots {:>10}",
+        args.parallel,
+        human_bytes(state_bytes * args.parallel as u64)
+    );
+    tracing::info!(
+        "  total                    {:>12}",
+        human_bytes(weight_bytes + state_bytes * args.parallel as u64)
+    );
+    if args.n_gpu_layers > 0 || args.fit {
+        tracing::warn!("GPU offload is not available in this build; -ngl/--fit ignored");
+    }
+    tracing::info!(
+        "offloaded 0/{} layers to the GPU (CPU backend)",
+        n_layer + 1
+    );
+    let id = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| match &args.model.model {
+            Some(p) => p.file_stem().map_or_else(
+                || p.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            ),
+            None => "stories260K".into(),
+        });
+    let opts = ModelServiceOptions {
+        id,
+        n_slots: args.parallel,
+        n_ctx_per_slot,
+        kv_type,
+        max_queue: args.max_queue,
+        prefill_chunk: args.prefill_chunk,
+        chat_template,
+    };
+    let service = ModelService::new(Arc::new(model), opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    state.set_service(Arc::new(service));
+    tracing::info!("ready: {} slots × {} tokens", args.parallel, n_ctx_per_slot);
+    Ok(())
+}
