@@ -8,7 +8,7 @@ pub mod quantize;
 
 pub use dequantize::{dequantize_row, has_dequantizer};
 pub use error::QuantError;
-pub use quantize::{has_quantizer, quantize_row, quantize_row_with_imatrix};
+pub use quantize::{has_quantizer, quantize_row, quantize_row_with_imatrix, quantize_rows};
 
 // Activations, dot products and matvec (quant-kernels engineer).
 pub mod activation;

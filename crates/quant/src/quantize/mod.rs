@@ -162,6 +162,49 @@ fn each_block<B: Pod>(
     Ok(())
 }
 
+/// Quantizes a matrix row by row across the rayon pool: src: [n_rows, n_per_row] f32 ->
+/// dst: n_rows rows of `ty`. `imatrix`: [n_per_row], shared by every row (llama.cpp's
+/// per-column importance). Same bytes as calling [`quantize_row_with_imatrix`] per row.
+pub fn quantize_rows(
+    ty: GgmlType,
+    src: &[f32],
+    n_per_row: usize,
+    dst: &mut [u8],
+    imatrix: Option<&[f32]>,
+) -> Result<(), QuantError> {
+    use rayon::prelude::*;
+    if !has_quantizer(ty) {
+        return Err(QuantError::UnsupportedQuantize(ty));
+    }
+    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) {
+        // src is not a whole number of rows
+        return Err(QuantError::NotBlockMultiple {
+            ty,
+            n_elements: src.len(),
+            block_size: n_per_row,
+        });
+    }
+    let Some(row_bytes) = ty.bytes_for(n_per_row as u64).map(|b| b as usize) else {
+        return Err(QuantError::NotBlockMultiple {
+            ty,
+            n_elements: n_per_row,
+            block_size: ty.block_size(),
+        });
+    };
+    let n_rows = src.len() / n_per_row;
+    if dst.len() != n_rows * row_bytes {
+        return Err(QuantError::ByteLength {
+            ty,
+            n_elements: src.len(),
+            expected: n_rows * row_bytes,
+            got: dst.len(),
+        });
+    }
+    src.par_chunks(n_per_row)
+        .zip(dst.par_chunks_mut(row_bytes))
+        .try_for_each(|(x, q)| quantize_row_with_imatrix(ty, x, q, imatrix))
+}
+
 /// As `each_block`, passing each block its slice of the importance weights.
 fn each_block_weighted<B: Pod>(
     ty: GgmlType,
@@ -219,6 +262,28 @@ mod tests {
             quantize_row(GgmlType::IQ2XXS, &[0.0; 256], &mut [0u8; 66]),
             Err(QuantError::UnsupportedQuantize(GgmlType::IQ2XXS))
         ));
+    }
+
+    #[test]
+    fn quantize_rows_matches_per_row() {
+        let n_per_row = 512;
+        let x: Vec<f32> = (0..4 * n_per_row)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let w: Vec<f32> = (0..n_per_row).map(|i| 1.0 + (i % 5) as f32).collect();
+        for ty in [GgmlType::Q4K, GgmlType::Q4_0, GgmlType::IQ4NL] {
+            let row_bytes = ty.bytes_for(n_per_row as u64).unwrap() as usize;
+            let mut all = vec![0u8; 4 * row_bytes];
+            quantize_rows(ty, &x, n_per_row, &mut all, Some(&w)).unwrap();
+            for r in 0..4 {
+                let mut one = vec![0u8; row_bytes];
+                let xr = &x[r * n_per_row..(r + 1) * n_per_row];
+                quantize_row_with_imatrix(ty, xr, &mut one, Some(&w)).unwrap();
+                assert_eq!(one, all[r * row_bytes..(r + 1) * row_bytes]);
+            }
+            assert!(quantize_rows(ty, &x, n_per_row, &mut all[1..], None).is_err());
+            assert!(quantize_rows(ty, &x[1..], n_per_row, &mut all, None).is_err());
+        }
     }
 
     #[test]
