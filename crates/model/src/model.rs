@@ -227,22 +227,56 @@ impl<B: Backend> ModelOn<B> {
                 n_tokens: tokens.len(),
             });
         }
-        if tokens.is_empty() {
+        let per_state: Vec<&[u32]> = tokens.chunks(1).collect();
+        self.forward_multi(states, &per_state)
+    }
+
+    /// Mixed batch: appends `tokens[i]` (one or more tokens) to `states[i]`, all sequences in
+    /// the same passes over the weights (micro-batches of at most `ubatch_size` rows), so a
+    /// scheduler can run chunked prefills and decode steps together. Returns the logits of
+    /// each sequence's last token, `[states.len(), n_vocab]`. Every sequence is checked
+    /// (context room, token ids) before anything runs.
+    pub fn forward_multi(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<f32>, ModelError> {
+        if states.len() != tokens.len() {
+            return Err(ModelError::BatchMismatch {
+                n_states: states.len(),
+                n_tokens: tokens.len(),
+            });
+        }
+        if tokens.is_empty() || tokens.iter().any(|t| t.is_empty()) {
             return Err(ModelError::EmptyInput);
         }
-        for s in states.iter() {
-            self.check_state(s, 1)?;
+        for (s, t) in states.iter().zip(tokens) {
+            self.check_state(s, t.len())?;
+            self.check_tokens(t)?;
         }
-        self.check_tokens(tokens)?;
-        let rows: Vec<Row> = states
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Row { seq: i, pos: s.len })
-            .collect();
-        let out_rows: Vec<usize> = (0..tokens.len()).collect();
-        let logits = self.run(states, tokens, Batch::new(rows), &out_rows)?;
-        for s in states.iter_mut() {
-            s.len += 1;
+        // Flat rows in sequence order (rows of one sequence consecutive, as the ops require).
+        let mut flat: Vec<(Row, u32, bool)> = Vec::new();
+        for (i, (s, t)) in states.iter().zip(tokens).enumerate() {
+            for (j, &tok) in t.iter().enumerate() {
+                flat.push((
+                    Row {
+                        seq: i,
+                        pos: s.len + j,
+                    },
+                    tok,
+                    j + 1 == t.len(),
+                ));
+            }
+        }
+        let mut logits = Vec::with_capacity(states.len() * self.config.n_vocab);
+        for chunk in flat.chunks(self.ubatch_size) {
+            let rows: Vec<Row> = chunk.iter().map(|c| c.0).collect();
+            let toks: Vec<u32> = chunk.iter().map(|c| c.1).collect();
+            let out_rows: Vec<usize> = (0..chunk.len()).filter(|&r| chunk[r].2).collect();
+            logits.extend(self.run(states, &toks, Batch::new(rows), &out_rows)?);
+        }
+        for (s, t) in states.iter_mut().zip(tokens) {
+            s.len += t.len();
         }
         Ok(logits)
     }

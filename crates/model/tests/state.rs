@@ -234,3 +234,64 @@ fn block_kv_type_with_incompatible_head_size_is_rejected() {
         Err(ModelError::Backend(_))
     ));
 }
+
+/// A mixed batch (a prefill chunk of one sequence, decode steps of others), split into
+/// micro-batches, equals running each sequence alone.
+#[test]
+fn forward_multi_mixes_prefill_and_decode() {
+    for arch in ["llama", "qwen35"] {
+        let m = Model::load(
+            &fixture(arch, "model-f32.gguf"),
+            &LoadOptions {
+                n_threads: 2,
+                ubatch_size: 5,
+            },
+        )
+        .unwrap();
+        let p = prompt(arch);
+        let n_vocab = m.config().n_vocab;
+        // (already in the state, appended now)
+        let plan: [(&[u32], &[u32]); 3] = [
+            (&p[..4], &p[4..13]),
+            (&p[..10], &p[10..11]),
+            (&[], &p[2..6]),
+        ];
+        let mut singles = Vec::new();
+        for (pre, add) in plan {
+            let mut s = m.new_state(32, KvType::F32).unwrap();
+            if !pre.is_empty() {
+                m.forward(&mut s, pre, false).unwrap();
+            }
+            singles.extend(m.forward(&mut s, add, false).unwrap());
+        }
+        let mut states: Vec<_> = plan
+            .iter()
+            .map(|(pre, _)| {
+                let mut s = m.new_state(32, KvType::F32).unwrap();
+                if !pre.is_empty() {
+                    m.forward(&mut s, pre, false).unwrap();
+                }
+                s
+            })
+            .collect();
+        let adds: Vec<&[u32]> = plan.iter().map(|(_, a)| *a).collect();
+        let mut refs: Vec<&mut _> = states.iter_mut().collect();
+        let got = m.forward_multi(&mut refs, &adds).unwrap();
+        assert_eq!(got.len(), 3 * n_vocab);
+        let d = max_abs_diff(&got, &singles);
+        assert!(d < 1e-4, "{arch}: mixed batch differs by {d}");
+        assert_eq!(
+            states.iter().map(|s| s.len()).collect::<Vec<_>>(),
+            vec![13, 11, 4]
+        );
+        // A sequence without room fails the whole call before anything runs.
+        let mut small = m.new_state(2, KvType::F32).unwrap();
+        let mut refs: Vec<&mut _> = states.iter_mut().take(1).collect();
+        refs.push(&mut small);
+        assert!(matches!(
+            m.forward_multi(&mut refs, &[&[1], &[1, 2, 3]]),
+            Err(ModelError::ContextFull { .. })
+        ));
+        assert_eq!(states[0].len(), 13);
+    }
+}
