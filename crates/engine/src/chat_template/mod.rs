@@ -37,6 +37,11 @@ pub enum TemplateError {
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Instruction budget of one render. A template comes from a model file, so a hostile one
+/// (`range(10**6)` nested twice) must fail instead of hanging a server. Qwen3.5's template
+/// spends ~85 units per message (17k for 201 messages), so this covers ~50k messages.
+const RENDER_FUEL: u64 = 5_000_000;
+
 /// A compiled chat template plus the special-token texts it is rendered with.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -126,6 +131,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(|out, _state: &State, value| {
@@ -367,6 +373,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "[hi]\nyoX");
+    }
+
+    #[test]
+    fn runaway_template_runs_out_of_fuel() {
+        let src =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        assert!(matches!(
+            render(src, json!([])),
+            Err(TemplateError::Render(_))
+        ));
     }
 
     #[test]
