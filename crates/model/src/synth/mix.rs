@@ -7,6 +7,14 @@
 //! biases and `ssm_conv1d` stay F32 as the converter wrote them. A tensor whose row length is not
 //! a multiple of the block size falls back as llama.cpp's `tensor_type_fallback` does.
 //!
+//! Q6_K, Q5_K_M, Q4_K_S, Q3_K_M and Q3_K_S follow the same function's other branches (used by
+//! the memory planner's what-if table): the head goes to Q6_K; Q5_K_M bumps `attn_v` and
+//! `ffn_down` to Q6_K on the use_more_bits layers; Q4_K_S bumps the first four `attn_v` and the
+//! first eighth of `ffn_down` to Q5_K; Q3_K_M puts the first two `attn_v` at Q5_K and the rest at
+//! Q4_K, the first sixteenth of `ffn_down` at Q5_K and the rest at Q4_K, and `attn_output` at
+//! Q4_K; Q3_K_S and Q6_K have no per-tensor rules. llama.cpp's 70B-only and MoE-only rules do not
+//! apply to our shapes and are left out; the DeltaNet `attn_qkv` keeps the base type as in Q4_K_M.
+//!
 //! Q4_0, IQ4_XS and Q8_0 are *pure* files (`llama-quantize --pure`): every quantizable tensor,
 //! output head and embedding included, gets that one type.
 //!
@@ -27,16 +35,39 @@ pub enum FileType {
     Q8_0,
     F16,
     F32,
+    Q6K,
+    Q5KM,
+    Q4KS,
+    Q3KM,
+    Q3KS,
 }
 
 impl FileType {
-    pub const ALL: [FileType; 6] = [
+    pub const ALL: [FileType; 11] = [
         FileType::Q4KM,
         FileType::IQ4XS,
         FileType::Q4_0,
         FileType::Q8_0,
         FileType::F16,
         FileType::F32,
+        FileType::Q6K,
+        FileType::Q5KM,
+        FileType::Q4KS,
+        FileType::Q3KM,
+        FileType::Q3KS,
+    ];
+
+    /// The quantizations people commonly download, largest first (the planner's what-if table).
+    pub const COMMON_QUANTS: [FileType; 9] = [
+        FileType::Q8_0,
+        FileType::Q6K,
+        FileType::Q5KM,
+        FileType::Q4KM,
+        FileType::Q4KS,
+        FileType::IQ4XS,
+        FileType::Q4_0,
+        FileType::Q3KM,
+        FileType::Q3KS,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +78,11 @@ impl FileType {
             FileType::Q8_0 => "Q8_0",
             FileType::F16 => "F16",
             FileType::F32 => "F32",
+            FileType::Q6K => "Q6_K",
+            FileType::Q5KM => "Q5_K_M",
+            FileType::Q4KS => "Q4_K_S",
+            FileType::Q3KM => "Q3_K_M",
+            FileType::Q3KS => "Q3_K_S",
         }
     }
 
@@ -65,6 +101,11 @@ impl FileType {
             FileType::Q8_0 => 7,
             FileType::Q4KM => 15,
             FileType::IQ4XS => 30,
+            FileType::Q3KS => 11,
+            FileType::Q3KM => 12,
+            FileType::Q4KS => 14,
+            FileType::Q5KM => 17,
+            FileType::Q6K => 18,
         }
     }
 
@@ -77,6 +118,10 @@ impl FileType {
             FileType::Q8_0 => GgmlType::Q8_0,
             FileType::F16 => GgmlType::F16,
             FileType::F32 => GgmlType::F32,
+            FileType::Q6K => GgmlType::Q6K,
+            FileType::Q5KM => GgmlType::Q5K,
+            FileType::Q4KS => GgmlType::Q4K,
+            FileType::Q3KM | FileType::Q3KS => GgmlType::Q3K,
         }
     }
 }
@@ -166,11 +211,69 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
                         base
                     }
                 }
+                FileType::Q6K
+                | FileType::Q5KM
+                | FileType::Q4KS
+                | FileType::Q3KM
+                | FileType::Q3KS => k_mix_type(
+                    ftype,
+                    name,
+                    tied,
+                    &mut i_attn_v,
+                    n_attn_v,
+                    &mut i_ffn_down,
+                    n_ffn_down,
+                ),
                 _ => base,
             };
             fallback(ty, dims[0])
         })
         .collect()
+}
+
+/// The other k-quant mixes of `llama_tensor_get_type` (Q4_K_M keeps its own branch above).
+/// `i_attn_v` / `i_ffn_down` count the tensors of that kind seen so far, as llama.cpp's
+/// `qs.i_attention_wv` / `qs.i_ffn_down`.
+fn k_mix_type(
+    ftype: FileType,
+    name: &str,
+    tied: bool,
+    i_attn_v: &mut usize,
+    n_attn_v: usize,
+    i_ffn_down: &mut usize,
+    n_ffn_down: usize,
+) -> GgmlType {
+    use GgmlType::{Q4K, Q5K, Q6K};
+    let base = ftype.base_type();
+    if name == "output.weight" || (tied && name == "token_embd.weight") {
+        return Q6K;
+    }
+    if name.contains("attn_v.weight") {
+        let i = *i_attn_v;
+        *i_attn_v += 1;
+        return match ftype {
+            FileType::Q3KM if i < 2 => Q5K,
+            FileType::Q3KM => Q4K,
+            FileType::Q5KM if use_more_bits(i, n_attn_v) => Q6K,
+            FileType::Q4KS if i < 4 => Q5K,
+            _ => base,
+        };
+    }
+    if name.contains("ffn_down") {
+        let i = *i_ffn_down;
+        *i_ffn_down += 1;
+        return match ftype {
+            FileType::Q3KM if i < n_ffn_down / 16 => Q5K,
+            FileType::Q3KM => Q4K,
+            FileType::Q5KM if use_more_bits(i, n_ffn_down) => Q6K,
+            FileType::Q4KS if i < n_ffn_down / 8 => Q5K,
+            _ => base,
+        };
+    }
+    if name.contains("attn_output.weight") && ftype == FileType::Q3KM {
+        return Q4K;
+    }
+    base
 }
 
 #[cfg(test)]
@@ -237,6 +340,56 @@ mod tests {
     fn llama3_8b_q4_k_m_size() {
         // Meta-Llama-3-8B Q4_K_M as published by llama.cpp users: 4.92 GB.
         assert_size(Shape::llama3_8b(), FileType::Q4KM, 4.92);
+    }
+
+    /// Published sizes of Llama-3-8B quants (bartowski's Meta-Llama-3-8B-Instruct-GGUF, made by
+    /// llama-quantize with these rules), within 1 %.
+    #[test]
+    fn llama3_8b_other_k_mixes_sizes() {
+        for (ftype, file_gb) in [
+            (FileType::Q8_0, 8.54),
+            (FileType::Q6K, 6.60),
+            (FileType::Q5KM, 5.73),
+            (FileType::Q4KS, 4.69),
+            (FileType::Q3KM, 4.02),
+            (FileType::Q3KS, 3.66),
+        ] {
+            let got = gb(data_bytes(&Shape::llama3_8b(), ftype));
+            assert!(
+                (got / file_gb - 1.0).abs() < 0.01,
+                "{}: {got:.3} GB of tensors, published file {file_gb} GB",
+                ftype.name()
+            );
+        }
+    }
+
+    #[test]
+    fn k_mix_rules_per_tensor() {
+        let s = Shape::llama3_8b(); // 32 layers
+        let t = s.tensors();
+        let get = |ftype: FileType, n: &str| {
+            plan_types(&t, ftype)[t.iter().position(|(x, _)| x == n).unwrap()]
+        };
+        use GgmlType::*;
+        assert_eq!(get(FileType::Q3KM, "output.weight"), Q6K);
+        assert_eq!(get(FileType::Q3KM, "token_embd.weight"), Q3K);
+        assert_eq!(get(FileType::Q3KM, "blk.1.attn_v.weight"), Q5K);
+        assert_eq!(get(FileType::Q3KM, "blk.2.attn_v.weight"), Q4K);
+        assert_eq!(get(FileType::Q3KM, "blk.1.ffn_down.weight"), Q5K);
+        assert_eq!(get(FileType::Q3KM, "blk.2.ffn_down.weight"), Q4K);
+        assert_eq!(get(FileType::Q3KM, "blk.2.attn_output.weight"), Q4K);
+        assert_eq!(get(FileType::Q3KM, "blk.2.ffn_up.weight"), Q3K);
+        assert_eq!(get(FileType::Q3KS, "blk.0.attn_v.weight"), Q3K);
+        assert_eq!(get(FileType::Q3KS, "output.weight"), Q6K);
+        assert_eq!(get(FileType::Q4KS, "blk.3.attn_v.weight"), Q5K);
+        assert_eq!(get(FileType::Q4KS, "blk.4.attn_v.weight"), Q4K);
+        assert_eq!(get(FileType::Q4KS, "blk.3.ffn_down.weight"), Q5K);
+        assert_eq!(get(FileType::Q4KS, "blk.4.ffn_down.weight"), Q4K);
+        assert_eq!(get(FileType::Q5KM, "blk.0.attn_v.weight"), Q6K);
+        assert_eq!(get(FileType::Q5KM, "blk.4.attn_v.weight"), Q5K);
+        assert_eq!(get(FileType::Q5KM, "blk.6.ffn_down.weight"), Q6K);
+        assert_eq!(get(FileType::Q6K, "blk.9.ffn_gate.weight"), Q6K);
+        assert_eq!(get(FileType::Q8_0, "output.weight"), Q8_0);
     }
 
     #[test]
