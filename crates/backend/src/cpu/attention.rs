@@ -5,6 +5,7 @@
 //! quantizer). Positions past the sequence length hold stale data and are never read, so
 //! truncating a sequence costs nothing.
 
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{check_shape, shape_err, CpuTensor};
@@ -147,8 +148,16 @@ fn encode(ty: KvType, src: &[f32], dst: &mut [u8]) -> Result<(), BackendError> {
             Ok(())
         }
         KvType::F16 => {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&half::f16::from_f32(*s).to_bits().to_le_bytes());
+            // SAFETY: f16 is a 2-byte plain-old-data type (every bit pattern is a valid value);
+            // align_to_mut only reinterprets the aligned middle part.
+            let (pre, mid, _) = unsafe { dst.align_to_mut::<half::f16>() };
+            if pre.is_empty() && mid.len() == src.len() {
+                // SIMD (F16C) conversion where the CPU has it.
+                mid.convert_from_f32_slice(src);
+            } else {
+                for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&half::f16::from_f32(*s).to_bits().to_le_bytes());
+                }
             }
             Ok(())
         }
@@ -166,8 +175,14 @@ fn decode(ty: KvType, src: &[u8], dst: &mut [f32]) -> Result<(), BackendError> {
             Ok(())
         }
         KvType::F16 => {
-            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+            // SAFETY: as in `encode`: f16 is plain old data, only the aligned middle is viewed.
+            let (pre, mid, _) = unsafe { src.align_to::<half::f16>() };
+            if pre.is_empty() && mid.len() == dst.len() {
+                mid.convert_to_f32_slice(dst);
+            } else {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+                }
             }
             Ok(())
         }
