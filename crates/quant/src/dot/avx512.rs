@@ -1,12 +1,14 @@
-//! AVX-512 (F + BW + VL) dot kernels for the formats that dominate decode time: Q4_K, Q6_K
-//! (Q4_K_M models) and Q8_0. Other formats use the AVX2 kernels (the AVX-512 Q4_0 we
-//! tried was slower than AVX2's on Zen 4, which splits 512-bit ops in two).
+//! AVX-512 (F + BW + VL, VNNI when present) dot kernels for the formats that dominate
+//! decode time: Q4_K, Q6_K (Q4_K_M models), Q8_0, and with VNNI Q4_0. Other formats use
+//! the AVX2 kernels.
 //!
 //! Design: the AVX2 scheme (see `avx2.rs`) at twice the width. A K-quant block is walked 64
 //! elements at a time, two sub-blocks per 512-bit register, with the per-sub-block scales
-//! spread over the i16 lanes by one `vpermw`. The 32-wide formats take two blocks per
-//! register (Q8_0). Q6_K's -32 offset is folded into one product of the scales with the
-//! activation block sums (`bsums`) instead of a second multiply per vector.
+//! spread over the i16 lanes by one `vpermw`; with VNNI the scale multiply and the add are
+//! one `vpdpwssd`. Q8_0 takes two blocks per register. Q6_K's -32 offset is folded into one
+//! product of the scales with the activation block sums (`bsums`) instead of a second
+//! multiply per vector. Q4_0 with VNNI puts two blocks in a 256-bit register (Zen 4 splits
+//! 512-bit ops in two, and a 512-bit Q4_0 was slower than AVX2 there).
 
 use super::avx2::{cvt_f16x4, f16c, hsum_ps, k4_scales_mins, ld128, ld256};
 use super::{check_lengths, DotFn};
