@@ -16,6 +16,7 @@ pub mod config;
 mod error;
 pub mod loader;
 mod model;
+pub mod plan;
 pub mod state;
 pub mod synth;
 

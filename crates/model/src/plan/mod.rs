@@ -1,0 +1,386 @@
+//! The memory planner: a pure function of (model, device, options) that says where every byte
+//! goes, how many layers fit on the GPU, and how fast decoding can be.
+//!
+//! Decoding one token reads every weight once (except the token-embedding table, of which one
+//! row is read), plus the KV cache and recurrent state at that depth, so
+//! `tok/s ≤ bandwidth / bytes read per token`. When a layer does not fit in VRAM it runs from
+//! host memory, and its bytes are read at host speed:
+//! `time per token = GPU bytes / GPU bandwidth + host bytes / host bandwidth`.
+//!
+//! Placement: fixed costs first (runtime context, compute buffers), then the output head (read
+//! every token, and where the logits are made), then layers 0, 1, 2 … each with its own KV cache
+//! or recurrent state, until VRAM runs out; the rest stay on the CPU. The token-embedding table
+//! always stays in host memory (decode looks up one row). "Layers" in `X/Y` count the output
+//! head as one, as llama.cpp's "offloaded X/Y layers" does.
+//!
+//! ```
+//! use model::plan::{plan, GpuSpec, ModelMemory, PlanOptions};
+//! use model::synth::{FileType, Shape};
+//! let m = ModelMemory::from_shape(&Shape::qwen3_5_27b(), FileType::IQ4XS);
+//! let gpu = GpuSpec::from_table("v100-16gb").unwrap();
+//! let p = plan(&m, Some(&gpu), &PlanOptions::for_model(&m));
+//! assert!(p.fits);
+//! ```
+
+pub mod buffers;
+pub mod gpus;
+pub mod model_memory;
+pub mod suggest;
+
+use backend::KvType;
+use serde::Serialize;
+
+pub use buffers::{ComputeBytes, RUNTIME_OVERHEAD_BYTES};
+pub use gpus::GpuSpec;
+pub use model_memory::{ModelMemory, PlanTensor, RecurrentDims, TensorGroup};
+pub use suggest::{ContextOption, QuantOption, Suggestions};
+
+/// Effective read bandwidth of CPU matvec over host memory, GB/s, when layers run on the CPU.
+/// The H200 host of shared/BENCHMARKING.md decoding Qwen3.5-27B Q4_K_M with 8 of 64 layers (and
+/// the output head) on 16 cores gave 16.9 tok/s: ~3 GB of host weights per token in ~55 ms, i.e.
+/// ~50 GB/s; a desktop with dual-channel DDR4/DDR5 reads 40–70 GB/s. 50 is the default;
+/// `--host-bandwidth` overrides it.
+pub const DEFAULT_HOST_BANDWIDTH_GBS: f64 = 50.0;
+
+/// Per-slot context used when none is given (as `redline serve` does).
+pub const DEFAULT_CTX_PER_SLOT: usize = 4096;
+
+/// What to plan for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    /// KV positions over all slots (`-c`); each slot gets `n_ctx / n_parallel`.
+    pub n_ctx: usize,
+    /// Concurrent sequences (slots); each has its own recurrent state.
+    pub n_parallel: usize,
+    pub cache_type_k: KvType,
+    pub cache_type_v: KvType,
+    /// Micro-batch rows per forward call (sizes the compute buffers).
+    pub n_ubatch: usize,
+    /// Device memory the runtime takes (measured at load; [`RUNTIME_OVERHEAD_BYTES`] otherwise).
+    pub runtime_overhead_bytes: u64,
+    pub host_bandwidth_gbs: f64,
+    /// Whether the MTP layers are loaded (for self-speculative decoding).
+    pub use_mtp: bool,
+    /// Force this many layers (output head first, then blocks in order) onto the GPU.
+    pub n_gpu_layers: Option<usize>,
+}
+
+impl PlanOptions {
+    /// Defaults for `m`: one slot of min(n_ctx_train, 4096) tokens, f16 KV, micro-batch 512.
+    pub fn for_model(m: &ModelMemory) -> PlanOptions {
+        PlanOptions {
+            n_ctx: m.n_ctx_train.clamp(1, DEFAULT_CTX_PER_SLOT),
+            n_parallel: 1,
+            cache_type_k: KvType::F16,
+            cache_type_v: KvType::F16,
+            n_ubatch: buffers::DEFAULT_UBATCH,
+            runtime_overhead_bytes: RUNTIME_OVERHEAD_BYTES,
+            host_bandwidth_gbs: DEFAULT_HOST_BANDWIDTH_GBS,
+            use_mtp: false,
+            n_gpu_layers: None,
+        }
+    }
+}
+
+/// Where a part of the model lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Gpu,
+    Host,
+}
+
+/// What kind of block a layer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    Attention,
+    Recurrent,
+    Mtp,
+}
+
+/// One block and where it goes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LayerPlan {
+    pub index: usize,
+    pub kind: LayerKind,
+    pub weight_bytes: u64,
+    /// Its KV cache at the full context (attention) or state of every slot (recurrent).
+    pub cache_bytes: u64,
+    pub device: Device,
+}
+
+/// Every byte, by kind. Sums over all layers, wherever they are placed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ledger {
+    /// Weights of the main layers.
+    pub layer_weights: u64,
+    /// Output head, final norm and other global tensors.
+    pub output_head: u64,
+    /// Token-embedding table (host memory; not read per token).
+    pub token_embedding: u64,
+    /// MTP layers (counted in memory only when used).
+    pub mtp_weights: u64,
+    pub kv_cache: u64,
+    pub recurrent_state: u64,
+    pub compute: ComputeBytes,
+    pub runtime_overhead: u64,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub model: String,
+    pub arch: String,
+    pub file_type: Option<String>,
+    pub n_params: u64,
+    pub n_layer: usize,
+    pub n_attention_layers: usize,
+    pub n_recurrent_layers: usize,
+    pub n_mtp_layers: usize,
+    pub n_ctx_train: usize,
+    /// None: a CPU-only plan.
+    pub gpu: Option<GpuSpec>,
+    pub host_bandwidth_gbs: f64,
+    pub n_ctx: usize,
+    pub n_ctx_per_slot: usize,
+    pub n_parallel: usize,
+    pub cache_type_k: String,
+    pub cache_type_v: String,
+    pub n_ubatch: usize,
+    /// KV bytes per token over all attention layers.
+    pub kv_bytes_per_token: u64,
+    /// Recurrent state bytes of one sequence.
+    pub state_bytes_per_seq: u64,
+    pub ledger: Ledger,
+    pub layers: Vec<LayerPlan>,
+    pub output_head_device: Device,
+    /// GPU memory needed to hold everything (fixed costs, head, all layers and their caches).
+    pub gpu_bytes_full: u64,
+    /// GPU memory used by the placement below.
+    pub gpu_bytes_placed: u64,
+    /// Host memory the placement uses (embedding table, CPU layers and their caches).
+    pub host_bytes_placed: u64,
+    /// Everything fits on the GPU (false for a CPU-only plan).
+    pub fits: bool,
+    /// How much more GPU memory a full fit needs (0 when it fits).
+    pub short_by_bytes: u64,
+    /// Layers on the GPU, the output head counted as one.
+    pub layers_on_gpu: usize,
+    /// n_layer + 1 (the output head).
+    pub layers_total: usize,
+    /// Bytes read per decode step of one sequence at depth 0: all weights but the embedding
+    /// table (and unused MTP layers), plus the recurrent state.
+    pub bytes_per_token: u64,
+    /// The same at a depth of `n_ctx_per_slot` (plus that many tokens of KV).
+    pub bytes_per_token_full_ctx: u64,
+    /// Decode ceiling with everything on the plan's device: bandwidth / bytes_per_token.
+    pub ceiling_tok_s: f64,
+    /// Bytes per token read from each side under this placement (depth 0).
+    pub gpu_bytes_per_token: u64,
+    pub host_bytes_per_token: u64,
+    /// Predicted decode speed under this placement.
+    pub expected_tok_s: f64,
+    /// What would fit (GPU plans only).
+    pub suggestions: Option<Suggestions>,
+}
+
+/// Plans `m` on `gpu` (None: CPU only), with suggestions of what would fit.
+pub fn plan(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions) -> Plan {
+    let mut p = plan_placement(m, gpu, opts);
+    if let Some(g) = gpu {
+        p.suggestions = Some(suggest::suggestions(m, g, opts));
+    }
+    p
+}
+
+/// Seconds per token for `gpu_bytes` read at GPU bandwidth and `host_bytes` at host bandwidth.
+fn tok_per_s(gpu_bytes: u64, gpu_gbs: f64, host_bytes: u64, host_gbs: f64) -> f64 {
+    let t = gpu_bytes as f64 / (gpu_gbs * 1e9) + host_bytes as f64 / (host_gbs * 1e9);
+    if t > 0.0 {
+        1.0 / t
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// The ledger and placement without suggestions.
+pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions) -> Plan {
+    let n_parallel = opts.n_parallel.max(1);
+    let n_ctx = opts.n_ctx.max(1);
+    let kv_per_layer_token =
+        buffers::kv_bytes_per_token_per_layer(m, opts.cache_type_k, opts.cache_type_v);
+    let state_per_layer = m
+        .deltanet
+        .as_ref()
+        .map_or(0, buffers::recurrent_state_bytes_per_layer);
+    let layer_weights = m.layer_bytes();
+    let mut layers: Vec<LayerPlan> = layer_weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| {
+            let recurrent = m.recurrent.get(i).copied().unwrap_or(false);
+            LayerPlan {
+                index: i,
+                kind: if recurrent {
+                    LayerKind::Recurrent
+                } else {
+                    LayerKind::Attention
+                },
+                weight_bytes: w,
+                cache_bytes: if recurrent {
+                    state_per_layer * n_parallel as u64
+                } else {
+                    kv_per_layer_token * n_ctx as u64
+                },
+                device: Device::Host,
+            }
+        })
+        .collect();
+    if opts.use_mtp && m.n_mtp_layer > 0 {
+        // An MTP block is one full-attention layer with its own KV cache.
+        layers.push(LayerPlan {
+            index: m.n_layer,
+            kind: LayerKind::Mtp,
+            weight_bytes: m.mtp_bytes(),
+            cache_bytes: kv_per_layer_token * n_ctx as u64 * m.n_mtp_layer as u64,
+            device: Device::Host,
+        });
+    }
+    let compute = buffers::compute_bytes(m, opts.n_ubatch.max(1));
+    let ledger = Ledger {
+        layer_weights: layer_weights.iter().sum(),
+        output_head: m.group_bytes(TensorGroup::Head),
+        token_embedding: m.group_bytes(TensorGroup::TokenEmbedding),
+        mtp_weights: m.mtp_bytes(),
+        kv_cache: kv_per_layer_token * n_ctx as u64 * m.n_attention_layers() as u64,
+        recurrent_state: state_per_layer * m.n_recurrent_layers() as u64 * n_parallel as u64,
+        compute,
+        runtime_overhead: opts.runtime_overhead_bytes,
+    };
+    let fixed = compute.total() + opts.runtime_overhead_bytes;
+    let layers_need: u64 = layers.iter().map(|l| l.weight_bytes + l.cache_bytes).sum();
+    let gpu_bytes_full = fixed + ledger.output_head + layers_need;
+
+    // Place: head first, then layers in order, until the budget (or the forced count) runs out.
+    let mut head_device = Device::Host;
+    let mut layers_on_gpu = 0;
+    let mut gpu_used = 0u64;
+    if let Some(g) = gpu {
+        let limit = opts.n_gpu_layers.unwrap_or(usize::MAX);
+        let budget = g.usable_bytes;
+        if fixed <= budget {
+            gpu_used = fixed;
+            let fits = |used: u64, need: u64| opts.n_gpu_layers.is_some() || used + need <= budget;
+            if limit > 0 && fits(gpu_used, ledger.output_head) {
+                head_device = Device::Gpu;
+                gpu_used += ledger.output_head;
+                layers_on_gpu = 1;
+                for l in layers.iter_mut() {
+                    let need = l.weight_bytes + l.cache_bytes;
+                    if layers_on_gpu >= limit || !fits(gpu_used, need) {
+                        break;
+                    }
+                    l.device = Device::Gpu;
+                    gpu_used += need;
+                    layers_on_gpu += 1;
+                }
+            }
+        }
+        if head_device == Device::Host {
+            gpu_used = 0;
+        }
+    }
+
+    // Bytes read per token at depth 0: weights (not the embedding table) + one sequence's state.
+    let state_read = |l: &LayerPlan| match l.kind {
+        LayerKind::Recurrent => state_per_layer,
+        _ => 0,
+    };
+    let mut gpu_read = 0u64;
+    let mut host_read = 0u64;
+    for l in &layers {
+        let b = l.weight_bytes + state_read(l);
+        match l.device {
+            Device::Gpu => gpu_read += b,
+            Device::Host => host_read += b,
+        }
+    }
+    match head_device {
+        Device::Gpu => gpu_read += ledger.output_head,
+        Device::Host => host_read += ledger.output_head,
+    }
+    let bytes_per_token = gpu_read + host_read;
+    let n_ctx_per_slot = n_ctx / n_parallel;
+    let kv_read_full = kv_per_layer_token
+        * n_ctx_per_slot as u64
+        * layers
+            .iter()
+            .filter(|l| l.kind != LayerKind::Recurrent)
+            .count() as u64;
+    let device_gbs = gpu.map_or(opts.host_bandwidth_gbs, |g| g.bandwidth_gbs);
+    let ceiling_tok_s = tok_per_s(bytes_per_token, device_gbs, 0, 1.0);
+    let expected_tok_s = match gpu {
+        Some(g) => tok_per_s(
+            gpu_read,
+            g.bandwidth_gbs,
+            host_read,
+            opts.host_bandwidth_gbs,
+        ),
+        None => ceiling_tok_s,
+    };
+    let host_layers: u64 = layers
+        .iter()
+        .filter(|l| l.device == Device::Host)
+        .map(|l| l.weight_bytes + l.cache_bytes)
+        .sum();
+    let host_head = if head_device == Device::Host {
+        ledger.output_head
+    } else {
+        0
+    };
+    let host_fixed = if gpu.is_none() { compute.total() } else { 0 };
+    let usable = gpu.map_or(0, |g| g.usable_bytes);
+    Plan {
+        model: m.name.clone(),
+        arch: m.arch.clone(),
+        file_type: m.file_type.clone(),
+        n_params: m.n_params(),
+        n_layer: m.n_layer,
+        n_attention_layers: m.n_attention_layers(),
+        n_recurrent_layers: m.n_recurrent_layers(),
+        n_mtp_layers: m.n_mtp_layer,
+        n_ctx_train: m.n_ctx_train,
+        gpu: gpu.cloned(),
+        host_bandwidth_gbs: opts.host_bandwidth_gbs,
+        n_ctx,
+        n_ctx_per_slot,
+        n_parallel,
+        cache_type_k: opts.cache_type_k.to_string(),
+        cache_type_v: opts.cache_type_v.to_string(),
+        n_ubatch: opts.n_ubatch.max(1),
+        kv_bytes_per_token: kv_per_layer_token * m.n_attention_layers() as u64,
+        state_bytes_per_seq: state_per_layer * m.n_recurrent_layers() as u64,
+        ledger: ledger.clone(),
+        layers,
+        output_head_device: head_device,
+        gpu_bytes_full,
+        gpu_bytes_placed: gpu_used,
+        host_bytes_placed: ledger.token_embedding + host_layers + host_head + host_fixed,
+        fits: gpu.is_some() && gpu_bytes_full <= usable,
+        short_by_bytes: if gpu.is_some() {
+            gpu_bytes_full.saturating_sub(usable)
+        } else {
+            0
+        },
+        layers_on_gpu,
+        layers_total: m.n_layer + 1 + usize::from(opts.use_mtp && m.n_mtp_layer > 0),
+        bytes_per_token,
+        bytes_per_token_full_ctx: bytes_per_token + kv_read_full,
+        ceiling_tok_s,
+        gpu_bytes_per_token: gpu_read,
+        host_bytes_per_token: host_read,
+        expected_tok_s,
+        suggestions: None,
+    }
+}
