@@ -9,8 +9,8 @@
 //   (18, 22, 34, 110, 210 bytes) are not 16-byte aligned, so each warp stages a group of
 //   blocks (2048 weights) through shared memory with aligned, coalesced 16-byte loads (the
 //   group's byte range rounded out to 16 bytes), then each lane decodes two 32-element units
-//   from there (see quant_formats.cuh `decode2`). The next group's loads are issued before the
-//   current group is decoded.
+//   from there (see quant_formats.cuh `decode2`). Two groups are in flight per warp: the
+//   loads of group g+2 are issued before group g is decoded.
 // - One warp per row, WARPS rows per block; the weights are read once for all n_tokens <= NT
 //   tokens (small-batch decode), so a step costs one pass over W.
 // y: [n_tokens, nrows] f32.
@@ -24,10 +24,6 @@ struct alignas(8) float2v {
 };
 
 #define MV_WARPS 4
-// Largest staged group: 64 blocks of q8_0 = 2176 bytes, + up to 30 bytes of leading and
-// trailing alignment slack -> 138 vectors; 5 loads per lane.
-#define MV_LOADS_PER_LANE 5
-#define MV_GROUP_VECS (32 * MV_LOADS_PER_LANE)
 
 // x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements.
 // grid: (ncols/32 / 8 rounded up, n_tokens), block (32, 8): one warp per 32 elements.
@@ -50,108 +46,156 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     }
 }
 
-static __device__ __forceinline__ void mv_load_group(const uint8_t* W, long long start, int len, int lane,
-                                                     u32x4 r[MV_LOADS_PER_LANE], int& off, int& nvec) {
+// One staged group in registers: this lane's share of the group's 16-byte vectors.
+template <int L>
+struct Staged {
+    u32x4 r[L];
+    int off;   // offset of the group's first byte within its first vector
+    int nvec;  // vectors in the group
+};
+
+// Weight loads. The weights stream through once; x (read by every row) must stay in L1.
+// load_mode 0: plain ld.global; 1: ld.global.cs (evict-first); 2: ld.global.nc with
+// L1::no_allocate (the weights bypass L1 entirely).
+static __device__ __forceinline__ u32x4 ld_weights(const u32x4* p, int load_mode) {
+    u32x4 v;
+    if (load_mode == 2) {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else if (load_mode == 1) {
+        asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else {
+        v = *p;
+    }
+    return v;
+}
+
+template <int L>
+static __device__ __forceinline__ void mv_load_group(const uint8_t* W, long long start, int len, int lane, Staged<L>& s,
+                                                     int load_mode) {
     const long long a0 = start & ~15ll;
-    off = (int)(start - a0);
-    nvec = (off + len + 15) >> 4;
+    s.off = (int)(start - a0);
+    s.nvec = (s.off + len + 15) >> 4;
     const u32x4* src = (const u32x4*)(W + a0);
 #pragma unroll
-    for (int k = 0; k < MV_LOADS_PER_LANE; k++) {
+    for (int k = 0; k < L; k++) {
         const int i = lane + 32 * k;
-        if (i < nvec) r[k] = src[i];
+        if (i < s.nvec) s.r[k] = ld_weights(src + i, load_mode);
+    }
+}
+
+template <int L>
+static __device__ __forceinline__ void mv_store_group(const Staged<L>& s, u32x4* sbuf, int lane) {
+#pragma unroll
+    for (int k = 0; k < L; k++) {
+        const int i = lane + 32 * k;
+        if (i < s.nvec) sbuf[i] = s.r[k];
+    }
+}
+
+// Decodes this lane's task of the staged group (first block g0 of the row, nb blocks) and
+// accumulates its dot products for every token.
+template <typename F, int NT>
+static __device__ __forceinline__ void mv_compute_group(const uint8_t* sbytes, int off, int g0, int nb, int blk, int task,
+                                                        const int8_t* __restrict__ xq, const float* __restrict__ xds,
+                                                        int ncols, int n_tokens, float acc[NT]) {
+    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
+    if (blk >= nb) return;
+    const int n_units_x = ncols / 32;
+    Task tk;
+    Decode2<F>::run(sbytes + off + blk * F::BLOCK_BYTES, task, tk);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        // the second block of a 32-wide task may lie past the row's end
+        if (BLOCKS_PER_TASK == 1 || blk + j < nb) {
+            const int xunit = (g0 + blk) * F::UNITS + tk.unit[j];  // unit index in the row
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < n_tokens) {
+                    const u32x4* xp = (const u32x4*)(xq + (long long)t * ncols + 32 * xunit);
+                    const u32x4 xa = xp[0], xb = xp[1];
+                    const int xv[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                                       (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+                    int sumi0 = 0, sumi1 = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], xv[i], sumi0);
+#pragma unroll
+                    for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], xv[i], sumi1);
+                    const float2v ds = ((const float2v*)xds)[(long long)t * n_units_x + xunit];
+                    float r_t;
+                    if constexpr (F::SPLIT) {
+                        r_t = ds.x * (tk.s0[j] * (float)sumi0 + tk.s1[j] * (float)sumi1);
+                    } else {
+                        r_t = ds.x * tk.s0[j] * (float)(sumi0 + sumi1);
+                    }
+                    if constexpr (F::HAS_MIN) r_t += tk.m0[j] * ds.y;
+                    if constexpr (F::HALF_MIN) {
+                        int sx0 = 0, sx1 = 0;
+#pragma unroll
+                        for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, xv[i], sx0);
+#pragma unroll
+                        for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, xv[i], sx1);
+                        r_t += ds.x * (tk.m0[j] * (float)sx0 + tk.m1[j] * (float)sx1);
+                    }
+                    acc[t] += r_t;
+                }
+            }
+        }
     }
 }
 
 template <typename F, int NT>
 static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                 const float* __restrict__ xds, float* __restrict__ y, int nrows,
-                                                int ncols, long long row_bytes, int n_tokens) {
-    __shared__ u32x4 stage[MV_WARPS][MV_GROUP_VECS];
+                                                int ncols, long long row_bytes, int n_tokens, int load_mode) {
+    // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
+    // 256-wide super-block. A staged group is 32 tasks (2048 weights), one per lane.
+    constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
+    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
+    constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
+    constexpr int BLOCK_ELEMS = 32 * F::UNITS;
+    // 16-byte vectors per lane to cover a group plus up to 30 bytes of alignment slack
+    constexpr int L = ((G * F::BLOCK_BYTES + 30 + 15) / 16 + 31) / 32;
+    // Two groups in flight per warp (A and B alternate): loads of group g+2 are issued before
+    // group g is decoded, so ~2 groups of bytes per warp are always outstanding.
+    __shared__ u32x4 stage[MV_WARPS][32 * L];
     const int lane = threadIdx.x;
     const int row = blockIdx.x * MV_WARPS + threadIdx.y;
     if (row >= nrows) return;  // whole warp leaves together: only __syncwarp below
     u32x4* sbuf = stage[threadIdx.y];
     const uint8_t* sbytes = (const uint8_t*)sbuf;
-
-    // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
-    // 256-wide super-block. A staged group is 32 tasks, one per lane.
-    constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
-    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
-    constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
-    constexpr int BLOCK_ELEMS = 32 * F::UNITS;
     const int nblocks = ncols / BLOCK_ELEMS;
+    const int ngroups = (nblocks + G - 1) / G;
     const long long row_start = row * row_bytes;
-    const int n_units_x = ncols / 32;
     const int blk = (lane / TASKS_PER_BLOCK) * BLOCKS_PER_TASK;  // this lane's block in the group
     const int task = lane % TASKS_PER_BLOCK;
+    auto group_start = [&](int g) { return row_start + (long long)g * G * F::BLOCK_BYTES; };
+    auto group_len = [&](int g) { return min(G, nblocks - g * G) * F::BLOCK_BYTES; };
 
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 
-    u32x4 r[MV_LOADS_PER_LANE];
-    int off, nvec;
-    mv_load_group(W, row_start, min(G, nblocks) * F::BLOCK_BYTES, lane, r, off, nvec);
-
-    for (int g0 = 0; g0 < nblocks; g0 += G) {
-        const int nb = min(G, nblocks - g0);
-#pragma unroll
-        for (int k = 0; k < MV_LOADS_PER_LANE; k++) {
-            const int i = lane + 32 * k;
-            if (i < nvec) sbuf[i] = r[k];
-        }
+    Staged<L> a, b;
+    mv_load_group(W, group_start(0), group_len(0), lane, a, load_mode);
+    if (ngroups > 1) mv_load_group(W, group_start(1), group_len(1), lane, b, load_mode);
+    for (int g = 0; g < ngroups; g += 2) {
+        mv_store_group(a, sbuf, lane);
         __syncwarp();
-        const int cur_off = off;
-        const int g1 = g0 + G;
-        if (g1 < nblocks) {
-            mv_load_group(W, row_start + (long long)g1 * F::BLOCK_BYTES, min(G, nblocks - g1) * F::BLOCK_BYTES, lane, r,
-                          off, nvec);
-        }
-        if (blk < nb) {
-            Task tk;
-            Decode2<F>::run(sbytes + cur_off + blk * F::BLOCK_BYTES, task, tk);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                // the second block of a 32-wide task may lie past the row's end
-                if (BLOCKS_PER_TASK == 1 || blk + j < nb) {
-                    const int xunit = (g0 + blk) * F::UNITS + tk.unit[j];  // unit index in the row
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t < n_tokens) {
-                            const u32x4* xp = (const u32x4*)(xq + (long long)t * ncols + 32 * xunit);
-                            const u32x4 xa = xp[0], xb = xp[1];
-                            const int xv[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
-                                               (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
-                            int sumi0 = 0, sumi1 = 0;
-#pragma unroll
-                            for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], xv[i], sumi0);
-#pragma unroll
-                            for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], xv[i], sumi1);
-                            const long long xu = (long long)t * n_units_x + xunit;
-                            const float2v ds = ((const float2v*)xds)[xu];
-                            float r_t;
-                            if constexpr (F::SPLIT) {
-                                r_t = ds.x * (tk.s0[j] * (float)sumi0 + tk.s1[j] * (float)sumi1);
-                            } else {
-                                r_t = ds.x * tk.s0[j] * (float)(sumi0 + sumi1);
-                            }
-                            if constexpr (F::HAS_MIN) r_t += tk.m0[j] * ds.y;
-                            if constexpr (F::HALF_MIN) {
-                                int sx0 = 0, sx1 = 0;
-#pragma unroll
-                                for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, xv[i], sx0);
-#pragma unroll
-                                for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, xv[i], sx1);
-                                r_t += ds.x * (tk.m0[j] * (float)sx0 + tk.m1[j] * (float)sx1);
-                            }
-                            acc[t] += r_t;
-                        }
-                    }
-                }
-            }
-        }
+        int off = a.off;
+        if (g + 2 < ngroups) mv_load_group(W, group_start(g + 2), group_len(g + 2), lane, a, load_mode);
+        mv_compute_group<F, NT>(sbytes, off, g * G, min(G, nblocks - g * G), blk, task, xq, xds, ncols, n_tokens, acc);
         __syncwarp();
+        if (g + 1 < ngroups) {
+            mv_store_group(b, sbuf, lane);
+            __syncwarp();
+            off = b.off;
+            if (g + 3 < ngroups) mv_load_group(W, group_start(g + 3), group_len(g + 3), lane, b, load_mode);
+            mv_compute_group<F, NT>(sbytes, off, (g + 1) * G, min(G, nblocks - (g + 1) * G), blk, task, xq, xds, ncols,
+                                    n_tokens, acc);
+            __syncwarp();
+        }
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -165,8 +209,8 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
         mv_##name##_n##NT(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,               \
                           const float* __restrict__ xds, float* __restrict__ y, int nrows, int ncols,  \
-                          long long row_bytes, int n_tokens) {                                         \
-        mv_quant<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens);                            \
+                          long long row_bytes, int n_tokens, int load_mode) {                          \
+        mv_quant<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, load_mode);                 \
     }
 #define MV_FORMAT(name, F) MV_KERNEL(name, F, 1) MV_KERNEL(name, F, 2) MV_KERNEL(name, F, 4) MV_KERNEL(name, F, 8)
 

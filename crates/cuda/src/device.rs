@@ -13,7 +13,11 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, Once};
+
+/// Weights bypass L1 so the activations x stay cached there.
+pub const DEFAULT_MATVEC_LOAD_MODE: i32 = 2;
 
 /// What the driver reports about one GPU.
 #[derive(Clone, Debug)]
@@ -124,6 +128,9 @@ pub struct CudaDevice {
     cache: KernelCache,
     modules: Mutex<HashMap<Program, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// How block-format matvec kernels load weights (see kernels/matvec_quant.cu
+    /// `ld_weights`): 0 plain, 1 evict-first, 2 bypass L1. A tuning knob for benchmarks.
+    matvec_load_mode: AtomicI32,
 }
 
 impl CudaDevice {
@@ -152,7 +159,18 @@ impl CudaDevice {
             cache,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            matvec_load_mode: AtomicI32::new(DEFAULT_MATVEC_LOAD_MODE),
         })
+    }
+
+    /// Sets how block-format matvecs load weights: 0 plain, 1 evict-first, 2 bypass L1.
+    pub fn set_matvec_load_mode(&self, mode: i32) {
+        self.matvec_load_mode
+            .store(mode.clamp(0, 2), Ordering::Relaxed);
+    }
+
+    pub fn matvec_load_mode(&self) -> i32 {
+        self.matvec_load_mode.load(Ordering::Relaxed)
     }
 
     pub fn info(&self) -> &DeviceInfo {

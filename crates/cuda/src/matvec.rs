@@ -225,6 +225,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
+        let load_mode = self.matvec_load_mode();
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
@@ -238,9 +239,13 @@ impl CudaDevice {
             let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
             let mut b = self.stream().launch_builder(&f);
             b.arg(&w.data).arg(&xqs).arg(&xds).arg(&mut ys);
-            b.arg(&rows_i).arg(&cols_i).arg(&row_bytes).arg(&n_i);
+            b.arg(&rows_i)
+                .arg(&cols_i)
+                .arg(&row_bytes)
+                .arg(&n_i)
+                .arg(&load_mode);
             // SAFETY: argument list matches mv_<fmt>_n<NT>(W, xq, xds, y, nrows, ncols,
-            // row_bytes, n_tokens); n <= NT tokens; buffer sizes were checked above.
+            // row_bytes, n_tokens, load_mode); n <= NT tokens; buffer sizes were checked above.
             unsafe { b.launch(cfg) }?;
             t0 += n;
         }

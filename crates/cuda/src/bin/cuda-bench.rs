@@ -27,6 +27,7 @@ fn run() -> Result<(), String> {
     let mut opts = CudaOptions::default();
     let mut bw_gib = 8usize;
     let mut iters = 30usize;
+    let mut load_modes: Vec<i32> = vec![cuda::device::DEFAULT_MATVEC_LOAD_MODE];
     let mut types: Vec<GgmlType> = {
         use GgmlType::*;
         vec![
@@ -39,6 +40,13 @@ fn run() -> Result<(), String> {
         match a.as_str() {
             "--nvrtc" => opts.nvrtc_path = Some(PathBuf::from(val()?)),
             "--bw-gib" => bw_gib = val()?.parse().map_err(|e| format!("--bw-gib: {e}"))?,
+            // compare weight-load cache policies of the block-format kernels, e.g. 0,1,2
+            "--load-modes" => {
+                load_modes = val()?
+                    .split(',')
+                    .map(|m| m.parse::<i32>().map_err(|e| format!("--load-modes: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--iters" => iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--types" => {
                 types = val()?
@@ -74,11 +82,20 @@ fn run() -> Result<(), String> {
     println!("read bandwidth: {bw:.0} GB/s ({bw_gib} GiB read-only reduction, median of 10)");
 
     println!(
-        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>8}",
-        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw", "quant us"
+        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>8} {:>4}",
+        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw", "quant us", "load"
     );
     let stream = dev.stream();
-    for ty in types {
+    let mut runs: Vec<(GgmlType, i32)> = Vec::new();
+    for &ty in &types {
+        if cuda::matvec::quantizes_activations(ty) && load_modes.len() > 1 {
+            runs.extend(load_modes.iter().map(|&m| (ty, m)));
+        } else {
+            runs.push((ty, cuda::device::DEFAULT_MATVEC_LOAD_MODE));
+        }
+    }
+    for (ty, load_mode) in runs {
+        dev.set_matvec_load_mode(load_mode);
         for (rows, cols) in [(27648usize, 5120usize), (5120, 27648)] {
             let bytes = random_matrix(ty, rows, cols, 7);
             let mb = bytes.len() as f64 / 1e6;
@@ -136,7 +153,7 @@ fn run() -> Result<(), String> {
                 };
                 let gbs = mb * 1e3 / us;
                 println!(
-                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}% {:>8.1}",
+                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}% {:>8.1} {:>4}",
                     ty.name(),
                     format!("{rows}x{cols}"),
                     n,
@@ -144,7 +161,8 @@ fn run() -> Result<(), String> {
                     us,
                     gbs,
                     100.0 * gbs / bw,
-                    q_us
+                    q_us,
+                    load_mode
                 );
             }
         }
