@@ -114,21 +114,20 @@ macro_rules! k_quant_kernels {
             let m4 = _mm512_set1_epi8(0x0f);
             let idx = [pair_index(0), pair_index(2), pair_index(4), pair_index(6)];
             let mut acc = _mm512_setzero_ps();
-            let mut acc_m = _mm_setzero_ps();
+            let mut acc_m = _mm256_setzero_ps();
+            let min_pairs =
+                _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
             for (xb, yb) in x.iter().zip(y) {
                 let dy = f32::from_le_bytes(yb.d);
                 let sm = k4_scales_mins(&xb.scales);
                 let smv = ld128(&sm, 0);
-                // Mins: dmin * sum_j m_j * (bsum_2j + bsum_2j+1), as in the AVX2 kernel.
-                let bs = ld256(&yb.bsums, 0);
-                let sums = _mm_hadd_epi16(
-                    _mm256_castsi256_si128(bs),
-                    _mm256_extracti128_si256::<1>(bs),
-                );
-                let prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128::<8>(smv)), sums);
-                acc_m = _mm_fmadd_ps(
-                    _mm_set1_ps(-dy * f16c(xb.dmin)),
-                    _mm_cvtepi32_ps(prod),
+                // Mins: dmin * sum_j m_j * (bsum_2j + bsum_2j+1): each min byte doubled
+                // to sit over its two 16-sums, then one vpmaddwd against all 16 bsums.
+                let mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(smv, min_pairs));
+                let prod = _mm256_madd_epi16(mins2, ld256(&yb.bsums, 0));
+                acc_m = _mm256_fmadd_ps(
+                    _mm256_set1_ps(-dy * f16c(xb.dmin)),
+                    _mm256_cvtepi32_ps(prod),
                     acc_m,
                 );
                 // scales: 8 × i16 in lanes 0..8.
@@ -145,9 +144,7 @@ macro_rules! k_quant_kernels {
                 let d = dy * f16c(xb.d);
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
             }
-            let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            hsum512(acc) + _mm_cvtss_f32(m)
+            hsum512(acc) + hsum_ps(acc_m)
         }
 
         #[target_feature(enable = $features)]
