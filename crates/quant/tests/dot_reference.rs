@@ -72,3 +72,37 @@ fn wrong_lengths_panic_on_every_path() {
         assert_eq!(vec_dot_with(isa, GgmlType::Q4K, &w, &act, 512), 0.0);
     }
 }
+
+/// The Q8_0 activation quantizers (scalar and fast) against gguf-py's Q8_0 quantizer, bit
+/// for bit, on the formats engineer's vector file (layout: see gguf_py_vectors.rs):
+/// "RLQQ", version, type id, n_elements, n_bytes, then f32 inputs, then quantized bytes.
+#[test]
+fn q8_0_activations_match_gguf_py() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/quant/quant_q8_0.bin"
+    );
+    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let u32_at = |off: usize| u32::from_le_bytes(raw[off..off + 4].try_into().unwrap());
+    assert_eq!(&raw[..4], b"RLQQ");
+    assert_eq!(u32_at(8), GgmlType::Q8_0 as u32);
+    let (n, n_bytes) = (u32_at(12) as usize, u32_at(16) as usize);
+    let body = &raw[20..];
+    assert_eq!(body.len(), 4 * n + n_bytes);
+    let x: Vec<f32> = body[..4 * n]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want = &body[4 * n..];
+    let mut got = vec![
+        quant::blocks::BlockQ8_0 {
+            d: [0; 2],
+            qs: [0; 32]
+        };
+        n / 32
+    ];
+    quant::activation::quantize_row_q8_0(&x, &mut got);
+    assert_eq!(bytemuck::cast_slice::<_, u8>(&got), want, "scalar");
+    quant::activation::quantize_row_q8_0_fast(&x, &mut got);
+    assert_eq!(bytemuck::cast_slice::<_, u8>(&got), want, "fast");
+}
