@@ -34,7 +34,11 @@ pub(super) fn q4_k<const T: usize>(x: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32
         let smv = ld128(&sm, 0);
         // scales as i16 in both 128-bit lanes; mins as i16.
         let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv));
-        let mins16 = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(smv));
+        // Each min doubled to sit over its two 16-sums (bsums) for one vpmaddwd per token.
+        let mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+            smv,
+            _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15),
+        ));
         let mut sumi = [_mm256_setzero_si256(); T];
         for j in 0..4 {
             let q4 = ld256(&xb.qs, 32 * j);
@@ -55,13 +59,8 @@ pub(super) fn q4_k<const T: usize>(x: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32
             let yb = &ys[t][b];
             let dy = f32::from_le_bytes(yb.d);
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dy), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            // Mins: -dmin * sum_j m_j * (bsum_2j + bsum_2j+1), in the low 4 lanes.
-            let bs = ld256(&yb.bsums, 0);
-            let sums = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256::<1>(bs),
-            );
-            let prod = _mm256_zextps128_ps256(_mm_cvtepi32_ps(_mm_madd_epi16(mins16, sums)));
+            // Mins: -dmin * sum_j m_j * (bsum_2j + bsum_2j+1).
+            let prod = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins2, ld256(&yb.bsums, 0)));
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * dy), prod, acc[t]);
         }
     }

@@ -58,7 +58,11 @@ fn q4_k<const T: usize>(x: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
         let sm = k4_scales_mins(&xb.scales);
         let smv = ld128(&sm, 0);
         let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
-        let mins16 = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(smv));
+        // Each min doubled to sit over its two 16-sums (bsums) for one vpmaddwd per token.
+        let mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+            smv,
+            _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15),
+        ));
         // Unpacked once: 64 weights (sub-blocks 2c, 2c+1) and their scales per c.
         let q: [__m512i; 4] = std::array::from_fn(|c| {
             let raw = ld256(&xb.qs, 32 * c);
@@ -76,13 +80,9 @@ fn q4_k<const T: usize>(x: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
             }
             let dy = f32::from_le_bytes(yb.d);
             acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dy), _mm512_cvtepi32_ps(s), acc[t]);
-            // Mins: -dmin * sum_j m_j * (bsum_2j + bsum_2j+1), in the low 4 lanes.
-            let bs = ld256(&yb.bsums, 0);
-            let sums = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256::<1>(bs),
-            );
-            let prod = _mm512_zextps128_ps512(_mm_cvtepi32_ps(_mm_madd_epi16(mins16, sums)));
+            // Mins: -dmin * sum_j m_j * (bsum_2j + bsum_2j+1), in the low 8 lanes.
+            let prod = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins2, ld256(&yb.bsums, 0)));
+            let prod = _mm512_zextps256_ps512(prod);
             acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-dmin * dy), prod, acc[t]);
         }
     }
