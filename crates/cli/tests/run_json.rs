@@ -62,3 +62,12 @@ fn stop_string_ends_the_text() {
     assert_eq!(got["text"], ", there was a little girl named ");
     assert_eq!(got["finish_reason"], "stop");
 }
+
+#[test]
+fn logit_bias_bans_a_token() {
+    // Banning the first greedy token (432, ",") changes the continuation.
+    let got = run_json(&["--temp", "0", "-n", "8", "-l", "432-inf"]);
+    let first = got["tokens"][0].as_u64().unwrap();
+    assert_ne!(first, 432);
+    assert!(!got["tokens"].as_array().unwrap().iter().any(|t| t == 432));
+}

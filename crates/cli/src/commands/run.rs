@@ -82,9 +82,25 @@ pub struct SamplingArgs {
     pub presence_penalty: f32,
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
     pub frequency_penalty: f32,
-    /// RNG seed (default: random; the seed used is printed with --verbose / in --json).
+    /// RNG seed (default: random; the seed used is reported in --json).
     #[arg(long = "seed")]
     pub seed: Option<u64>,
+    /// Bias a token's logit, llama.cpp style: `ID+BIAS`, `ID-BIAS`, `ID-inf` bans it
+    /// (repeatable).
+    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// Parses `ID+BIAS` / `ID-BIAS` (`inf` allowed), as llama.cpp's `--logit-bias`.
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || format!("expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, got {s:?}");
+    let split = s.find(['+', '-']).ok_or_else(bad)?;
+    let id: u32 = s[..split].trim().parse().map_err(|_| bad())?;
+    let bias: f32 = s[split..].trim().parse().map_err(|_| bad())?;
+    if bias.is_nan() {
+        return Err(bad());
+    }
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
@@ -98,7 +114,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: usize::try_from(self.repeat_last_n).ok(),
-            logit_bias: Vec::new(),
+            logit_bias: self.logit_bias.clone(),
             seed: self.seed.unwrap_or_else(rand::random),
         }
     }
@@ -361,5 +377,20 @@ fn chat(
             .min(g.tokens.len());
         in_state.extend_from_slice(&g.tokens[..evaluated]);
         messages.push(serde_json::json!({"role": "assistant", "content": g.text}));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logit_bias_syntax() {
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("7-0.5"), Ok((7, -0.5)));
+        assert_eq!(parse_logit_bias("2-inf"), Ok((2, f32::NEG_INFINITY)));
+        assert!(parse_logit_bias("abc+1").is_err());
+        assert!(parse_logit_bias("12").is_err());
+        assert!(parse_logit_bias("12+x").is_err());
     }
 }
