@@ -88,7 +88,9 @@ impl ByteLevelBpe {
 
     /// Byte ranges of the pre-tokenized words of `text`: each regex pass splits every
     /// piece of the previous pass into its matches and the text between them (the
-    /// `Split(pattern, "isolated")` pre-tokenizer of tokenizer.json).
+    /// `Split(pattern, "isolated")` pre-tokenizer of tokenizer.json). Should fancy-regex
+    /// give up (its backtrack limit), the rest of that piece stays one word: coarser
+    /// tokens, never lost text.
     fn words(&self, text: &str) -> Vec<(usize, usize)> {
         let mut pieces = vec![(0, text.len())];
         for re in &self.passes {
