@@ -104,9 +104,10 @@ fn each_block<B: Pod>(
 /// Q4_0: x = d * (q - 8); low nibbles are elements 0..16, high nibbles 16..32. y: [32].
 pub fn dequantize_block_q4_0(b: &BlockQ4_0, y: &mut [f32]) {
     let d = f16_le(b.d);
-    for (j, &q) in b.qs.iter().enumerate() {
-        y[j] = d * ((q & 0x0F) as i32 - 8) as f32;
-        y[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+    let (lo, hi) = y.split_at_mut(16);
+    for ((y0, y1), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(b.qs.iter()) {
+        *y0 = d * ((q & 0x0F) as i32 - 8) as f32;
+        *y1 = d * ((q >> 4) as i32 - 8) as f32;
     }
 }
 
@@ -114,9 +115,10 @@ pub fn dequantize_block_q4_0(b: &BlockQ4_0, y: &mut [f32]) {
 pub fn dequantize_block_q4_1(b: &BlockQ4_1, y: &mut [f32]) {
     let d = f16_le(b.d);
     let m = f16_le(b.m);
-    for (j, &q) in b.qs.iter().enumerate() {
-        y[j] = d * (q & 0x0F) as f32 + m;
-        y[j + 16] = d * (q >> 4) as f32 + m;
+    let (lo, hi) = y.split_at_mut(16);
+    for ((y0, y1), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(b.qs.iter()) {
+        *y0 = d * (q & 0x0F) as f32 + m;
+        *y1 = d * (q >> 4) as f32 + m;
     }
 }
 
@@ -124,11 +126,17 @@ pub fn dequantize_block_q4_1(b: &BlockQ4_1, y: &mut [f32]) {
 pub fn dequantize_block_q5_0(b: &BlockQ5_0, y: &mut [f32]) {
     let d = f16_le(b.d);
     let qh = u32::from_le_bytes(b.qh);
-    for (j, &q) in b.qs.iter().enumerate() {
+    let (lo, hi) = y.split_at_mut(16);
+    for (j, ((y0, y1), &q)) in lo
+        .iter_mut()
+        .zip(hi.iter_mut())
+        .zip(b.qs.iter())
+        .enumerate()
+    {
         let h0 = ((qh >> j) & 1) << 4;
         let h1 = ((qh >> (j + 16)) & 1) << 4;
-        y[j] = d * (((q & 0x0F) as u32 | h0) as i32 - 16) as f32;
-        y[j + 16] = d * (((q >> 4) as u32 | h1) as i32 - 16) as f32;
+        *y0 = d * (((q & 0x0F) as u32 | h0) as i32 - 16) as f32;
+        *y1 = d * (((q >> 4) as u32 | h1) as i32 - 16) as f32;
     }
 }
 
@@ -137,11 +145,17 @@ pub fn dequantize_block_q5_1(b: &BlockQ5_1, y: &mut [f32]) {
     let d = f16_le(b.d);
     let m = f16_le(b.m);
     let qh = u32::from_le_bytes(b.qh);
-    for (j, &q) in b.qs.iter().enumerate() {
+    let (lo, hi) = y.split_at_mut(16);
+    for (j, ((y0, y1), &q)) in lo
+        .iter_mut()
+        .zip(hi.iter_mut())
+        .zip(b.qs.iter())
+        .enumerate()
+    {
         let h0 = ((qh >> j) & 1) << 4;
         let h1 = ((qh >> (j + 16)) & 1) << 4;
-        y[j] = d * ((q & 0x0F) as u32 | h0) as f32 + m;
-        y[j + 16] = d * ((q >> 4) as u32 | h1) as f32 + m;
+        *y0 = d * ((q & 0x0F) as u32 | h0) as f32 + m;
+        *y1 = d * ((q >> 4) as u32 | h1) as f32 + m;
     }
 }
 
@@ -166,12 +180,20 @@ pub fn dequantize_block_q8_1(b: &BlockQ8_1, y: &mut [f32]) {
 pub fn dequantize_block_q2_k(b: &BlockQ2K, y: &mut [f32]) {
     let d = f16_le(b.d);
     let dmin = f16_le(b.dmin);
-    for (j, y) in y.iter_mut().enumerate().take(QK_K) {
-        let sc = b.scales[j / 16];
-        let dl = d * (sc & 0x0F) as f32;
-        let ml = dmin * (sc >> 4) as f32;
-        let q = (b.qs[32 * (j / 128) + j % 32] >> (2 * ((j % 128) / 32))) & 3;
-        *y = dl * q as f32 - ml;
+    // sub-block (h, g, s) = elements 128h + 32g + 16s .. +16, bytes 32h + 16s .. +16, bits 2g
+    for h in 0..2 {
+        for g in 0..4 {
+            for s in 0..2 {
+                let sc = b.scales[8 * h + 2 * g + s];
+                let dl = d * (sc & 0x0F) as f32;
+                let ml = dmin * (sc >> 4) as f32;
+                let qs = &b.qs[32 * h + 16 * s..32 * h + 16 * s + 16];
+                let ys = &mut y[128 * h + 32 * g + 16 * s..128 * h + 32 * g + 16 * s + 16];
+                for (y, &q) in ys.iter_mut().zip(qs) {
+                    *y = dl * ((q >> (2 * g)) & 3) as f32 - ml;
+                }
+            }
+        }
     }
 }
 
@@ -193,12 +215,22 @@ pub fn q3_k_scales(scales: &[u8; 12]) -> [i8; 16] {
 pub fn dequantize_block_q3_k(b: &BlockQ3K, y: &mut [f32]) {
     let d = f16_le(b.d);
     let scales = q3_k_scales(&b.scales);
-    for (j, y) in y.iter_mut().enumerate().take(QK_K) {
-        let dl = d * scales[j / 16] as f32;
-        let lo = ((b.qs[32 * (j / 128) + j % 32] >> (2 * ((j % 128) / 32))) & 3) as i32;
-        let hbit = ((b.hmask[j % 32] >> (j / 32)) & 1) as i32;
-        let q = lo - ((hbit ^ 1) << 2);
-        *y = dl * q as f32;
+    // sub-block (h, g, s) as in Q2_K; the high bit of element 128h + 32g + i is bit 4h + g
+    // of hmask[i]
+    for h in 0..2 {
+        for g in 0..4 {
+            for s in 0..2 {
+                let dl = d * scales[8 * h + 2 * g + s] as f32;
+                let qs = &b.qs[32 * h + 16 * s..32 * h + 16 * s + 16];
+                let hm = &b.hmask[16 * s..16 * s + 16];
+                let ys = &mut y[128 * h + 32 * g + 16 * s..128 * h + 32 * g + 16 * s + 16];
+                for ((y, &q), &m) in ys.iter_mut().zip(qs).zip(hm) {
+                    let lo = ((q >> (2 * g)) & 3) as i32;
+                    let hbit = ((m >> (4 * h + g)) & 1) as i32;
+                    *y = dl * (lo - ((hbit ^ 1) << 2)) as f32;
+                }
+            }
+        }
     }
 }
 
@@ -256,13 +288,21 @@ pub fn dequantize_block_q5_k(b: &BlockQ5K, y: &mut [f32]) {
 /// `qh[32 * h + r % 32]` bits 2 * (r / 32). y: [256].
 pub fn dequantize_block_q6_k(b: &BlockQ6K, y: &mut [f32]) {
     let d = f16_le(b.d);
-    for (j, y) in y.iter_mut().enumerate().take(QK_K) {
-        let (h, r) = (j / 128, j % 128);
-        let lo = (b.ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
-        let hi = (b.qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
-        let q = (lo | (hi << 4)) as i32 - 32;
-        let dl = d * b.scales[j / 16] as f32;
-        *y = dl * q as f32;
+    for h in 0..2 {
+        for g in 0..4 {
+            let ql = &b.ql[64 * h + 32 * (g % 2)..64 * h + 32 * (g % 2) + 32];
+            let qh = &b.qh[32 * h..32 * h + 32];
+            for s in 0..2 {
+                let dl = d * b.scales[8 * h + 2 * g + s] as f32;
+                let ys = &mut y[128 * h + 32 * g + 16 * s..128 * h + 32 * g + 16 * s + 16];
+                let (ql, qh) = (&ql[16 * s..16 * s + 16], &qh[16 * s..16 * s + 16]);
+                for ((y, &l), &hb) in ys.iter_mut().zip(ql).zip(qh) {
+                    let lo = (l >> (4 * (g / 2))) & 0x0F;
+                    let hi = (hb >> (2 * g)) & 0x03;
+                    *y = dl * ((lo | (hi << 4)) as i32 - 32) as f32;
+                }
+            }
+        }
     }
 }
 
@@ -277,9 +317,10 @@ pub fn dequantize_block_q8_k(b: &BlockQ8K, y: &mut [f32]) {
 /// IQ4_NL: x = d * KVALUES_IQ4NL[q]; nibble layout as Q4_0. y: [32].
 pub fn dequantize_block_iq4_nl(b: &BlockIQ4NL, y: &mut [f32]) {
     let d = f16_le(b.d);
-    for (j, &q) in b.qs.iter().enumerate() {
-        y[j] = d * KVALUES_IQ4NL[(q & 0x0F) as usize] as f32;
-        y[j + 16] = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
+    let (lo, hi) = y.split_at_mut(16);
+    for ((y0, y1), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(b.qs.iter()) {
+        *y0 = d * KVALUES_IQ4NL[(q & 0x0F) as usize] as f32;
+        *y1 = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
     }
 }
 
@@ -297,10 +338,11 @@ pub fn dequantize_block_iq4_xs(b: &BlockIQ4XS, y: &mut [f32]) {
     let d = f16_le(b.d);
     for (ib, ys) in y.chunks_exact_mut(32).enumerate().take(QK_K / 32) {
         let dl = d * iq4_xs_scale(b, ib) as f32;
+        let (lo, hi) = ys.split_at_mut(16);
         let qs = &b.qs[16 * ib..16 * ib + 16];
-        for (j, &q) in qs.iter().enumerate() {
-            ys[j] = dl * KVALUES_IQ4NL[(q & 0x0F) as usize] as f32;
-            ys[j + 16] = dl * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
+        for ((y0, y1), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+            *y0 = dl * KVALUES_IQ4NL[(q & 0x0F) as usize] as f32;
+            *y1 = dl * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
         }
     }
 }
