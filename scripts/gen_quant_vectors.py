@@ -22,6 +22,9 @@ the f16 scale underflows), huge (up to 1e7, where the f16 scale overflows to inf
 constant, and exact ties (x * id + 0.5 exactly an integer, |max| ties between signs). -0.0 is
 avoided (numpy's min/max reductions do not specify which zero they return), as are inputs
 so small that 1/d overflows (numpy's float->uint8 cast of inf is platform-defined).
+F16 / BF16 inputs probe rounding: exact halfway points (ties to even), subnormals, overflow
+to inf; BF16 also gets +-inf and NaN payloads (gguf-py forces NaN quiet), F16 no NaN
+(numpy and ggml treat NaN payloads differently).
 """
 
 import importlib.metadata
@@ -206,8 +209,9 @@ def main():
     print(f"gguf {importlib.metadata.version('gguf')} numpy {np.__version__}", file=sys.stderr)
     gen_dequant()
     gen_quant()
-    total = sum(p.stat().st_size for p in OUT.glob("*.bin"))
-    print(f"wrote {len(list(OUT.glob('*.bin')))} files, {total} bytes to {OUT}", file=sys.stderr)
+    files = list(OUT.glob("dequant_*.bin")) + list(OUT.glob("quant_*.bin"))
+    total = sum(p.stat().st_size for p in files)
+    print(f"wrote {len(files)} files, {total} bytes to {OUT}", file=sys.stderr)
 
 
 if __name__ == "__main__":
