@@ -263,6 +263,30 @@ impl ChatTemplate {
     }
 }
 
+/// OpenAI chat messages as templates expect them: OpenAI sends `tool_calls[].function.arguments`
+/// as a JSON string, while templates written for transformers iterate it as a mapping
+/// (`arguments|items`, `arguments|tojson`). Arguments that parse as a JSON object are
+/// replaced by that object (llama.cpp's server does the same); anything else is kept.
+pub fn openai_messages_for_template(messages: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let mut out = messages.to_vec();
+    for msg in &mut out {
+        let Some(calls) = msg.get_mut("tool_calls").and_then(|c| c.as_array_mut()) else {
+            continue;
+        };
+        for call in calls {
+            let Some(args) = call.pointer_mut("/function/arguments") else {
+                continue;
+            };
+            if let Some(text) = args.as_str() {
+                if let Ok(obj @ serde_json::Value::Object(_)) = serde_json::from_str(text) {
+                    *args = obj;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// transformers' `{% generation %}…{% endgeneration %}` (its AssistantTracker extension)
 /// renders the body unchanged; minijinja does not know the tag, so it becomes
 /// `{% if true %}…{% endif %}`, keeping the whitespace-control markers.
@@ -383,6 +407,35 @@ mod tests {
             render(src, json!([])),
             Err(TemplateError::Render(_))
         ));
+    }
+
+    #[test]
+    fn openai_arguments_become_objects() {
+        let msgs = vec![json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1, \"y\": [true]}"}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+            {"id": "c", "type": "function", "function": {"name": "h", "arguments": "[1]"}}
+        ]})];
+        let out = openai_messages_for_template(&msgs);
+        assert_eq!(
+            out[0]["tool_calls"][0]["function"]["arguments"],
+            json!({"x": 1, "y": [true]})
+        );
+        assert_eq!(
+            out[0]["tool_calls"][1]["function"]["arguments"],
+            json!("not json")
+        );
+        assert_eq!(
+            out[0]["tool_calls"][2]["function"]["arguments"],
+            json!("[1]")
+        );
+        // Key order of the parsed object is kept (Python dicts and tojson keep it too).
+        let order: Vec<&String> = out[0]["tool_calls"][0]["function"]["arguments"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(order, ["x", "y"]);
     }
 
     #[test]
