@@ -63,6 +63,9 @@ pub struct PlanOptions {
     pub use_mtp: bool,
     /// Force this many layers (output head first, then blocks in order) onto the GPU.
     pub n_gpu_layers: Option<usize>,
+    /// Keep the token-embedding table in VRAM too (a backend that looks rows up on the GPU).
+    /// Default false, as llama.cpp: decode reads one row per token, so host memory serves it.
+    pub embeddings_on_gpu: bool,
 }
 
 impl PlanOptions {
@@ -78,6 +81,7 @@ impl PlanOptions {
             host_bandwidth_gbs: DEFAULT_HOST_BANDWIDTH_GBS,
             use_mtp: false,
             n_gpu_layers: None,
+            embeddings_on_gpu: false,
         }
     }
 }
@@ -148,6 +152,8 @@ pub struct Plan {
     pub cache_type_k: String,
     pub cache_type_v: String,
     pub n_ubatch: usize,
+    /// The token-embedding table is counted in VRAM.
+    pub embeddings_on_gpu: bool,
     /// KV bytes per token over all attention layers.
     pub kv_bytes_per_token: u64,
     /// Recurrent state bytes of one sequence.
@@ -258,7 +264,12 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         compute,
         runtime_overhead: opts.runtime_overhead_bytes,
     };
-    let fixed = compute.total() + opts.runtime_overhead_bytes;
+    let embd_on_gpu = if opts.embeddings_on_gpu {
+        ledger.token_embedding
+    } else {
+        0
+    };
+    let fixed = compute.total() + opts.runtime_overhead_bytes + embd_on_gpu;
     let layers_need: u64 = layers.iter().map(|l| l.weight_bytes + l.cache_bytes).sum();
     let gpu_bytes_full = fixed + ledger.output_head + layers_need;
 
@@ -359,6 +370,7 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         cache_type_k: opts.cache_type_k.to_string(),
         cache_type_v: opts.cache_type_v.to_string(),
         n_ubatch: opts.n_ubatch.max(1),
+        embeddings_on_gpu: opts.embeddings_on_gpu && gpu_used > 0,
         kv_bytes_per_token: kv_per_layer_token * m.n_attention_layers() as u64,
         state_bytes_per_seq: state_per_layer * m.n_recurrent_layers() as u64,
         ledger: ledger.clone(),
@@ -366,7 +378,10 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         output_head_device: head_device,
         gpu_bytes_full,
         gpu_bytes_placed: gpu_used,
-        host_bytes_placed: ledger.token_embedding + host_layers + host_head + host_fixed,
+        host_bytes_placed: ledger.token_embedding - embd_on_gpu * u64::from(gpu_used > 0)
+            + host_layers
+            + host_head
+            + host_fixed,
         fits: gpu.is_some() && gpu_bytes_full <= usable,
         short_by_bytes: if gpu.is_some() {
             gpu_bytes_full.saturating_sub(usable)
