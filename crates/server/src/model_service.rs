@@ -12,6 +12,7 @@ use model::{KvType, Model, SeqState};
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::json_constraint::JsonConstraints;
 use crate::service::{InferenceService, ModelInfo};
 use crate::tool_calls::ToolFormat;
 
@@ -100,6 +101,7 @@ pub struct ModelService {
     tokenizer: Arc<Tokenizer>,
     template: ChatTemplate,
     scheduler: Scheduler,
+    json: JsonConstraints,
 }
 
 impl ModelService {
@@ -155,11 +157,14 @@ impl ModelService {
             n_slots: opts.n_slots,
             tool_format,
         };
+        let tokenizer = Arc::new(tokenizer);
+        let json = JsonConstraints::new(tokenizer.clone())?;
         Ok(ModelService {
             info,
-            tokenizer: Arc::new(tokenizer),
+            tokenizer,
             template,
             scheduler,
+            json,
         })
     }
 
@@ -214,12 +219,9 @@ impl InferenceService for ModelService {
 
     fn json_constraint(
         &self,
-        _schema: Option<&Value>,
+        schema: Option<&Value>,
     ) -> Result<Box<dyn TokenConstraint>, ApiError> {
-        Err(ApiError::invalid_param(
-            "response_format",
-            "JSON output is not available in this build",
-        ))
+        self.json.constraint(schema)
     }
 
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, ApiError> {

@@ -128,3 +128,35 @@ async fn second_chat_turn_reuses_the_cached_prefix() {
         "cached {cached} of the first prompt's {prompt1} tokens"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_output_is_valid_json_of_the_schema() {
+    let app = app(2);
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "age"],
+        "additionalProperties": false
+    });
+    for seed in 0..3 {
+        let req = json!({
+            "messages": [{"role": "user", "content": "Who?"}], "max_tokens": 120, "seed": seed, "temperature": 1.0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+        });
+        let (status, body) = post(&app, "/v1/chat/completions", req).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+        let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["name", "age"], "{text}");
+        assert!(v["name"].as_str().unwrap().chars().count() <= 10);
+        assert!((0..=99).contains(&v["age"].as_i64().unwrap()));
+    }
+    let bad = json!({"messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}});
+    assert_eq!(
+        post(&app, "/v1/chat/completions", bad).await.0,
+        StatusCode::BAD_REQUEST
+    );
+}
