@@ -1,5 +1,5 @@
-//! AVX-512 VNNI multi-token kernels for Q4_K and Q6_K (prefill of Q4_K_M models) and for
-//! Q4_0 / Q8_0.
+//! AVX-512 VNNI multi-token kernels for Q4_K, Q5_K and Q6_K (prefill of Q4_K_M / Q5_K_M
+//! models) and for Q4_0 / Q8_0.
 //!
 //! Design: as `avx2_tile.rs`, but with 32 zmm registers a whole unpacked block fits in
 //! registers: 4 × 64 weights as bytes plus their 4 per-lane scale vectors, reused for up
@@ -48,46 +48,66 @@ fn pair_index(a: i16) -> __m512i {
     join(_mm256_set1_epi16(a), _mm256_set1_epi16(a + 1))
 }
 
-/// Q4_K row · `T` Q8_K rows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q4_k<const T: usize>(x: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
-    let m4 = _mm512_set1_epi8(0x0f);
-    let idx = [pair_index(0), pair_index(2), pair_index(4), pair_index(6)];
-    let mut acc = [_mm512_setzero_ps(); T];
-    for (b, xb) in x.iter().enumerate() {
-        let sm = k4_scales_mins(&xb.scales);
-        let smv = ld128(&sm, 0);
-        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
-        // Each min doubled to sit over its two 16-sums (bsums) for one vpmaddwd per token.
-        let mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-            smv,
-            _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15),
-        ));
-        // Unpacked once: 64 weights (sub-blocks 2c, 2c+1) and their scales per c.
-        let q: [__m512i; 4] = std::array::from_fn(|c| {
-            let raw = ld256(&xb.qs, 32 * c);
-            _mm512_and_si512(join(raw, _mm256_srli_epi16::<4>(raw)), m4)
-        });
-        let sc: [__m512i; 4] = std::array::from_fn(|c| _mm512_permutexvar_epi16(idx[c], scales));
-        let d = f16c(xb.d);
-        let dmin = f16c(xb.dmin);
-        for t in 0..T {
-            let yb = &ys[t][b];
-            let mut s = _mm512_setzero_si512();
-            for c in 0..4 {
-                let p = _mm512_maddubs_epi16(q[c], ld512(&yb.qs, 64 * c));
-                s = _mm512_dpwssd_epi32(s, p, sc[c]);
+/// Q4_K / Q5_K row · `T` Q8_K rows: 4-bit quants (plus, for Q5_K, a 5th bit added by
+/// `$high` to the 64 unpacked weights `$q` of chunk `$c` of block `$xb`), 6-bit scales
+/// and mins.
+macro_rules! k4_tile {
+    ($name:ident, $block:ty, |$xb:ident, $c:ident, $q:ident| $high:expr) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        fn $name<const T: usize>(x: &[$block], ys: [&[BlockQ8K]; T]) -> [f32; T] {
+            let m4 = _mm512_set1_epi8(0x0f);
+            let idx = [pair_index(0), pair_index(2), pair_index(4), pair_index(6)];
+            let mut acc = [_mm512_setzero_ps(); T];
+            for (b, xb) in x.iter().enumerate() {
+                let sm = k4_scales_mins(&xb.scales);
+                let smv = ld128(&sm, 0);
+                let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
+                // Each min doubled to sit over its two 16-sums (bsums) for one vpmaddwd per token.
+                let mins2 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                    smv,
+                    _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15),
+                ));
+                // Unpacked once: 64 weights (sub-blocks 2c, 2c+1) and their scales per c.
+                let q: [__m512i; 4] = std::array::from_fn(|c| {
+                    let raw = ld256(&xb.qs, 32 * c);
+                    let $q = _mm512_and_si512(join(raw, _mm256_srli_epi16::<4>(raw)), m4);
+                    let ($xb, $c) = (xb, c);
+                    $high
+                });
+                let sc: [__m512i; 4] =
+                    std::array::from_fn(|c| _mm512_permutexvar_epi16(idx[c], scales));
+                let d = f16c(xb.d);
+                let dmin = f16c(xb.dmin);
+                for t in 0..T {
+                    let yb = &ys[t][b];
+                    let mut s = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        let p = _mm512_maddubs_epi16(q[c], ld512(&yb.qs, 64 * c));
+                        s = _mm512_dpwssd_epi32(s, p, sc[c]);
+                    }
+                    let dy = f32::from_le_bytes(yb.d);
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dy), _mm512_cvtepi32_ps(s), acc[t]);
+                    // Mins: -dmin * sum_j m_j * (bsum_2j + bsum_2j+1), in the low 8 lanes.
+                    let prod = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins2, ld256(&yb.bsums, 0)));
+                    let prod = _mm512_zextps256_ps512(prod);
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-dmin * dy), prod, acc[t]);
+                }
             }
-            let dy = f32::from_le_bytes(yb.d);
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * dy), _mm512_cvtepi32_ps(s), acc[t]);
-            // Mins: -dmin * sum_j m_j * (bsum_2j + bsum_2j+1), in the low 8 lanes.
-            let prod = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins2, ld256(&yb.bsums, 0)));
-            let prod = _mm512_zextps256_ps512(prod);
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(-dmin * dy), prod, acc[t]);
+            acc.map(|v| hsum512(v))
         }
-    }
-    acc.map(|v| hsum512(v))
+    };
 }
+
+k4_tile!(q4_k, BlockQ4K, |_xb, _c, q| q);
+// Q5_K: the 5th bit of sub-block s is bit s of each qh byte (elements 32 s + l).
+k4_tile!(q5_k, BlockQ5K, |xb, c, q| {
+    let qh = ld256(&xb.qh, 0);
+    let count = |s: usize| _mm_cvtsi32_si128(s as i32);
+    let lo = _mm256_srl_epi16(qh, count(2 * c));
+    let hi = _mm256_srl_epi16(qh, count(2 * c + 1));
+    let bits = _mm512_and_si512(join(lo, hi), _mm512_set1_epi8(1));
+    _mm512_or_si512(q, _mm512_slli_epi16::<4>(bits))
+});
 
 /// Q6_K row · `T` Q8_K rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -269,6 +289,7 @@ macro_rules! tile_entry {
 pub(super) unsafe fn tile_kernel(ty: GgmlType) -> Option<DotTileFn> {
     Some(match ty {
         GgmlType::Q4K => tile_entry!(GgmlType::Q4K, q4_k),
+        GgmlType::Q5K => tile_entry!(GgmlType::Q5K, q5_k),
         GgmlType::Q6K => tile_entry!(GgmlType::Q6K, q6_k),
         GgmlType::Q4_0 => tile_entry!(GgmlType::Q4_0, q4_0),
         GgmlType::Q8_0 => tile_entry!(GgmlType::Q8_0, q8_0),
