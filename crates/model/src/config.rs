@@ -118,6 +118,14 @@ impl ModelConfig {
                 ),
             });
         }
+        // Every layer has tensors: a block count beyond the tensor count is a corrupt header
+        // (and must not size any allocation).
+        if n_layer > file.tensors().len() {
+            return Err(ModelError::BadKey {
+                key: format!("{name}.block_count"),
+                detail: format!("{n_layer} layers but only {} tensors", file.tensors().len()),
+            });
+        }
         let head_dim_k = keys.usize_or("attention.key_length", n_embd / n_head)?;
         let head_dim_v = keys.usize_or("attention.value_length", n_embd / n_head)?;
         let n_vocab = match keys.usize_opt("vocab_size")? {
@@ -191,6 +199,8 @@ impl ModelConfig {
             };
             if ssm.d_conv == 0
                 || ssm.n_k_heads == 0
+                || ssm.n_v_heads == 0
+                || ssm.d_state == 0
                 || !ssm.n_v_heads.is_multiple_of(ssm.n_k_heads)
                 || !ssm.d_inner.is_multiple_of(ssm.n_v_heads)
                 || ssm.d_v() != ssm.d_state
@@ -295,5 +305,34 @@ impl Keys<'_> {
     fn f32(&self, k: &str) -> Result<f32, ModelError> {
         self.f32_opt(k)
             .ok_or_else(|| ModelError::MissingKey(self.key(k)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gguf::Value;
+
+    #[test]
+    fn recurrent_pattern_from_interval_or_array() {
+        let mut md = Metadata::new();
+        md.insert("qwen35.full_attention_interval", Value::U32(4));
+        let p = recurrent_pattern(&md, "qwen35", 8).unwrap();
+        assert_eq!(p, [true, true, true, false, true, true, true, false]);
+        // The explicit per-layer array wins over the interval.
+        md.insert(
+            "qwen35.attention.recurrent_layers",
+            Value::Array(gguf::Array::Bool(vec![true, false, true, false])),
+        );
+        assert_eq!(
+            recurrent_pattern(&md, "qwen35", 4).unwrap(),
+            [true, false, true, false]
+        );
+        assert!(recurrent_pattern(&md, "qwen35", 5).is_err());
+        // Default interval 4.
+        assert_eq!(
+            recurrent_pattern(&Metadata::new(), "qwen35", 4).unwrap(),
+            [true, true, true, false]
+        );
     }
 }
