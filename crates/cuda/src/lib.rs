@@ -14,6 +14,7 @@ pub mod kernel_cache;
 pub mod matvec;
 pub mod nvrtc;
 pub mod ops;
+pub mod reference;
 pub mod sources;
 pub mod synthetic;
 
