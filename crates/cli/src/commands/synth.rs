@@ -23,13 +23,16 @@ pub struct Args {
     /// Seed of the random weights (the same seed writes the same file).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Keep only the first N layers (same per-layer shapes; a quick file for load tests).
+    #[arg(long)]
+    layers: Option<usize>,
     /// Print the tensor plan and size, write nothing.
     #[arg(long)]
     dry_run: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Some(shape) = Shape::preset(&args.shape) else {
+    let Some(mut shape) = Shape::preset(&args.shape) else {
         let names: Vec<String> = Shape::presets().into_iter().map(|s| s.name).collect();
         bail!(
             "unknown shape {:?}; known: {}",
@@ -41,6 +44,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let names: Vec<&str> = FileType::ALL.iter().map(|t| t.name()).collect();
         bail!("unknown type {:?}; known: {}", args.ftype, names.join(", "));
     };
+    if let Some(n) = args.layers {
+        if n == 0 || n > shape.n_layer {
+            bail!("--layers must be 1..={}", shape.n_layer);
+        }
+        shape.n_layer = n;
+    }
     let plan = SynthPlan::new(shape, ftype);
     let data = plan.data_bytes();
     eprintln!(
