@@ -34,6 +34,8 @@ enum Command {
     Synth(commands::synth::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (chat page at /).
     Serve(commands::serve::Args),
+    /// Check the GPU path: driver, NVRTC, kernels, bandwidth, matvec vs the CPU reference.
+    Selftest(commands::selftest::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +47,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => commands::bench::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Selftest(args) => commands::selftest::run(args),
     }
 }

@@ -6,3 +6,4 @@ pub mod run;
 pub mod synth;
 pub mod tokenize;
 pub mod serve;
+pub mod selftest;
