@@ -34,6 +34,8 @@ enum Command {
     Synth(commands::synth::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (chat page at /).
     Serve(commands::serve::Args),
+    /// Plan memory on a GPU: the ledger, layers that fit, decode ceiling, what would fit.
+    Plan(commands::plan::Args),
     /// Check the GPU path: driver, NVRTC, kernels, bandwidth, matvec vs the CPU reference.
     Selftest(commands::selftest::Args),
 }
@@ -47,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => commands::bench::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Plan(args) => commands::plan::run(args),
         Command::Selftest(args) => commands::selftest::run(args),
     }
 }

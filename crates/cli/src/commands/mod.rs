@@ -6,4 +6,5 @@ pub mod run;
 pub mod synth;
 pub mod tokenize;
 pub mod serve;
+pub mod plan;
 pub mod selftest;
