@@ -71,3 +71,41 @@ fn logit_bias_bans_a_token() {
     assert_ne!(first, 432);
     assert!(!got["tokens"].as_array().unwrap().iter().any(|t| t == 432));
 }
+
+/// Chat mode reads turns from stdin until EOF: two turns through a model with a chat template
+/// (the qwen2 fixture) and one without (stories260K, plain continuation).
+#[test]
+fn chat_mode_answers_each_turn_and_exits_on_eof() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let qwen2 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/fixtures/qwen2/model-q8_0.gguf"
+    );
+    for model in [Some(qwen2), None] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redline"));
+        cmd.args(["run", "--temp", "0", "-n", "5", "-t", "2"]);
+        if let Some(m) = model {
+            cmd.args(["-m", m, "--system", "Be brief."]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"Once upon a time\nThe end\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        // one prompt marker per turn plus the final one before EOF
+        assert_eq!(stderr.matches("> ").count(), 3, "{stderr}");
+        // one reply line per turn
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    }
+}
