@@ -112,6 +112,30 @@ impl<B: Backend> SeqStateOn<B> {
                 || self.snapshots.iter().any(|s| s.pos == pos))
     }
 
+    /// The longest prefix of at most `pos` tokens this state can be restored to: `pos`
+    /// itself for attention-only models, else the latest snapshot at or before `pos` (or 0).
+    pub fn restorable_prefix(&self, pos: usize) -> usize {
+        let pos = pos.min(self.len);
+        if self.can_truncate(pos) {
+            return pos;
+        }
+        self.snapshots
+            .iter()
+            .map(|s| s.pos)
+            .filter(|&p| p <= pos)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Restores to [`SeqStateOn::restorable_prefix`]`(pos)` and returns that length: the
+    /// caller re-feeds its tokens from there. Never fails.
+    pub fn truncate_at_most(&mut self, pos: usize) -> usize {
+        let p = self.restorable_prefix(pos);
+        // Cannot fail: p is the current length, 0, or a snapshot position.
+        let _ = self.truncate(p);
+        p
+    }
+
     /// Restores the sequence to its first `pos` tokens. Always works for attention-only
     /// models; for hybrid models `pos` must be 0, the current length, or a snapshot position.
     /// Snapshots past `pos` are dropped.

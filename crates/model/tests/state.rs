@@ -138,6 +138,12 @@ fn hybrid_models_restore_from_snapshots() {
     s.truncate(8).unwrap();
     let again = m.forward(&mut s, &p[8..], true).unwrap();
     assert!(max_abs_diff(&again, &tail) < 1e-5);
+    // Rolling back to 12 (no snapshot) lands on the snapshot at 8.
+    assert_eq!(s.restorable_prefix(12), 8);
+    assert_eq!(s.truncate_at_most(12), 8);
+    assert_eq!(s.len(), 8);
+    let again = m.forward(&mut s, &p[8..], true).unwrap();
+    assert!(max_abs_diff(&again, &tail) < 1e-5);
     // Position 0 is always restorable (zero state).
     s.truncate(0).unwrap();
     assert!(s.snapshot_positions().is_empty());
