@@ -5,6 +5,9 @@
 //! reference quantizers, and the ntry = 7 search for IQ4_NL / IQ4_XS); the 32-element
 //! formats and F16 / BF16 are byte-identical to gguf-py. With one, the importance-weighted
 //! searches (`quantize_row_*_impl`) are used.
+//!
+//! [`quantize_row`] / [`quantize_rows`] check every length; the `quantize_block_*` functions
+//! expect slices of exactly one block (and of its importance weights).
 
 mod iq4;
 mod k_quants;
