@@ -399,3 +399,72 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         suggestions: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{FileType, Shape};
+    use gguf::GgmlType;
+
+    /// Qwen3.5-27B with one MTP block appended after the 64 main layers, as official files have.
+    fn with_mtp() -> ModelMemory {
+        let mut m = ModelMemory::from_shape(&Shape::qwen3_5_27b(), FileType::IQ4XS);
+        m.n_mtp_layer = 1;
+        for (name, dims) in [
+            ("blk.64.nextn.eh_proj.weight", vec![10240u64, 5120]),
+            ("blk.64.ffn_up.weight", vec![5120, 17408]),
+        ] {
+            let ty = GgmlType::Q8_0;
+            let n_bytes = ty.bytes_for(dims.iter().product()).unwrap();
+            m.tensors.push(PlanTensor {
+                name: name.into(),
+                dims,
+                ty,
+                n_bytes,
+            });
+        }
+        m
+    }
+
+    #[test]
+    fn mtp_layers_count_only_when_used() {
+        let m = with_mtp();
+        let mtp = m.mtp_bytes();
+        assert_eq!(mtp, (10240 * 5120 + 5120 * 17408) / 32 * 34);
+        let gpu = GpuSpec::from_table("h100").unwrap();
+        let mut o = PlanOptions::for_model(&m);
+        let off = plan_placement(&m, Some(&gpu), &o);
+        assert_eq!(off.ledger.mtp_weights, mtp);
+        assert_eq!(off.layers_total, 65);
+        assert_eq!(off.layers.len(), 64);
+        o.use_mtp = true;
+        let on = plan_placement(&m, Some(&gpu), &o);
+        assert_eq!(on.layers_total, 66);
+        assert_eq!(on.layers_on_gpu, 66);
+        let kv_layer = buffers::kv_bytes_per_token_per_layer(&m, KvType::F16, KvType::F16);
+        assert_eq!(
+            on.gpu_bytes_full,
+            off.gpu_bytes_full + mtp + kv_layer * o.n_ctx as u64
+        );
+        assert_eq!(on.bytes_per_token, off.bytes_per_token + mtp);
+    }
+
+    #[test]
+    fn forced_layers_ignore_the_budget_and_cpu_plans_place_nothing() {
+        let m = ModelMemory::from_shape(&Shape::qwen2_5_32b(), FileType::Q4KM);
+        let gpu = GpuSpec::from_table("t4").unwrap();
+        let mut o = PlanOptions::for_model(&m);
+        o.n_gpu_layers = Some(65);
+        let p = plan_placement(&m, Some(&gpu), &o);
+        assert_eq!(p.layers_on_gpu, 65);
+        assert!(p.gpu_bytes_placed > gpu.usable_bytes);
+        o.n_gpu_layers = Some(0);
+        let p = plan_placement(&m, Some(&gpu), &o);
+        assert_eq!(p.layers_on_gpu, 0);
+        assert_eq!(p.gpu_bytes_per_token, 0);
+        let cpu = plan(&m, None, &PlanOptions::for_model(&m));
+        assert!(!cpu.fits && cpu.suggestions.is_none());
+        assert!(cpu.layers.iter().all(|l| l.device == Device::Host));
+        assert!((cpu.ceiling_tok_s - 50e9 / cpu.bytes_per_token as f64).abs() < 1e-9);
+    }
+}
