@@ -121,6 +121,25 @@ fn trim_filter(value: &Value, chars: Option<String>) -> Result<Value, Error> {
     Ok(Value::from(trimmed))
 }
 
+/// Jinja2 `join(value, d="", attribute=None)`: items (or their `attribute`) as `str()`.
+fn join_filter(value: &Value, d: Option<String>, kwargs: Kwargs) -> Result<Value, Error> {
+    let sep = match d {
+        Some(d) => d,
+        None => kwargs.get::<Option<String>>("d")?.unwrap_or_default(),
+    };
+    let attribute: Option<String> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    let mut parts = Vec::new();
+    for item in value.try_iter()? {
+        let item = match &attribute {
+            Some(attr) => item.get_attr(attr)?,
+            None => item,
+        };
+        parts.push(python_str(&item)?);
+    }
+    Ok(Value::from(parts.join(&sep)))
+}
+
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
@@ -142,6 +161,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson_filter);
         env.add_filter("string", |v: &Value| python_str(v).map(Value::from));
         env.add_filter("trim", trim_filter);
+        env.add_filter("join", join_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
             .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
@@ -363,6 +383,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "{\"b\": \"<é>\", \"a\": [1, 2.0]}\n{\n  \"b\": \"<é>\",\n  \"a\": [\n    1,\n    2.0\n  ]\n}");
+    }
+
+    #[test]
+    fn join_uses_python_str() {
+        // Jinja2: "1-True-None-a", "xy", "a, b".
+        let out = render(
+            "{{ messages[0].v|join('-') }}|{{ 'xy'|join }}|{{ messages[0].o|join(', ', attribute='n') }}",
+            json!([{"v": [1, true, null, "a"], "o": [{"n": "a"}, {"n": "b"}]}]),
+        )
+        .unwrap();
+        assert_eq!(out, "1-True-None-a|xy|a, b");
     }
 
     #[test]
