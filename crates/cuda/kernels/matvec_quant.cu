@@ -146,9 +146,10 @@ static __device__ __forceinline__ void mv_compute_group(const uint8_t* sbytes, i
 }
 
 template <typename F, int NT>
-static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
-                                                const float* __restrict__ xds, float* __restrict__ y, int nrows,
-                                                int ncols, long long row_bytes, int n_tokens, int load_mode) {
+static __device__ __forceinline__ void mv_quant_row(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                    const float* __restrict__ xds, float* __restrict__ y, int nrows,
+                                                    int ncols, long long row_bytes, int n_tokens, int load_mode,
+                                                    int row) {
     // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
     // 256-wide super-block. A staged group is 32 tasks (2048 weights), one per lane.
     constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
@@ -161,8 +162,6 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
     // group g is decoded, so ~2 groups of bytes per warp are always outstanding.
     __shared__ u32x4 stage[MV_WARPS][32 * L];
     const int lane = threadIdx.x;
-    const int row = blockIdx.x * MV_WARPS + threadIdx.y;
-    if (row >= nrows) return;  // whole warp leaves together: only __syncwarp below
     u32x4* sbuf = stage[threadIdx.y];
     const uint8_t* sbytes = (const uint8_t*)sbuf;
     const int nblocks = ncols / BLOCK_ELEMS;
@@ -204,6 +203,37 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
     }
 }
 
+template <typename F, int NT>
+static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                const float* __restrict__ xds, float* __restrict__ y, int nrows,
+                                                int ncols, long long row_bytes, int n_tokens, int load_mode) {
+    const int row = blockIdx.x * MV_WARPS + threadIdx.y;
+    if (row >= nrows) return;  // whole warp leaves together: only __syncwarp inside
+    mv_quant_row<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, load_mode, row);
+}
+
+// Single-token variant with x in shared memory: persistent blocks (grid ~ a few per SM) copy
+// x (ncols int8 + ncols/32 (d, s) pairs, dynamic shared memory) once, then loop over rows, so
+// x is never re-read from L1/L2 per weight group.
+template <typename F>
+static __device__ __forceinline__ void mv_quant_xsmem(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                      const float* __restrict__ xds, float* __restrict__ y, int nrows,
+                                                      int ncols, long long row_bytes, int load_mode) {
+    extern __shared__ u32x4 xs_dyn[];
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    const int nq = ncols / 16;      // xq vectors
+    const int nd = ncols / 32 / 2;  // xds vectors (two (d, s) pairs each)
+    const u32x4* gq = (const u32x4*)xq;
+    const u32x4* gd = (const u32x4*)xds;
+    for (int i = tid; i < nq + nd; i += 32 * MV_WARPS) xs_dyn[i] = i < nq ? gq[i] : gd[i - nq];
+    __syncthreads();
+    const int8_t* sq = (const int8_t*)xs_dyn;
+    const float* sd = (const float*)(xs_dyn + nq);
+    for (int row = blockIdx.x * MV_WARPS + threadIdx.y; row < nrows; row += gridDim.x * MV_WARPS) {
+        mv_quant_row<F, 1>(W, sq, sd, y, nrows, ncols, row_bytes, 1, load_mode, row);
+    }
+}
+
 // One kernel per (format, NT); n_tokens <= NT tokens are computed, the weights read once.
 #define MV_KERNEL(name, F, NT)                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
@@ -212,7 +242,15 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
                           long long row_bytes, int n_tokens, int load_mode) {                          \
         mv_quant<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, load_mode);                 \
     }
-#define MV_FORMAT(name, F) MV_KERNEL(name, F, 1) MV_KERNEL(name, F, 2) MV_KERNEL(name, F, 4) MV_KERNEL(name, F, 8)
+#define MV_XS_KERNEL(name, F)                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvx_##name##_n1(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,                 \
+                        const float* __restrict__ xds, float* __restrict__ y, int nrows, int ncols,    \
+                        long long row_bytes, int n_tokens, int load_mode) {                            \
+        mv_quant_xsmem<F>(W, xq, xds, y, nrows, ncols, row_bytes, load_mode);                         \
+    }
+#define MV_FORMAT(name, F) \
+    MV_KERNEL(name, F, 1) MV_KERNEL(name, F, 2) MV_KERNEL(name, F, 4) MV_KERNEL(name, F, 8) MV_XS_KERNEL(name, F)
 
 MV_FORMAT(q4_0, FmtQ4_0)
 MV_FORMAT(q4_1, FmtQ4_1)

@@ -12,6 +12,9 @@ use gguf::GgmlType;
 const ROWS_PER_BLOCK: u32 = 4;
 /// Tokens per launch at most (the kernels are instantiated for 1, 2, 4 and 8).
 pub const MAX_TOKENS_PER_LAUNCH: usize = 8;
+/// Largest x staged in shared memory by the single-token kernels (dynamic shared memory
+/// beyond 48 KiB needs an opt-in; the static staging buffers take up to 10 KiB).
+const X_SMEM_MAX_BYTES: usize = 38 * 1024;
 /// Bytes after the last row: the staged 16-byte loads may read up to 15 bytes past it.
 const PAD_BYTES: usize = 16;
 
@@ -226,6 +229,35 @@ impl CudaDevice {
         };
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
         let load_mode = self.matvec_load_mode();
+        // x int8 + (d, s) per 32: must fit the 48 KiB of dynamic shared memory every card has.
+        let x_smem_bytes = cols + cols / 4;
+        if n_tokens == 1
+            && self.matvec_x_in_smem()
+            && cols.is_multiple_of(64)
+            && x_smem_bytes <= X_SMEM_MAX_BYTES
+        {
+            let f = self.function(Program::MatvecQuant, &format!("mvx_{stem}_n1"))?;
+            let blocks = (rows as u32)
+                .div_ceil(ROWS_PER_BLOCK)
+                .min(self.info().sm_count.max(1) as u32 * 4);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (32, ROWS_PER_BLOCK, 1),
+                shared_mem_bytes: x_smem_bytes as u32,
+            };
+            let n_i = 1i32;
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(&w.data).arg(&xq.xq).arg(&xq.xds).arg(y);
+            b.arg(&rows_i)
+                .arg(&cols_i)
+                .arg(&row_bytes)
+                .arg(&n_i)
+                .arg(&load_mode);
+            // SAFETY: matches mvx_<fmt>_n1(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens,
+            // load_mode); dynamic shared memory holds x (cols % 64 == 0 checked).
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);

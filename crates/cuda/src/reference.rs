@@ -35,7 +35,7 @@ pub fn matvec_reference(
     n_tokens: usize,
     quantize_x: bool,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
-    if rows == 0 || w.len() % rows != 0 || x.len() < n_tokens * cols {
+    if rows == 0 || !w.len().is_multiple_of(rows) || x.len() < n_tokens * cols {
         return Err(CudaError::Shape(format!(
             "reference: {} weight bytes, {rows} rows, x {}",
             w.len(),

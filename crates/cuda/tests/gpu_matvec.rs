@@ -146,6 +146,10 @@ fn matvec_matches_cpu_reference_for_every_format() {
         for &(rows, cols) in &shapes {
             for tokens in [1, 2, 3, 8, 11] {
                 seed += 1;
+                // cycle the weight-load cache policies; single-token runs alternate between
+                // x staged in shared memory and x read through L1
+                dev.set_matvec_load_mode((seed % 3) as i32);
+                dev.set_matvec_x_in_smem(seed.is_multiple_of(2));
                 if let Err(e) = check(
                     &dev,
                     &Case {

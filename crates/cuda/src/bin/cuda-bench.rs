@@ -28,6 +28,7 @@ fn run() -> Result<(), String> {
     let mut bw_gib = 8usize;
     let mut iters = 30usize;
     let mut load_modes: Vec<i32> = vec![cuda::device::DEFAULT_MATVEC_LOAD_MODE];
+    let mut xsmem_modes: Vec<bool> = vec![cuda::device::DEFAULT_MATVEC_X_IN_SMEM];
     let mut types: Vec<GgmlType> = {
         use GgmlType::*;
         vec![
@@ -46,6 +47,10 @@ fn run() -> Result<(), String> {
                     .split(',')
                     .map(|m| m.parse::<i32>().map_err(|e| format!("--load-modes: {e}")))
                     .collect::<Result<_, _>>()?
+            }
+            // compare single-token x staging: 0 = x from global (L1), 1 = x in shared memory
+            "--xsmem-modes" => {
+                xsmem_modes = val()?.split(',').map(|m| m.trim() == "1").collect();
             }
             "--iters" => iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--types" => {
@@ -82,20 +87,23 @@ fn run() -> Result<(), String> {
     println!("read bandwidth: {bw:.0} GB/s ({bw_gib} GiB read-only reduction, median of 10)");
 
     println!(
-        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>8} {:>4}",
-        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw", "quant us", "load"
+        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>8} {:>4} {:>5}",
+        "type", "rows x cols", "n", "MB", "us", "GB/s", "% bw", "quant us", "load", "xsmem"
     );
     let stream = dev.stream();
-    let mut runs: Vec<(GgmlType, i32)> = Vec::new();
+    let mut runs: Vec<(GgmlType, i32, bool)> = Vec::new();
     for &ty in &types {
-        if cuda::matvec::quantizes_activations(ty) && load_modes.len() > 1 {
-            runs.extend(load_modes.iter().map(|&m| (ty, m)));
+        if cuda::matvec::quantizes_activations(ty) {
+            for &m in &load_modes {
+                runs.extend(xsmem_modes.iter().map(|&x| (ty, m, x)));
+            }
         } else {
-            runs.push((ty, cuda::device::DEFAULT_MATVEC_LOAD_MODE));
+            runs.push((ty, cuda::device::DEFAULT_MATVEC_LOAD_MODE, false));
         }
     }
-    for (ty, load_mode) in runs {
+    for (ty, load_mode, xsmem) in runs {
         dev.set_matvec_load_mode(load_mode);
+        dev.set_matvec_x_in_smem(xsmem);
         for (rows, cols) in [(27648usize, 5120usize), (5120, 27648)] {
             let bytes = random_matrix(ty, rows, cols, 7);
             let mb = bytes.len() as f64 / 1e6;
@@ -153,7 +161,7 @@ fn run() -> Result<(), String> {
                 };
                 let gbs = mb * 1e3 / us;
                 println!(
-                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}% {:>8.1} {:>4}",
+                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>9.0} {:>6.1}% {:>8.1} {:>4} {:>5}",
                     ty.name(),
                     format!("{rows}x{cols}"),
                     n,
@@ -162,7 +170,8 @@ fn run() -> Result<(), String> {
                     gbs,
                     100.0 * gbs / bw,
                     q_us,
-                    load_mode
+                    load_mode,
+                    u8::from(xsmem && n == 1)
                 );
             }
         }
