@@ -383,7 +383,7 @@ pub fn render(p: &Plan) -> String {
             0,
         ));
     }
-    let _ = writeln!(s, "memory ledger {:>31} {:>12}", "GPU", "host");
+    let _ = writeln!(s, "{:<42} {:>12} {:>12}", "memory ledger", "GPU", "host");
     for (label, g, h) in &rows {
         let _ = writeln!(s, "  {label:<40} {:>12} {:>12}", cell(*g), cell(*h));
         if label.starts_with("compute") {
@@ -457,7 +457,7 @@ pub fn render(p: &Plan) -> String {
             if p.host_bytes_per_token > 0 {
                 let _ = writeln!(
                     s,
-                    "expected: {:.1} tok/s with {} per token read from host memory ({:.1}× slower than the ceiling)",
+                    "expected: {:.1} tok/s (bandwidth-bound) with {} per token read from host memory ({:.1}× slower than the ceiling)",
                     p.expected_tok_s,
                     gb(p.host_bytes_per_token),
                     p.ceiling_tok_s / p.expected_tok_s
@@ -465,7 +465,7 @@ pub fn render(p: &Plan) -> String {
             } else {
                 let _ = writeln!(
                     s,
-                    "expected: up to {:.1} tok/s (all layers on the GPU)",
+                    "expected: up to {:.1} tok/s (bandwidth-bound, all layers on the GPU)",
                     p.expected_tok_s
                 );
             }
@@ -495,7 +495,16 @@ pub fn render(p: &Plan) -> String {
                 )
             })
             .collect();
-        let _ = writeln!(s, "  largest context with this file: {}", ctxs.join(", "));
+        let slots = if p.n_parallel > 1 {
+            format!(" (total over {} slots)", p.n_parallel)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "  largest context with this file{slots}: {}",
+            ctxs.join(", ")
+        );
         let _ = writeln!(
             s,
             "  {:<8} {:>9}  {:<22} {:>16} {:>14} {:>14}",
@@ -529,7 +538,8 @@ pub fn render(p: &Plan) -> String {
             );
         }
     }
-    s
+    // No trailing blanks from empty cells.
+    s.lines().map(|l| format!("{}\n", l.trim_end())).collect()
 }
 
 #[cfg(test)]
