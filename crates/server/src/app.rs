@@ -150,7 +150,10 @@ async fn check_api_key(
     next: Next,
 ) -> Response {
     let path = request.uri().path();
-    let open = path == "/health" || path == "/" || request.method() == Method::OPTIONS;
+    let open = path == "/health"
+        || path == "/"
+        || path == "/favicon.ico"
+        || request.method() == Method::OPTIONS;
     if let (Some(key), false) = (&state.config.api_key, open) {
         let given = request
             .headers()
