@@ -38,6 +38,8 @@ enum Command {
     Plan(commands::plan::Args),
     /// Check the GPU path: driver, NVRTC, kernels, bandwidth, matvec vs the CPU reference.
     Selftest(commands::selftest::Args),
+    /// Quantize a GGUF file (llama-quantize mixes: Q4_K_M, Q8_0, IQ4_XS …).
+    Quantize(commands::quantize::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => commands::serve::run(args),
         Command::Plan(args) => commands::plan::run(args),
         Command::Selftest(args) => commands::selftest::run(args),
+        Command::Quantize(args) => commands::quantize::run(args),
     }
 }

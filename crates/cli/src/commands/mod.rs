@@ -8,3 +8,4 @@ pub mod tokenize;
 pub mod serve;
 pub mod plan;
 pub mod selftest;
+pub mod quantize;

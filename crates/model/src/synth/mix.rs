@@ -40,10 +40,19 @@ pub enum FileType {
     Q4KS,
     Q3KM,
     Q3KS,
+    // The rest of llama-quantize's common types (`redline quantize`); not in the planner's table.
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2K,
+    Q3KL,
+    Q5KS,
+    IQ4NL,
+    BF16,
 }
 
 impl FileType {
-    pub const ALL: [FileType; 11] = [
+    pub const ALL: [FileType; 19] = [
         FileType::Q4KM,
         FileType::IQ4XS,
         FileType::Q4_0,
@@ -55,6 +64,14 @@ impl FileType {
         FileType::Q4KS,
         FileType::Q3KM,
         FileType::Q3KS,
+        FileType::Q4_1,
+        FileType::Q5_0,
+        FileType::Q5_1,
+        FileType::Q2K,
+        FileType::Q3KL,
+        FileType::Q5KS,
+        FileType::IQ4NL,
+        FileType::BF16,
     ];
 
     /// The quantizations people commonly download, largest first (the planner's what-if table).
@@ -83,6 +100,14 @@ impl FileType {
             FileType::Q4KS => "Q4_K_S",
             FileType::Q3KM => "Q3_K_M",
             FileType::Q3KS => "Q3_K_S",
+            FileType::Q4_1 => "Q4_1",
+            FileType::Q5_0 => "Q5_0",
+            FileType::Q5_1 => "Q5_1",
+            FileType::Q2K => "Q2_K",
+            FileType::Q3KL => "Q3_K_L",
+            FileType::Q5KS => "Q5_K_S",
+            FileType::IQ4NL => "IQ4_NL",
+            FileType::BF16 => "BF16",
         }
     }
 
@@ -106,6 +131,14 @@ impl FileType {
             FileType::Q4KS => 14,
             FileType::Q5KM => 17,
             FileType::Q6K => 18,
+            FileType::Q4_1 => 3,
+            FileType::Q5_0 => 8,
+            FileType::Q5_1 => 9,
+            FileType::Q2K => 10,
+            FileType::Q3KL => 13,
+            FileType::Q5KS => 16,
+            FileType::IQ4NL => 25,
+            FileType::BF16 => 32,
         }
     }
 
@@ -122,6 +155,14 @@ impl FileType {
             FileType::Q5KM => GgmlType::Q5K,
             FileType::Q4KS => GgmlType::Q4K,
             FileType::Q3KM | FileType::Q3KS => GgmlType::Q3K,
+            FileType::Q4_1 => GgmlType::Q4_1,
+            FileType::Q5_0 => GgmlType::Q5_0,
+            FileType::Q5_1 => GgmlType::Q5_1,
+            FileType::Q2K => GgmlType::Q2K,
+            FileType::Q3KL => GgmlType::Q3K,
+            FileType::Q5KS => GgmlType::Q5K,
+            FileType::IQ4NL => GgmlType::IQ4NL,
+            FileType::BF16 => GgmlType::BF16,
         }
     }
 }
@@ -176,6 +217,18 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
         .filter(|(n, _)| n.contains("ffn_down"))
         .count();
 
+    // Query heads per KV head (llama.cpp's `n_gqa()`), from the first layer's q and v rows.
+    let rows_of = |suffix: &str| {
+        tensors
+            .iter()
+            .find(|(n, d)| n.ends_with(suffix) && d.len() >= 2)
+            .map(|(_, d)| d[1])
+    };
+    let gqa = match (rows_of("attn_q.weight"), rows_of("attn_v.weight")) {
+        (Some(q), Some(v)) if v > 0 => q / v,
+        _ => 1,
+    };
+
     // llama.cpp walks tensors sorted by layer; our tables are already in layer order, and the
     // counters only see tensors of one kind, so the file order gives the same indices.
     let mut i_attn_v = 0;
@@ -223,6 +276,20 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
                     n_attn_v,
                     &mut i_ffn_down,
                     n_ffn_down,
+                ),
+                FileType::Q4_1
+                | FileType::Q5_0
+                | FileType::Q5_1
+                | FileType::Q2K
+                | FileType::Q3KL
+                | FileType::Q5KS
+                | FileType::IQ4NL => more_mix_type(
+                    ftype,
+                    name,
+                    tied,
+                    gqa,
+                    (&mut i_attn_v, n_attn_v),
+                    (&mut i_ffn_down, n_ffn_down),
                 ),
                 _ => base,
             };
@@ -272,6 +339,52 @@ fn k_mix_type(
     }
     if name.contains("attn_output.weight") && ftype == FileType::Q3KM {
         return Q4K;
+    }
+    base
+}
+
+/// `llama_tensor_get_type` for the types `redline quantize` adds (Q4_1, Q5_0, Q5_1, Q2_K,
+/// Q3_K_L, Q5_K_S, IQ4_NL), without an imatrix: the head goes to Q6_K (no per-tensor rules for
+/// Q4_1 / Q5_0 / Q5_1 / Q5_K_S beyond that). `attn_v` / `ffn_down` are (index, count) counters.
+fn more_mix_type(
+    ftype: FileType,
+    name: &str,
+    tied: bool,
+    gqa: u64,
+    attn_v: (&mut usize, usize),
+    ffn_down: (&mut usize, usize),
+) -> GgmlType {
+    use GgmlType::{Q3K, Q4K, Q5K, Q6K};
+    let base = ftype.base_type();
+    if name == "output.weight" || (tied && name == "token_embd.weight") {
+        return Q6K;
+    }
+    if name.contains("attn_v.weight") {
+        *attn_v.0 += 1;
+        return match ftype {
+            FileType::Q2K if gqa >= 4 => Q4K,
+            FileType::Q2K => Q3K,
+            FileType::Q3KL => Q5K,
+            FileType::IQ4NL if gqa >= 4 => Q5K,
+            _ => base,
+        };
+    }
+    if name.contains("ffn_down") {
+        let i = *ffn_down.0;
+        *ffn_down.0 += 1;
+        return match ftype {
+            FileType::Q2K => Q3K,
+            FileType::Q3KL => Q5K,
+            FileType::IQ4NL if i < ffn_down.1 / 8 => Q5K,
+            _ => base,
+        };
+    }
+    if name.contains("attn_output.weight") {
+        return match ftype {
+            FileType::Q2K => Q3K,
+            FileType::Q3KL => Q5K,
+            _ => base,
+        };
     }
     base
 }
@@ -415,6 +528,32 @@ mod tests {
         let t = tied.tensors();
         assert_eq!(plan_types(&t, FileType::Q4KM)[0], GgmlType::Q6K);
         assert_eq!(plan_types(&t, FileType::Q4_0)[0], GgmlType::Q4_0);
+    }
+
+    #[test]
+    fn more_mix_rules_per_tensor() {
+        let s = Shape::llama3_8b(); // 32 layers, 32 q heads over 8 kv heads: gqa 4
+        let t = s.tensors();
+        let get = |ftype: FileType, n: &str| {
+            plan_types(&t, ftype)[t.iter().position(|(x, _)| x == n).unwrap()]
+        };
+        use GgmlType::*;
+        assert_eq!(get(FileType::Q2K, "output.weight"), Q6K);
+        assert_eq!(get(FileType::Q2K, "blk.0.attn_v.weight"), Q4K);
+        assert_eq!(get(FileType::Q2K, "blk.0.ffn_down.weight"), Q3K);
+        assert_eq!(get(FileType::Q2K, "blk.0.attn_output.weight"), Q3K);
+        assert_eq!(get(FileType::Q2K, "blk.0.ffn_up.weight"), Q2K);
+        assert_eq!(get(FileType::Q3KL, "blk.9.attn_v.weight"), Q5K);
+        assert_eq!(get(FileType::Q3KL, "blk.9.ffn_down.weight"), Q5K);
+        assert_eq!(get(FileType::Q3KL, "blk.9.ffn_gate.weight"), Q3K);
+        assert_eq!(get(FileType::IQ4NL, "blk.3.ffn_down.weight"), Q5K);
+        assert_eq!(get(FileType::IQ4NL, "blk.4.ffn_down.weight"), IQ4NL);
+        assert_eq!(get(FileType::IQ4NL, "blk.4.attn_v.weight"), Q5K);
+        assert_eq!(get(FileType::Q5_1, "output.weight"), Q6K);
+        assert_eq!(get(FileType::Q5_1, "blk.0.attn_v.weight"), Q5_1);
+        assert_eq!(get(FileType::Q5KS, "blk.0.attn_v.weight"), Q5K);
+        assert_eq!(get(FileType::BF16, "blk.0.attn_v.weight"), BF16);
+        assert_eq!(FileType::from_name("q3_k_l"), Some(FileType::Q3KL));
     }
 
     #[test]
