@@ -31,4 +31,7 @@ pub enum BackendError {
     Quant(String),
     #[error("thread pool: {0}")]
     ThreadPool(String),
+    /// A device (GPU driver, kernel launch, device memory) failure.
+    #[error("device: {0}")]
+    Device(String),
 }

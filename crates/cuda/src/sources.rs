@@ -19,15 +19,18 @@ pub enum Program {
     Bandwidth,
     Elementwise,
     Attention,
+    /// The rest of the `backend::Backend` op set (crates/cuda/src/backend).
+    ModelOps,
 }
 
 impl Program {
-    pub const ALL: [Program; 5] = [
+    pub const ALL: [Program; 6] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
         Program::Elementwise,
         Program::Attention,
+        Program::ModelOps,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -37,6 +40,7 @@ impl Program {
             Program::Bandwidth => "bandwidth.cu",
             Program::Elementwise => "elementwise.cu",
             Program::Attention => "attention.cu",
+            Program::ModelOps => "model_ops.cu",
         }
     }
 
@@ -47,6 +51,7 @@ impl Program {
             Program::Bandwidth => include_str!("../kernels/bandwidth.cu"),
             Program::Elementwise => include_str!("../kernels/elementwise.cu"),
             Program::Attention => include_str!("../kernels/attention.cu"),
+            Program::ModelOps => include_str!("../kernels/model_ops.cu"),
         }
     }
 

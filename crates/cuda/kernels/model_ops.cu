@@ -1,0 +1,327 @@
+// model_ops.cu — the remaining ops of the `backend::Backend` trait (crates/cuda/src/backend):
+// norms, activations, column copies, RoPE with frequency factors, a plain f32 matmul for small
+// weights, KV-cache append/attention (f32/f16/q8_0/q4_0 cache rows), conv1d and the gated delta
+// rule. Simple, correct kernels first; every shape is checked on the host before launch.
+// Activations are row-major f32. sm_70-safe: f32 math only.
+#include "common.cuh"
+
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Sum over a block of blockDim.x threads (a multiple of 32, <= 1024).
+static __device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    v = warp_sum(v);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int n_warps = blockDim.x / 32;
+    float t = 0.0f;
+    for (int i = 0; i < n_warps; i++) t += partial[i];
+    return t;
+}
+
+// ---- element-wise --------------------------------------------------------------------------
+
+// x[i] += b[i % cols]; x: [n, cols]
+extern "C" __global__ void mo_add_bias(float* x, const float* __restrict__ b, long long n, int cols) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] += b[i % cols];
+}
+
+extern "C" __global__ void mo_add(float* x, const float* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" __global__ void mo_swiglu(const float* __restrict__ g, const float* __restrict__ u, float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = silu_f(g[i]) * u[i];
+}
+
+extern "C" __global__ void mo_silu(float* x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = silu_f(x[i]);
+}
+
+extern "C" __global__ void mo_mul_sigmoid(float* x, const float* __restrict__ g, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] *= sigmoid_f(g[i]);
+}
+
+// alpha <- softplus(alpha + dt_bias[h]) * a[h]; beta <- sigmoid(beta); both [n, n_heads].
+extern "C" __global__ void mo_delta_gates(float* alpha, float* beta, const float* __restrict__ dt_bias,
+                                          const float* __restrict__ a, long long n, int n_heads) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int h = (int)(i % n_heads);
+        const float x = alpha[i] + dt_bias[h];
+        const float sp = x > 20.0f ? x : log1pf(expf(x));
+        alpha[i] = sp * a[h];
+        beta[i] = sigmoid_f(beta[i]);
+    }
+}
+
+// ---- norms ---------------------------------------------------------------------------------
+
+// One block per group of `group` consecutive values (groups of all rows back to back):
+// out = x / sqrt(mean(x^2) + eps) * w [* silu(z) when z != null]. out may alias x.
+extern "C" __global__ void mo_group_rms_norm(const float* x, const float* __restrict__ w, const float* __restrict__ z,
+                                             float* out, int group, float eps) {
+    const long long base = (long long)blockIdx.x * group;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / group + eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x) {
+        float v = x[base + i] * s * w[i];
+        if (z) v *= silu_f(z[base + i]);
+        out[base + i] = v;
+    }
+}
+
+// grid (n_rows, len / group): x[r][col0 + g*group ..][..group] /= sqrt(sum(x^2) + eps)
+extern "C" __global__ void mo_l2_norm(float* x, int cols, int col0, int group, float eps) {
+    float* p = x + (long long)blockIdx.x * cols + col0 + (long long)blockIdx.y * group;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) ss += p[i] * p[i];
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss + eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x) p[i] *= s;
+}
+
+// ---- copies ---------------------------------------------------------------------------------
+
+// For every row and block b: dst[row][dst_off + b*dst_stride + i] = src[row][src_off + b*src_stride + i], i < width.
+extern "C" __global__ void mo_copy_cols(const float* __restrict__ src, float* dst, int n_rows, int src_cols, int dst_cols,
+                                        int n_blocks, int width, int src_off, int src_stride, int dst_off, int dst_stride) {
+    const long long total = (long long)n_rows * n_blocks * width;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(t % width);
+        const int b = (int)((t / width) % n_blocks);
+        const long long r = t / ((long long)width * n_blocks);
+        dst[r * dst_cols + dst_off + (long long)b * dst_stride + i] = src[r * src_cols + src_off + (long long)b * src_stride + i];
+    }
+}
+
+// out[i] = x[rows[i]]; grid (n_out), x and out of `cols` columns.
+extern "C" __global__ void mo_gather_rows(const float* __restrict__ x, const int* __restrict__ rows, float* out, int cols) {
+    const float* s = x + (long long)rows[blockIdx.x] * cols;
+    float* d = out + (long long)blockIdx.x * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];
+}
+
+// ---- RoPE (ggml rope_ext: theta = pos * scale * base^(-2i/n_rot) / factor[i]) ---------------
+
+// grid (n_rows, n_heads); x: [n_rows, n_heads * head_dim]; neox: pairs (i, i + n_rot/2), else (2i, 2i+1).
+extern "C" __global__ void mo_rope(float* x, const int* __restrict__ pos, const float* __restrict__ factors, int n_heads,
+                                   int head_dim, int n_rot, float freq_base, float freq_scale, int neox) {
+    float* h = x + ((long long)blockIdx.x * n_heads + blockIdx.y) * head_dim;
+    const float p = (float)pos[blockIdx.x];
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = p * freq_scale * powf(freq_base, -2.0f * (float)i / (float)n_rot);
+        if (factors) theta /= factors[i];
+        const float c = cosf(theta), s = sinf(theta);
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float a = h[i0], b = h[i1];
+        h[i0] = a * c - b * s;
+        h[i1] = a * s + b * c;
+    }
+}
+
+// ---- small f32 matmul (weights that the quantized matvec does not take) ----------------------
+
+// y[t][i] = sum_j w[i][j] x[t][j]; w: [m, k], x: [n, k], y: [n, m]; one warp per output.
+extern "C" __global__ void mo_matmul_f32(const float* __restrict__ w, const float* __restrict__ x, float* y, int m, int k, int n) {
+    const long long o = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (o >= (long long)m * n) return;
+    const int t = (int)(o / m), i = (int)(o % m);
+    const int lane = threadIdx.x % 32;
+    float acc = 0.0f;
+    for (int j = lane; j < k; j += 32) acc += w[(long long)i * k + j] * x[(long long)t * k + j];
+    acc = warp_sum(acc);
+    if (lane == 0) y[o] = acc;
+}
+
+// ---- KV cache (one sequence per launch) -----------------------------------------------------
+// A cache holds n_ctx positions of `width` = n_kv_head * head_dim elements, `pos_bytes` each.
+// Types: 0 f32, 1 f16, 2 q8_0 (per 32: f16 d, 32 x int8), 3 q4_0 (per 32: f16 d, 16 bytes:
+// byte j = element j low nibble, element j+16 high nibble, value q - 8) — ggml block layouts.
+
+static __device__ __forceinline__ float kv_load(const uint8_t* row, int i, int type) {
+    if (type == 0) return ((const float*)row)[i];
+    if (type == 1) return f16_to_f32(((const uint16_t*)row)[i]);
+    const int b = i / 32, j = i % 32;
+    if (type == 2) {
+        const uint8_t* blk = row + b * 34;
+        return f16_to_f32(ld_u16(blk)) * (float)(int8_t)blk[2 + j];
+    }
+    const uint8_t* blk = row + b * 18;
+    const uint8_t q = blk[2 + (j % 16)];
+    const int v = (j < 16 ? (q & 0xF) : (q >> 4)) - 8;
+    return f16_to_f32(ld_u16(blk)) * (float)v;
+}
+
+// grid (n_rows, ceil(width / 32)), block 32: stores src[rows[r]][col0 + i] at position pos[r].
+// For the block types width is a multiple of 32, so one warp owns one block.
+extern "C" __global__ void mo_kv_store(const float* __restrict__ src, int src_cols, int col0, const int* __restrict__ rows,
+                                       const int* __restrict__ pos, uint8_t* cache, int width, long long pos_bytes, int type) {
+    const int i = blockIdx.y * 32 + threadIdx.x;
+    const bool live = i < width;
+    const float v = live ? src[(long long)rows[blockIdx.x] * src_cols + col0 + i] : 0.0f;
+    uint8_t* row = cache + (long long)pos[blockIdx.x] * pos_bytes;
+    if (type == 0) {
+        if (live) ((float*)row)[i] = v;
+        return;
+    }
+    if (type == 1) {
+        if (live) ((uint16_t*)row)[i] = f32_to_f16(v);
+        return;
+    }
+    if (type == 2) {
+        const float amax = warp_max(fabsf(v));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t* blk = row + blockIdx.y * 34;
+        if (threadIdx.x == 0) {
+            const uint16_t dh = f32_to_f16(d);
+            blk[0] = dh & 0xFF;
+            blk[1] = dh >> 8;
+        }
+        blk[2 + threadIdx.x] = (uint8_t)(int8_t)roundf(v * id);
+        return;
+    }
+    // q4_0: d = (value of largest magnitude) / -8, q = min(15, (int)(x / d + 8.5))
+    float best = v;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(FULL_MASK, best, o);
+        if (fabsf(other) > fabsf(best) || (fabsf(other) == fabsf(best) && other > best)) best = other;
+    }
+    const float d = best / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q = (int)(v * id + 8.5f);
+    q = q < 0 ? 0 : (q > 15 ? 15 : q);
+    const int hi = __shfl_down_sync(FULL_MASK, q, 16);
+    uint8_t* blk = row + blockIdx.y * 18;
+    if (threadIdx.x == 0) {
+        const uint16_t dh = f32_to_f16(d);
+        blk[0] = dh & 0xFF;
+        blk[1] = dh >> 8;
+    }
+    if (threadIdx.x < 16) blk[2 + threadIdx.x] = (uint8_t)(q | (hi << 4));
+}
+
+#define MO_ATT_MAX_DIM 512
+
+// grid (n_rows, n_head), block 32: row rows[r] attends to positions 0..=pos[r] of the cache.
+// One warp per (row, head), online softmax; lane owns dims lane, lane+32, ...
+extern "C" __global__ void mo_attention(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,
+                                        const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* out,
+                                        int n_head, int n_kv_head, int hdk, int hdv, long long k_pos_bytes,
+                                        long long v_pos_bytes, int type, float scale) {
+    const int lane = threadIdx.x;
+    const int r = rows[blockIdx.x], h = blockIdx.y;
+    const int kvh = h / (n_head / n_kv_head);
+    const float* qh = q + (long long)r * n_head * hdk + (long long)h * hdk;
+    float qreg[MO_ATT_MAX_DIM / 32];
+    float acc[MO_ATT_MAX_DIM / 32];
+#pragma unroll
+    for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+        const int d = lane + 32 * j;
+        qreg[j] = d < hdk ? qh[d] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    const int last = pos[blockIdx.x];
+    for (int t = 0; t <= last; t++) {
+        const uint8_t* krow = kc + (long long)t * k_pos_bytes;
+        const uint8_t* vrow = vc + (long long)t * v_pos_bytes;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < hdk) s += qreg[j] * kv_load(krow, kvh * hdk + d, type);
+        }
+        s = warp_sum(s) * scale;
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new);
+        const float p = expf(s - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < hdv) acc[j] = acc[j] * corr + p * kv_load(vrow, kvh * hdv + d, type);
+        }
+        m = m_new;
+    }
+    float* o = out + (long long)r * n_head * hdv + (long long)h * hdv;
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+        const int d = lane + 32 * j;
+        if (d < hdv) o[d] = acc[j] * inv;
+    }
+}
+
+// ---- Gated DeltaNet (one sequence per launch; its rows in position order) --------------------
+
+#define MO_CONV_MAX 16
+
+// Thread per channel. x, out: [*, ch]; w: [ch, d_conv] (oldest tap first); state: [d_conv-1, ch].
+extern "C" __global__ void mo_conv1d(const float* __restrict__ x, const float* __restrict__ w, const int* __restrict__ rows,
+                                     int n_rows, float* state, float* out, int ch, int d_conv) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    float win[MO_CONV_MAX];
+    const int nw = d_conv - 1;
+    for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
+    for (int t = 0; t < n_rows; t++) {
+        const long long r = rows[t];
+        const float xv = x[r * ch + c];
+        float s = w[(long long)c * d_conv + nw] * xv;
+        for (int j = 0; j < nw; j++) s += w[(long long)c * d_conv + j] * win[j];
+        out[r * ch + c] = s;
+        for (int j = 0; j + 1 < nw; j++) win[j] = win[j + 1];
+        if (nw > 0) win[nw - 1] = xv;
+    }
+    for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
+}
+
+// grid (n_v_heads), threads over d_v: thread i owns row i of S_h [d_v, d_k].
+// S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q / sqrt(d_k). Value head h reads key head h % n_k_heads.
+extern "C" __global__ void mo_delta_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                         const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ rows,
+                                         int n_rows, float* state, float* out, int n_k_heads, int n_v_heads, int d_k, int d_v) {
+    const int h = blockIdx.x;
+    const int kh = h % n_k_heads;
+    const float qscale = rsqrtf((float)d_k);
+    for (int i = threadIdx.x; i < d_v; i += blockDim.x) {
+        float* s = state + ((long long)h * d_v + i) * d_k;
+        for (int t = 0; t < n_rows; t++) {
+            const long long r = rows[t];
+            const float* kr = k + r * n_k_heads * d_k + (long long)kh * d_k;
+            const float* qr = q + r * n_k_heads * d_k + (long long)kh * d_k;
+            const float decay = expf(g[r * n_v_heads + h]);
+            const float b = beta[r * n_v_heads + h];
+            float kv = 0.0f;
+            for (int j = 0; j < d_k; j++) {
+                const float sj = s[j] * decay;
+                s[j] = sj;
+                kv += sj * kr[j];
+            }
+            const float delta = b * (v[r * n_v_heads * d_v + (long long)h * d_v + i] - kv);
+            float o = 0.0f;
+            for (int j = 0; j < d_k; j++) {
+                const float sj = s[j] + delta * kr[j];
+                s[j] = sj;
+                o += sj * qr[j];
+            }
+            out[r * n_v_heads * d_v + (long long)h * d_v + i] = o * qscale;
+        }
+    }
+}

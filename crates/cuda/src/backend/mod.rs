@@ -1,0 +1,452 @@
+//! `CudaBackend`: the `backend::Backend` op set on one GPU, so `model::ModelOn<CudaBackend>`
+//! runs a whole forward pass on the device.
+//!
+//! Weights are uploaded once at load: matrices byte-for-byte in their GGUF layout (read by the
+//! quantized/float matvec kernels of [`crate::matvec`]), vectors and small tensors also as f32.
+//! Activations are device-resident f32 tensors; KV caches and recurrent states live on the
+//! device ([`sequence`]). Everything runs on the device's one stream, in order; only `download`
+//! waits for it. The remaining ops are simple kernels in kernels/model_ops.cu.
+
+mod dense;
+mod sequence;
+
+use std::sync::{Arc, Mutex};
+
+use backend::{BackendError, GgufFile};
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use gguf::GgmlType;
+
+use crate::device::{CudaDevice, CudaOptions};
+use crate::matvec::{self, DeviceMatrix, MatvecScratch};
+
+pub use sequence::{CudaKvCache, CudaRecurrentState};
+
+/// Tensors of at most this many elements are also kept as f32 on the device (norm weights,
+/// biases, conv taps, small test matrices), like the CPU backend's small-tensor copies.
+const SMALL_TENSOR_ELEMENTS: usize = 1 << 18;
+
+/// f32 activations `[rows, cols]`, row-major, on the device. The buffer may be longer than
+/// `rows * cols` (an empty tensor still owns one element: the driver allocates no 0 bytes).
+pub struct CudaTensor {
+    pub(crate) data: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CudaTensor {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// A weight on the device: `[rows, cols]` of GGUF type `ty`.
+pub struct CudaWeight {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// The GGUF bytes, for matrices the matvec kernels take.
+    matrix: Option<DeviceMatrix>,
+    /// Dequantized f32 values, for vectors and small tensors.
+    dense: Option<CudaSlice<f32>>,
+}
+
+/// Quantized-activation scratch of the matvec, grown to the largest `n_tokens * cols` seen.
+struct Scratch {
+    buf: Option<MatvecScratch>,
+    /// Elements of x it can hold (tokens × columns rounded up to 32).
+    capacity: usize,
+}
+
+/// The GPU backend. Cheap to share: ops take `&self`; the matvec scratch is behind a mutex.
+pub struct CudaBackend {
+    dev: CudaDevice,
+    scratch: Mutex<Scratch>,
+}
+
+/// Every device failure becomes `BackendError::Device`.
+pub(crate) fn dev_err(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+pub(crate) fn shape_err(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+/// One thread per element in blocks of 256, capped so huge tensors loop (grid-stride kernels).
+pub(crate) fn elems_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// Opens GPU `opts.ordinal`. Fails cleanly (`CudaError::NoDevice`, …) where there is none.
+    pub fn new(opts: &CudaOptions) -> crate::Result<CudaBackend> {
+        Ok(CudaBackend::from_device(CudaDevice::open(opts)?))
+    }
+
+    pub fn from_device(dev: CudaDevice) -> CudaBackend {
+        CudaBackend {
+            dev,
+            scratch: Mutex::new(Scratch {
+                buf: None,
+                capacity: 0,
+            }),
+        }
+    }
+
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// A device buffer of `n` f32 zeros (at least one element).
+    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>, BackendError> {
+        self.dev
+            .stream()
+            .alloc_zeros::<f32>(n.max(1))
+            .map_err(|_| BackendError::Alloc {
+                what: "tensor",
+                bytes: (n as u128) * 4,
+            })
+    }
+
+    /// Host integers to the device (row indices, positions, token ids).
+    fn upload_i32(&self, v: &[i32]) -> Result<CudaSlice<i32>, BackendError> {
+        if v.is_empty() {
+            return self.dev.stream().alloc_zeros::<i32>(1).map_err(dev_err);
+        }
+        self.dev.stream().clone_htod(v).map_err(dev_err)
+    }
+
+    fn upload_f32(&self, v: &[f32]) -> Result<CudaSlice<f32>, BackendError> {
+        if v.is_empty() {
+            return self.alloc_f32(0);
+        }
+        self.dev.stream().clone_htod(v).map_err(dev_err)
+    }
+
+    fn function(&self, name: &str) -> Result<cudarc::driver::CudaFunction, BackendError> {
+        self.dev
+            .function(crate::sources::Program::ModelOps, name)
+            .map_err(dev_err)
+    }
+
+    /// Runs `f` with a matvec scratch that holds x of `n_tokens × cols`.
+    fn with_scratch<T>(
+        &self,
+        n_tokens: usize,
+        cols: usize,
+        f: impl FnOnce(&mut MatvecScratch) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let need = n_tokens.max(1) * cols.div_ceil(32) * 32;
+        if s.buf.is_none() || s.capacity < need {
+            s.buf = Some(
+                self.dev
+                    .matvec_scratch(n_tokens.max(1), cols)
+                    .map_err(dev_err)?,
+            );
+            s.capacity = need;
+        }
+        f(s.buf.as_mut().expect("scratch allocated above"))
+    }
+}
+
+impl backend::Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type KvCache = CudaKvCache;
+    type RecurrentState = CudaRecurrentState;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.dev.info().ordinal)
+    }
+
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<CudaWeight, BackendError> {
+        let info = file
+            .tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| BackendError::MissingTensor(name.to_owned()))?;
+        let cols = info.dims.first().copied().unwrap_or(1) as usize;
+        let rows = info.n_rows() as usize;
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape_err("load_weight", format!("{name}: size overflows")))?;
+        let bytes = file.tensor_data(info);
+        let dense = if rows == 1 || n <= SMALL_TENSOR_ELEMENTS {
+            let mut v = vec![0.0f32; n];
+            quant::dequantize_row(info.ty, bytes, &mut v)
+                .map_err(|e| BackendError::Quant(format!("{name}: {e}")))?;
+            Some(self.upload_f32(&v)?)
+        } else {
+            None
+        };
+        let matrix = if rows > 1
+            && matvec::supports(info.ty)
+            && cols.is_multiple_of(info.ty.block_size())
+            && (!matvec::quantizes_activations(info.ty) || cols.is_multiple_of(32))
+        {
+            Some(
+                self.dev
+                    .upload_matrix(info.ty, rows, cols, bytes)
+                    .map_err(dev_err)?,
+            )
+        } else {
+            None
+        };
+        if dense.is_none() && matrix.is_none() {
+            return Err(BackendError::UnsupportedType {
+                op: "load_weight",
+                ty: info.ty,
+            });
+        }
+        Ok(CudaWeight {
+            ty: info.ty,
+            rows,
+            cols,
+            matrix,
+            dense,
+        })
+    }
+
+    fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> CudaTensor {
+        // The trait's `zeros` cannot fail; running out of device memory here is fatal.
+        let data = self
+            .alloc_f32(rows * cols)
+            .unwrap_or_else(|e| panic!("cuda zeros [{rows}, {cols}]: {e}"));
+        CudaTensor { data, rows, cols }
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor, BackendError> {
+        if data.len() != rows * cols {
+            return Err(shape_err(
+                "upload",
+                format!("{} values for [{rows}, {cols}]", data.len()),
+            ));
+        }
+        Ok(CudaTensor {
+            data: self.upload_f32(data)?,
+            rows,
+            cols,
+        })
+    }
+
+    fn download(&self, t: &CudaTensor) -> Vec<f32> {
+        // The trait's `download` cannot fail; a lost device here is fatal.
+        let mut v = self
+            .dev
+            .stream()
+            .clone_dtoh(&t.data)
+            .unwrap_or_else(|e| panic!("cuda download: {e}"));
+        v.truncate(t.len());
+        v
+    }
+
+    fn shape(&self, t: &CudaTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn embed(
+        &self,
+        table: &CudaWeight,
+        tokens: &[u32],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.embed_impl(table, tokens, out)
+    }
+
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.matmul_impl(w, x, out)
+    }
+
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) -> Result<(), BackendError> {
+        self.add_bias_impl(x, bias)
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<(), BackendError> {
+        self.add_impl(x, y)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.rms_norm_impl(Some(x), w, None, eps, out)
+    }
+
+    fn rms_norm_inplace(
+        &self,
+        x: &mut CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.rms_norm_impl(None, w, None, eps, x)
+    }
+
+    fn l2_norm(
+        &self,
+        x: &mut CudaTensor,
+        col0: usize,
+        len: usize,
+        group: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.l2_norm_impl(x, col0, len, group, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &backend::RopeParams,
+    ) -> Result<(), BackendError> {
+        self.rope_impl(x, positions, head_dim, p)
+    }
+
+    fn swiglu(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.swiglu_impl(gate, up, out)
+    }
+
+    fn silu(&self, x: &mut CudaTensor) -> Result<(), BackendError> {
+        self.unary_impl("mo_silu", x)
+    }
+
+    fn mul_sigmoid(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<(), BackendError> {
+        self.mul_sigmoid_impl(x, gate)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &mut CudaTensor,
+        w: &CudaWeight,
+        z: &CudaTensor,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.rms_norm_impl(None, w, Some(z), eps, x)
+    }
+
+    fn copy_cols(
+        &self,
+        src: &CudaTensor,
+        dst: &mut CudaTensor,
+        c: &backend::ColumnCopy,
+    ) -> Result<(), BackendError> {
+        self.copy_cols_impl(src, dst, c)
+    }
+
+    fn get_rows(
+        &self,
+        x: &CudaTensor,
+        rows: &[usize],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.get_rows_impl(x, rows, out)
+    }
+
+    fn new_kv_cache(
+        &self,
+        n_ctx: usize,
+        n_kv_head: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        kv_type: backend::KvType,
+    ) -> Result<CudaKvCache, BackendError> {
+        self.new_kv_cache_impl(n_ctx, n_kv_head, head_dim_k, head_dim_v, kv_type)
+    }
+
+    fn kv_cache_bytes(&self, cache: &CudaKvCache) -> usize {
+        cache.bytes()
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        rows: &[backend::Row],
+        caches: &mut [&mut CudaKvCache],
+        p: &backend::AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.attention_impl(q, k, v, rows, caches, p, out)
+    }
+
+    fn new_recurrent_state(
+        &self,
+        shape: &backend::RecurrentShape,
+    ) -> Result<CudaRecurrentState, BackendError> {
+        self.new_recurrent_state_impl(shape)
+    }
+
+    fn recurrent_state_bytes(&self, s: &CudaRecurrentState) -> usize {
+        s.bytes()
+    }
+
+    fn reset_recurrent_state(&self, s: &mut CudaRecurrentState) {
+        self.reset_recurrent_state_impl(s)
+    }
+
+    fn conv1d(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[backend::Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.conv1d_impl(x, w, rows, states, out)
+    }
+
+    fn delta_rule_gates(
+        &self,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        dt_bias: &CudaWeight,
+        a: &CudaWeight,
+    ) -> Result<(), BackendError> {
+        self.delta_rule_gates_impl(alpha, beta, dt_bias, a)
+    }
+
+    fn delta_rule(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        rows: &[backend::Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.delta_rule_impl(q, k, v, g, beta, rows, states, out)
+    }
+}

@@ -1,0 +1,454 @@
+//! Per-sequence state of `CudaBackend` on the device: KV caches with attention, and Gated
+//! DeltaNet recurrent states with conv1d and the delta rule. A batch may mix sequences: rows
+//! are grouped by sequence and each sequence is one launch over its own buffers.
+
+use backend::{AttentionParams, BackendError, KvType, RecurrentShape, Row};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight};
+
+/// Largest head size the attention kernel keeps in registers (MO_ATT_MAX_DIM).
+const MAX_HEAD_DIM: usize = 512;
+/// Largest conv kernel (MO_CONV_MAX).
+const MAX_D_CONV: usize = 16;
+
+/// K and V of one layer of one sequence: `n_ctx` positions of `n_kv_head * head_dim` values
+/// each, stored as `kv_type` rows (ggml block layouts for q8_0 / q4_0).
+pub struct CudaKvCache {
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    n_ctx: usize,
+    n_kv_head: usize,
+    head_dim_k: usize,
+    head_dim_v: usize,
+    kv_type: KvType,
+    /// Bytes of one position's K (resp. V) row.
+    k_pos_bytes: usize,
+    v_pos_bytes: usize,
+}
+
+impl CudaKvCache {
+    pub(super) fn bytes(&self) -> usize {
+        self.n_ctx * (self.k_pos_bytes + self.v_pos_bytes)
+    }
+}
+
+/// One Gated DeltaNet layer's state of one sequence: the conv window `[d_conv - 1, channels]`
+/// (oldest first) and the delta-rule matrices `[n_v_heads, d_v, d_k]`, f32. `Clone` copies on
+/// the device (a snapshot).
+#[derive(Clone)]
+pub struct CudaRecurrentState {
+    conv: CudaSlice<f32>,
+    s: CudaSlice<f32>,
+    shape: RecurrentShape,
+}
+
+impl CudaRecurrentState {
+    pub(super) fn bytes(&self) -> usize {
+        4 * ((self.shape.d_conv.saturating_sub(1)) * self.shape.conv_channels
+            + self.shape.n_v_heads * self.shape.d_v * self.shape.d_k)
+    }
+}
+
+/// Batch rows grouped by sequence, in batch order (rows of one sequence keep their order).
+fn rows_by_seq(rows: &[Row], n_seqs: usize) -> Result<Vec<Vec<usize>>, BackendError> {
+    let mut by = vec![Vec::new(); n_seqs];
+    for (i, r) in rows.iter().enumerate() {
+        by.get_mut(r.seq)
+            .ok_or(BackendError::BadSequence { seq: r.seq, n_seqs })?
+            .push(i);
+    }
+    Ok(by)
+}
+
+fn check_cols(
+    op: &'static str,
+    t: &CudaTensor,
+    rows: usize,
+    cols: usize,
+) -> Result<(), BackendError> {
+    if (t.rows, t.cols) != (rows, cols) {
+        return Err(shape_err(
+            op,
+            format!("[{}, {}], expected [{rows}, {cols}]", t.rows, t.cols),
+        ));
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    pub(super) fn new_kv_cache_impl(
+        &self,
+        n_ctx: usize,
+        n_kv_head: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        kv_type: KvType,
+    ) -> Result<CudaKvCache, BackendError> {
+        let block = kv_type.ggml_type().block_size();
+        for hd in [head_dim_k, head_dim_v] {
+            if !hd.is_multiple_of(block) {
+                return Err(BackendError::KvHeadDim {
+                    kv_type,
+                    head_dim: hd,
+                    block,
+                });
+            }
+            if hd == 0 || hd > MAX_HEAD_DIM {
+                return Err(shape_err(
+                    "new_kv_cache",
+                    format!("head size {hd} (1..={MAX_HEAD_DIM})"),
+                ));
+            }
+        }
+        let row = |hd: usize| {
+            kv_type
+                .row_bytes(n_kv_head * hd)
+                .ok_or_else(|| shape_err("new_kv_cache", format!("{n_kv_head} heads of {hd}")))
+        };
+        let (k_pos_bytes, v_pos_bytes) = (row(head_dim_k)?, row(head_dim_v)?);
+        let alloc = |bytes: usize| {
+            self.dev
+                .stream()
+                .alloc_zeros::<u8>(bytes.max(1))
+                .map_err(|_| BackendError::Alloc {
+                    what: "KV cache",
+                    bytes: bytes as u128,
+                })
+        };
+        let k = alloc(n_ctx.saturating_mul(k_pos_bytes))?;
+        let v = alloc(n_ctx.saturating_mul(v_pos_bytes))?;
+        Ok(CudaKvCache {
+            k,
+            v,
+            n_ctx,
+            n_kv_head,
+            head_dim_k,
+            head_dim_v,
+            kv_type,
+            k_pos_bytes,
+            v_pos_bytes,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_impl(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        rows: &[Row],
+        caches: &mut [&mut CudaKvCache],
+        p: &AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let n = rows.len();
+        if p.n_kv_head == 0 || p.n_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+            return Err(shape_err(
+                "attention",
+                format!("{} heads over {} KV heads", p.n_head, p.n_kv_head),
+            ));
+        }
+        check_cols("attention q", q, n, p.n_head * p.head_dim_k)?;
+        check_cols("attention k", k, n, p.n_kv_head * p.head_dim_k)?;
+        check_cols("attention v", v, n, p.n_kv_head * p.head_dim_v)?;
+        check_cols("attention out", out, n, p.n_head * p.head_dim_v)?;
+        for c in caches.iter() {
+            if (c.n_kv_head, c.head_dim_k, c.head_dim_v)
+                != (p.n_kv_head, p.head_dim_k, p.head_dim_v)
+            {
+                return Err(shape_err(
+                    "attention",
+                    format!(
+                        "cache of {} heads of {}/{} for {p:?}",
+                        c.n_kv_head, c.head_dim_k, c.head_dim_v
+                    ),
+                ));
+            }
+        }
+        let by_seq = rows_by_seq(rows, caches.len())?;
+        let store = self.function("mo_kv_store")?;
+        let attend = self.function("mo_attention")?;
+        for (s, idx) in by_seq.iter().enumerate() {
+            if idx.is_empty() {
+                continue;
+            }
+            let cache = &mut *caches[s];
+            if let Some(r) = idx.iter().map(|&i| rows[i]).find(|r| r.pos >= cache.n_ctx) {
+                return Err(BackendError::PositionOutOfRange {
+                    pos: r.pos,
+                    n_ctx: cache.n_ctx,
+                });
+            }
+            let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+            let pos: Vec<i32> = idx.iter().map(|&i| rows[i].pos as i32).collect();
+            let row_ids = self.upload_i32(&row_ids)?;
+            let pos = self.upload_i32(&pos)?;
+            let ty: i32 = match cache.kv_type {
+                KvType::F32 => 0,
+                KvType::F16 => 1,
+                KvType::Q8_0 => 2,
+                KvType::Q4_0 => 3,
+            };
+            // Store this sequence's new K and V rows first: row r then attends 0..=pos[r].
+            for (src, buf, pos_bytes) in [
+                (k, &mut cache.k, cache.k_pos_bytes),
+                (v, &mut cache.v, cache.v_pos_bytes),
+            ] {
+                let width = src.cols;
+                let cfg = LaunchConfig {
+                    grid_dim: (idx.len() as u32, width.div_ceil(32) as u32, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (src_cols, col0, width_i, pb) =
+                    (src.cols as i32, 0i32, width as i32, pos_bytes as i64);
+                let mut b = self.dev.stream().launch_builder(&store);
+                b.arg(&src.data)
+                    .arg(&src_cols)
+                    .arg(&col0)
+                    .arg(&row_ids)
+                    .arg(&pos)
+                    .arg(buf)
+                    .arg(&width_i)
+                    .arg(&pb)
+                    .arg(&ty);
+                // SAFETY: matches mo_kv_store(src, src_cols, col0, rows, pos, cache, width,
+                // pos_bytes, type); rows < n, pos < n_ctx (checked), the cache holds n_ctx
+                // rows of pos_bytes; block types have width % 32 == 0 (checked at creation).
+                unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (idx.len() as u32, p.n_head as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let ints = [
+                p.n_head as i32,
+                p.n_kv_head as i32,
+                p.head_dim_k as i32,
+                p.head_dim_v as i32,
+            ];
+            let (kpb, vpb) = (cache.k_pos_bytes as i64, cache.v_pos_bytes as i64);
+            let mut b = self.dev.stream().launch_builder(&attend);
+            b.arg(&q.data)
+                .arg(&row_ids)
+                .arg(&pos)
+                .arg(&cache.k)
+                .arg(&cache.v)
+                .arg(&mut out.data);
+            for i in &ints {
+                b.arg(i);
+            }
+            b.arg(&kpb).arg(&vpb).arg(&ty).arg(&p.scale);
+            // SAFETY: matches mo_attention(q, rows, pos, kc, vc, out, n_head, n_kv_head, hdk,
+            // hdv, k_pos_bytes, v_pos_bytes, type, scale); head sizes <= 512 (checked at
+            // cache creation), positions < n_ctx.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn new_recurrent_state_impl(
+        &self,
+        shape: &RecurrentShape,
+    ) -> Result<CudaRecurrentState, BackendError> {
+        if shape.d_conv == 0 || shape.d_conv > MAX_D_CONV || shape.n_k_heads == 0 {
+            return Err(shape_err(
+                "new_recurrent_state",
+                format!("{shape:?} (d_conv 1..={MAX_D_CONV})"),
+            ));
+        }
+        let conv = self.alloc_f32((shape.d_conv - 1) * shape.conv_channels)?;
+        let s = self.alloc_f32(shape.n_v_heads * shape.d_v * shape.d_k)?;
+        Ok(CudaRecurrentState {
+            conv,
+            s,
+            shape: *shape,
+        })
+    }
+
+    pub(super) fn reset_recurrent_state_impl(&self, st: &mut CudaRecurrentState) {
+        // The trait's reset cannot fail; a lost device here is fatal.
+        let stream = self.dev.stream();
+        stream
+            .memset_zeros(&mut st.conv)
+            .and_then(|_| stream.memset_zeros(&mut st.s))
+            .unwrap_or_else(|e| panic!("cuda reset_recurrent_state: {e}"));
+    }
+
+    pub(super) fn conv1d_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let n = rows.len();
+        check_cols("conv1d x", x, n, x.cols)?;
+        check_cols("conv1d out", out, n, x.cols)?;
+        let ch = x.cols;
+        let wd = match &w.dense {
+            Some(d) if w.rows == ch => d,
+            _ => {
+                return Err(shape_err(
+                    "conv1d",
+                    format!("weight [{}, {}] for {ch} channels", w.rows, w.cols),
+                ))
+            }
+        };
+        let d_conv = w.cols;
+        for st in states.iter() {
+            if st.shape.conv_channels != ch || st.shape.d_conv != d_conv {
+                return Err(shape_err(
+                    "conv1d",
+                    format!("state {:?} for {ch} channels, d_conv {d_conv}", st.shape),
+                ));
+            }
+        }
+        let by_seq = rows_by_seq(rows, states.len())?;
+        let f = self.function("mo_conv1d")?;
+        for (s, idx) in by_seq.iter().enumerate() {
+            if idx.is_empty() || ch == 0 {
+                continue;
+            }
+            let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+            let row_ids = self.upload_i32(&row_ids)?;
+            let cfg = LaunchConfig {
+                grid_dim: (ch.div_ceil(128) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let ints = [idx.len() as i32, ch as i32, d_conv as i32];
+            let mut b = self.dev.stream().launch_builder(&f);
+            b.arg(&x.data)
+                .arg(wd)
+                .arg(&row_ids)
+                .arg(&ints[0])
+                .arg(&mut states[s].conv)
+                .arg(&mut out.data)
+                .arg(&ints[1])
+                .arg(&ints[2]);
+            // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv); w is
+            // [ch, d_conv], the state [d_conv - 1, ch], d_conv <= 16 (checked at creation).
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn delta_rule_gates_impl(
+        &self,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        dt_bias: &CudaWeight,
+        a: &CudaWeight,
+    ) -> Result<(), BackendError> {
+        let h = alpha.cols;
+        if (beta.rows, beta.cols) != (alpha.rows, h) {
+            return Err(shape_err(
+                "delta_rule_gates",
+                format!(
+                    "alpha [{}, {h}], beta [{}, {}]",
+                    alpha.rows, beta.rows, beta.cols
+                ),
+            ));
+        }
+        fn vec_of(w: &CudaWeight, h: usize) -> Result<&CudaSlice<f32>, BackendError> {
+            match &w.dense {
+                Some(d) if w.rows * w.cols == h => Ok(d),
+                _ => Err(shape_err(
+                    "delta_rule_gates",
+                    format!("weight [{}, {}] for {h} heads", w.rows, w.cols),
+                )),
+            }
+        }
+        let (dt, av) = (vec_of(dt_bias, h)?, vec_of(a, h)?);
+        let n = alpha.rows * h;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function("mo_delta_gates")?;
+        let (n_i, h_i) = (n as i64, h as i32);
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&mut alpha.data)
+            .arg(&mut beta.data)
+            .arg(dt)
+            .arg(av)
+            .arg(&n_i)
+            .arg(&h_i);
+        // SAFETY: matches mo_delta_gates(alpha, beta, dt_bias, a, n, n_heads); shapes checked.
+        unsafe { b.launch(elems_cfg(n)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn delta_rule_impl(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let n = rows.len();
+        let Some(sh) = states.first().map(|s| s.shape) else {
+            return if n == 0 {
+                Ok(())
+            } else {
+                Err(BackendError::BadSequence { seq: 0, n_seqs: 0 })
+            };
+        };
+        if states.iter().any(|s| s.shape != sh) {
+            return Err(shape_err("delta_rule", "states of different shapes".into()));
+        }
+        check_cols("delta_rule q", q, n, sh.n_k_heads * sh.d_k)?;
+        check_cols("delta_rule k", k, n, sh.n_k_heads * sh.d_k)?;
+        check_cols("delta_rule v", v, n, sh.n_v_heads * sh.d_v)?;
+        check_cols("delta_rule g", g, n, sh.n_v_heads)?;
+        check_cols("delta_rule beta", beta, n, sh.n_v_heads)?;
+        check_cols("delta_rule out", out, n, sh.n_v_heads * sh.d_v)?;
+        let by_seq = rows_by_seq(rows, states.len())?;
+        let f = self.function("mo_delta_rule")?;
+        let threads = sh.d_v.div_ceil(32).clamp(1, 8) as u32 * 32;
+        for (s, idx) in by_seq.iter().enumerate() {
+            if idx.is_empty() || sh.n_v_heads == 0 {
+                continue;
+            }
+            let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+            let row_ids = self.upload_i32(&row_ids)?;
+            let cfg = LaunchConfig {
+                grid_dim: (sh.n_v_heads as u32, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let ints = [
+                idx.len() as i32,
+                sh.n_k_heads as i32,
+                sh.n_v_heads as i32,
+                sh.d_k as i32,
+                sh.d_v as i32,
+            ];
+            let mut b = self.dev.stream().launch_builder(&f);
+            b.arg(&q.data)
+                .arg(&k.data)
+                .arg(&v.data)
+                .arg(&g.data)
+                .arg(&beta.data)
+                .arg(&row_ids)
+                .arg(&ints[0])
+                .arg(&mut states[s].s)
+                .arg(&mut out.data);
+            for i in &ints[1..] {
+                b.arg(i);
+            }
+            // SAFETY: matches mo_delta_rule(q, k, v, g, beta, rows, n_rows, state, out,
+            // n_k_heads, n_v_heads, d_k, d_v); every tensor's shape checked above.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        Ok(())
+    }
+}
