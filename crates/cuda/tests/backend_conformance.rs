@@ -1,0 +1,58 @@
+//! `CudaBackend` against the backend conformance suite (every op vs f64 host code). Needs a GPU:
+//! `cargo test -p cuda --release --test backend_conformance -- --ignored`. Without one, only
+//! the clean-error check runs.
+
+use backend::conformance;
+use cuda::backend::CudaBackend;
+use cuda::CudaOptions;
+
+#[test]
+fn no_device_is_a_clean_error() {
+    if cuda::device_count().unwrap_or(0) > 0 {
+        return;
+    }
+    let e = CudaBackend::new(&CudaOptions::default())
+        .err()
+        .expect("no GPU here, yet the backend opened");
+    assert!(!e.to_string().is_empty());
+}
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(&CudaOptions::default()).expect("a CUDA device (this test is --ignored)")
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_matmul_and_embed() {
+    conformance::matmul_and_embed(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_norms_and_activations() {
+    conformance::norms_and_activations(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_rope() {
+    conformance::rope(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_attention() {
+    conformance::attention(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_delta_net() {
+    conformance::delta_net(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_run_all() {
+    conformance::run_all(&gpu()).unwrap();
+}
