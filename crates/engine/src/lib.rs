@@ -9,3 +9,6 @@ pub mod tokenizer;
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 pub mod chat_template;
 pub use chat_template::{ChatTemplate, TemplateError};
+pub mod constrained;
+pub use constrained::{Constraint, ConstraintError, ConstraintVocab};
+pub mod tool_calls;
