@@ -273,3 +273,56 @@ fn nothing_fits_when_the_fixed_costs_do_not() {
     assert_eq!(p.host_bytes_per_token, p.bytes_per_token);
     assert!(p.suggestions.unwrap().quants.iter().all(|q| !q.fits));
 }
+
+/// The llama fixture with some metadata replaced.
+fn llama_with(overrides: &[(&str, gguf::Value)]) -> gguf::GgufFile {
+    let src = gguf::GgufFile::open(fixture("llama", "model-f32.gguf")).unwrap();
+    let mut w = gguf::GgufWriter::new();
+    for (k, v) in src.metadata().iter() {
+        w.set_metadata(k, v.clone());
+    }
+    for (k, v) in overrides {
+        w.set_metadata(k, v.clone());
+    }
+    for t in src.tensors() {
+        w.add_tensor(&t.name, &t.dims, t.ty).unwrap();
+    }
+    let mut bytes = Vec::new();
+    w.write(&mut bytes, |i, _, out| {
+        out.write_all(src.tensor_data(&src.tensors()[i]))
+    })
+    .unwrap();
+    gguf::GgufFile::from_bytes(bytes).unwrap()
+}
+
+#[test]
+fn absurd_hyperparameters_are_errors_and_huge_options_do_not_overflow() {
+    use gguf::Value;
+    for overrides in [
+        vec![
+            ("llama.attention.head_count", Value::U32(1 << 30)),
+            ("llama.attention.head_count_kv", Value::U32(1 << 30)),
+            ("llama.attention.key_length", Value::U32(1 << 20)),
+            ("llama.attention.value_length", Value::U32(1 << 20)),
+            ("llama.rope.dimension_count", Value::U32(64)),
+        ],
+        vec![("llama.vocab_size", Value::U64(1 << 40))],
+        vec![("llama.block_count", Value::U32(1 << 20))],
+    ] {
+        let f = llama_with(&overrides);
+        match ModelMemory::from_gguf(&f) {
+            Err(model::ModelError::BadKey { .. } | model::ModelError::MissingKey(_)) => {}
+            Err(e) => panic!("{overrides:?}: unexpected error {e}"),
+            Ok(_) => panic!("{overrides:?} accepted"),
+        }
+    }
+    // Unchanged metadata still plans; absurd options are clamped, not overflowed.
+    let m = ModelMemory::from_gguf(&llama_with(&[])).unwrap();
+    let mut o = PlanOptions::for_model(&m);
+    o.n_ctx = usize::MAX;
+    o.n_parallel = usize::MAX;
+    o.n_ubatch = usize::MAX;
+    let p = plan(&m, Some(&v100()), &o);
+    assert_eq!(p.n_ctx, model::plan::MAX_CTX);
+    assert!(!p.fits);
+}

@@ -163,6 +163,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut opts = PlanOptions::for_model(&m);
     opts.n_parallel = args.parallel;
     opts.n_ctx = args.ctx.unwrap_or(opts.n_ctx * args.parallel);
+    if opts.n_ctx > model::plan::MAX_CTX || args.parallel > model::plan::MAX_PARALLEL {
+        bail!(
+            "-c {} / --parallel {} is beyond what the planner accepts ({} tokens, {} slots)",
+            opts.n_ctx,
+            args.parallel,
+            model::plan::MAX_CTX,
+            model::plan::MAX_PARALLEL
+        );
+    }
     if opts.n_ctx < args.parallel {
         bail!("-c {} is less than one token per slot", opts.n_ctx);
     }

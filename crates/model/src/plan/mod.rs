@@ -42,6 +42,12 @@ pub use suggest::{ContextOption, QuantOption, Suggestions};
 /// `--host-bandwidth` overrides it.
 pub const DEFAULT_HOST_BANDWIDTH_GBS: f64 = 50.0;
 
+/// Largest context, slot count and micro-batch the planner computes with (larger values are
+/// clamped), which keeps every byte count inside u64.
+pub const MAX_CTX: usize = 1 << 26;
+pub const MAX_PARALLEL: usize = 1 << 16;
+pub const MAX_UBATCH: usize = 1 << 16;
+
 /// Per-slot context used when none is given (as `redline serve` does).
 pub const DEFAULT_CTX_PER_SLOT: usize = 4096;
 
@@ -212,8 +218,9 @@ fn tok_per_s(gpu_bytes: u64, gpu_gbs: f64, host_bytes: u64, host_gbs: f64) -> f6
 
 /// The ledger and placement without suggestions.
 pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions) -> Plan {
-    let n_parallel = opts.n_parallel.max(1);
-    let n_ctx = opts.n_ctx.max(1);
+    let n_parallel = opts.n_parallel.clamp(1, MAX_PARALLEL);
+    let n_ctx = opts.n_ctx.clamp(1, MAX_CTX);
+    let n_ubatch = opts.n_ubatch.clamp(1, MAX_UBATCH);
     let kv_per_layer_token =
         buffers::kv_bytes_per_token_per_layer(m, opts.cache_type_k, opts.cache_type_v);
     let state_per_layer = m
@@ -253,7 +260,7 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
             device: Device::Host,
         });
     }
-    let compute = buffers::compute_bytes(m, opts.n_ubatch.max(1));
+    let compute = buffers::compute_bytes(m, n_ubatch);
     let ledger = Ledger {
         layer_weights: layer_weights.iter().sum(),
         output_head: m.group_bytes(TensorGroup::Head),
@@ -369,7 +376,7 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         n_parallel,
         cache_type_k: opts.cache_type_k.to_string(),
         cache_type_v: opts.cache_type_v.to_string(),
-        n_ubatch: opts.n_ubatch.max(1),
+        n_ubatch,
         embeddings_on_gpu: opts.embeddings_on_gpu && gpu_used > 0,
         kv_bytes_per_token: kv_per_layer_token * m.n_attention_layers() as u64,
         state_bytes_per_seq: state_per_layer * m.n_recurrent_layers() as u64,

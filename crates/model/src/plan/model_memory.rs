@@ -102,7 +102,7 @@ impl ModelMemory {
                 .find(|t| t.llama_ftype() == id)
                 .map(|t| t.name().to_owned())
         });
-        Ok(ModelMemory {
+        let m = ModelMemory {
             name: md.get_str("general.name").unwrap_or(arch).to_owned(),
             arch: arch.to_owned(),
             file_type,
@@ -125,7 +125,52 @@ impl ModelMemory {
                 head_v_dim: s.d_v(),
             }),
             tensors,
-        })
+        };
+        m.check_bounds()?;
+        Ok(m)
+    }
+
+    /// Rejects hyperparameters far beyond any real model, so the planner's byte arithmetic
+    /// (products of these with contexts up to [`super::MAX_CTX`]) stays well inside u64.
+    fn check_bounds(&self) -> Result<(), ModelError> {
+        let bad = |what: &str, v: usize| ModelError::BadKey {
+            key: format!("{}.{what}", self.arch),
+            detail: format!("{v} is beyond what the memory planner accepts"),
+        };
+        let limits = [
+            ("block_count", self.n_layer, 1 << 12),
+            ("embedding_length", self.n_embd, 1 << 24),
+            ("feed_forward_length", self.n_ff, 1 << 24),
+            ("vocab_size", self.n_vocab, 1 << 26),
+            (
+                "attention.head_count × key_length",
+                self.n_head
+                    .saturating_mul(self.head_dim_k.max(self.head_dim_v)),
+                1 << 20,
+            ),
+            (
+                "attention.head_count_kv × key_length",
+                self.n_head_kv
+                    .saturating_mul(self.head_dim_k.max(self.head_dim_v)),
+                1 << 20,
+            ),
+        ];
+        for (what, v, max) in limits {
+            if v > max {
+                return Err(bad(what, v));
+            }
+        }
+        if let Some(d) = &self.deltanet {
+            let state = d
+                .n_v_heads
+                .saturating_mul(d.head_k_dim)
+                .saturating_mul(d.head_v_dim);
+            let conv = d.conv_kernel.saturating_mul(d.conv_channels);
+            if state > 1 << 28 || conv > 1 << 28 {
+                return Err(bad("ssm.*", state.max(conv)));
+            }
+        }
+        Ok(())
     }
 
     /// A built-in real shape quantized as `ftype` (llama.cpp's mix), without writing a file.

@@ -45,12 +45,14 @@ pub struct Suggestions {
 pub const KV_TYPES: [KvType; 3] = [KvType::F16, KvType::Q8_0, KvType::Q4_0];
 
 /// Context ladder: 512, 1K, 2K … up to n_ctx_train per slot, times the slots.
+/// Both are clamped so every entry stays within [`super::MAX_CTX`].
 pub fn context_ladder(n_ctx_train: usize, n_parallel: usize) -> Vec<usize> {
-    let top = n_ctx_train.max(512);
+    let slots = n_parallel.clamp(1, super::MAX_PARALLEL);
+    let top = n_ctx_train.clamp(512, super::MAX_CTX);
     let mut v = Vec::new();
     let mut c = 512usize;
-    while c <= top {
-        v.push(c * n_parallel.max(1));
+    while c <= top && c * slots <= super::MAX_CTX {
+        v.push(c * slots);
         c *= 2;
     }
     v
