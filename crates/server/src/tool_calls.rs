@@ -2,7 +2,8 @@
 //!
 //! Two template families:
 //! - Qwen / Hermes: `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>` (one block
-//!   per call, see the Qwen2.5 chat template);
+//!   per call, see the Qwen2.5 chat template), or inside the block the XML form of the
+//!   Qwen3.5 template: `<function=f>\n<parameter=a>\nvalue\n</parameter>\n</function>`;
 //! - Llama 3.1+: `<|python_tag|>{"name": "f", "parameters": {...}}` or the bare JSON object
 //!   (several separated by `;`), see Meta's llama3.1 prompt format.
 
@@ -56,6 +57,27 @@ fn call_from_json(v: &Value, n: usize, id_seed: &str) -> Option<ToolCallOut> {
     })
 }
 
+/// `<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...</function>` as
+/// `{"name": NAME, "arguments": {KEY: VALUE}}`; values that parse as JSON are taken as JSON.
+fn xml_call(body: &str) -> Option<Value> {
+    let rest = body.strip_prefix("<function=")?;
+    let (name, mut rest) = rest.split_once('>')?;
+    let mut args = serde_json::Map::new();
+    while let Some(start) = rest.find("<parameter=") {
+        let after = &rest[start + "<parameter=".len()..];
+        let (key, after) = after.split_once('>')?;
+        let end = after.find("</parameter>")?;
+        let raw = after[..end].strip_prefix('\n').unwrap_or(&after[..end]);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let value =
+            serde_json::from_str::<Value>(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
+        args.insert(key.trim().to_string(), value);
+        rest = &after[end + "</parameter>".len()..];
+    }
+    rest.contains("</function>")
+        .then(|| serde_json::json!({"name": name.trim(), "arguments": args}))
+}
+
 /// Parses `text` in the given family. Text that does not parse as calls stays content.
 pub fn parse(text: &str, format: ToolFormat, id_seed: &str) -> Parsed {
     let mut calls = Vec::new();
@@ -70,10 +92,13 @@ pub fn parse(text: &str, format: ToolFormat, id_seed: &str) -> Parsed {
                     Some(end) => (&after[..end], &after[end + "</tool_call>".len()..]),
                     None => (after, ""),
                 };
-                match serde_json::from_str::<Value>(body.trim())
-                    .ok()
-                    .and_then(|v| call_from_json(&v, calls.len(), id_seed))
-                {
+                let body = body.trim();
+                let value = if body.starts_with("<function=") {
+                    xml_call(body)
+                } else {
+                    serde_json::from_str::<Value>(body).ok()
+                };
+                match value.and_then(|v| call_from_json(&v, calls.len(), id_seed)) {
                     Some(c) => calls.push(c),
                     None => content.push_str(&rest[start..rest.len() - next.len()]),
                 }
@@ -167,6 +192,35 @@ mod tests {
         let p = parse("The answer is {braces}.", ToolFormat::Llama3, "x");
         assert!(p.calls.is_empty());
         assert_eq!(p.content.as_deref(), Some("The answer is {braces}."));
+    }
+
+    #[test]
+    fn qwen35_xml_calls_are_parsed() {
+        let text = "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        let p = parse(text, ToolFormat::Hermes, "x");
+        assert_eq!(p.content.as_deref(), Some("Checking."));
+        assert_eq!(p.calls[0].function.name, "get_weather");
+        let args: Value = serde_json::from_str(&p.calls[0].function.arguments).unwrap();
+        assert_eq!(args, serde_json::json!({"city": "New York", "days": 3}));
+        // Unterminated function block: left as text.
+        assert!(parse("<tool_call><function=f>", ToolFormat::Hermes, "x")
+            .calls
+            .is_empty());
+    }
+
+    #[test]
+    fn real_templates_are_detected_as_their_family() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/templates/");
+        for (file, family) in [
+            ("Qwen-Qwen2.5-7B-Instruct.jinja", ToolFormat::Hermes),
+            ("Qwen-Qwen3-0.6B.jinja", ToolFormat::Hermes),
+            ("Qwen3.5-4B.jinja", ToolFormat::Hermes),
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", ToolFormat::Llama3),
+            ("meta-llama-Llama-3.2-3B-Instruct.jinja", ToolFormat::Llama3),
+        ] {
+            let source = std::fs::read_to_string(format!("{dir}{file}")).unwrap();
+            assert_eq!(ToolFormat::detect(&source), family, "{file}");
+        }
     }
 
     #[test]

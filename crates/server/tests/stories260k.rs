@@ -160,3 +160,96 @@ async fn json_schema_output_is_valid_json_of_the_schema() {
         StatusCode::BAD_REQUEST
     );
 }
+
+/// Random text (special-token look-alikes, odd Unicode, control bytes, bad escapes) through
+/// every route that tokenizes or detokenizes: always a 200 or a 4xx, never a 5xx or a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_text_through_the_tokenizer_paths_never_fails_the_server() {
+    let app = app(2);
+    let pool = [
+        "<s>",
+        "</s>",
+        "<unk>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<0x0A>",
+        "▁",
+        " ",
+        "\n",
+        "\t",
+        "\u{0}",
+        "\u{7f}",
+        "é",
+        "☃",
+        "🦀",
+        "\u{fffd}",
+        "\u{202e}",
+        "Once",
+        " upon",
+        "{",
+        "}",
+        "\"",
+        "\\",
+        "{%",
+        "{{",
+        "}}",
+        "%}",
+        "ab",
+    ];
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for i in 0..60 {
+        let n = (next() % 40) as usize;
+        let text: String = (0..n)
+            .map(|_| pool[(next() % pool.len() as u64) as usize])
+            .collect();
+        let ids: Vec<i64> = (0..(next() % 12))
+            .map(|_| (next() % 700) as i64 - 50)
+            .collect();
+        let bodies = [
+            (
+                "/tokenize",
+                json!({"content": text, "add_special": i % 2 == 0, "with_pieces": i % 3 == 0}),
+            ),
+            ("/detokenize", json!({"tokens": ids})),
+            ("/v1/completions", json!({"prompt": text, "max_tokens": 1})),
+            ("/v1/completions", json!({"prompt": ids, "max_tokens": 1})),
+            (
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": text}], "max_tokens": 1}),
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "system", "content": text}, {"role": "user", "content": text}], "max_tokens": 2, "stop": [text.clone()]}),
+            ),
+        ];
+        for (path, body) in bodies {
+            let (status, reply) = post(&app, path, body.clone()).await;
+            assert!(
+                status.is_success() || status.is_client_error(),
+                "{path} {body} -> {status} {reply}"
+            );
+        }
+    }
+    // Bodies that are not valid JSON text at all (lone surrogate escape, truncated, bytes).
+    for raw in [
+        &b"{\"content\": \"\\ud800\"}"[..],
+        b"{\"content\": \"abc",
+        b"\xff\xfe\x00",
+        b"",
+    ] {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/tokenize")
+            .header("content-type", "application/json")
+            .body(Body::from(raw.to_vec()))
+            .unwrap();
+        let status = app.clone().oneshot(req).await.unwrap().status();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{raw:?}");
+    }
+}
