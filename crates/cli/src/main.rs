@@ -40,6 +40,8 @@ enum Command {
     Selftest(commands::selftest::Args),
     /// Quantize a GGUF file (llama-quantize mixes: Q4_K_M, Q8_0, IQ4_XS …).
     Quantize(commands::quantize::Args),
+    /// Convert a Hugging Face checkpoint (safetensors) to GGUF.
+    Convert(commands::convert::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -54,5 +56,6 @@ fn main() -> anyhow::Result<()> {
         Command::Plan(args) => commands::plan::run(args),
         Command::Selftest(args) => commands::selftest::run(args),
         Command::Quantize(args) => commands::quantize::run(args),
+        Command::Convert(args) => commands::convert::run(args),
     }
 }

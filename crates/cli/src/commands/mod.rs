@@ -9,3 +9,4 @@ pub mod serve;
 pub mod plan;
 pub mod selftest;
 pub mod quantize;
+pub mod convert;
