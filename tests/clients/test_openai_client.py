@@ -7,8 +7,10 @@ Run: python3 -m unittest -v tests/clients/test_openai_client.py
 import json
 import os
 import pathlib
+import time
 import unittest
 
+import httpx
 import jsonschema
 import openai
 
@@ -178,6 +180,32 @@ class Structured(unittest.TestCase):
         calls = [tc for c in stream if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         self.assertEqual(calls[0].function.name, "get_weather")
         json.loads(calls[0].function.arguments)
+
+
+def metric(name):
+    text = httpx.get(URL + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+class Cancellation(unittest.TestCase):
+    def test_closing_a_stream_frees_its_slot(self):
+        before = metric("redline_requests_cancelled_total")
+        body = {"prompt": "Once", "max_tokens": 900, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", URL + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                          timeout=60) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 6:
+                    break  # hang up mid-stream
+        deadline = time.time() + 5
+        while metric("redline_requests_cancelled_total") <= before:
+            self.assertLess(time.time(), deadline, "the server did not cancel the abandoned stream")
+            time.sleep(0.05)
+        while metric("redline_slots_busy") != 0:
+            self.assertLess(time.time(), deadline, "the slot stayed busy")
+            time.sleep(0.05)
 
 
 class Errors(unittest.TestCase):
