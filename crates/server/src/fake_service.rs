@@ -19,6 +19,8 @@ pub const SCRIPT: &[u8] = b"Once upon a time, a little robot sang. The end! ";
 
 pub struct ByteModel {
     pub delay: Duration,
+    /// Greedy output: byte `len % script.len()` follows a sequence of length `len`.
+    pub script: &'static [u8],
     /// A sequence that reaches this length favours EOS.
     pub eos_at: usize,
 }
@@ -64,7 +66,7 @@ impl ByteModel {
         let next = if len >= self.eos_at {
             EOS
         } else {
-            SCRIPT[len % SCRIPT.len()] as u32
+            self.script[len % self.script.len()] as u32
         };
         l[next as usize] = 10.0;
         l
@@ -108,7 +110,22 @@ impl FakeService {
         max_queue: usize,
         delay: Duration,
     ) -> Arc<FakeService> {
-        let model = Arc::new(ByteModel { delay, eos_at: 200 });
+        Self::with_script(n_slots, n_ctx, max_queue, delay, SCRIPT, 200)
+    }
+
+    pub fn with_script(
+        n_slots: usize,
+        n_ctx: usize,
+        max_queue: usize,
+        delay: Duration,
+        script: &'static [u8],
+        eos_at: usize,
+    ) -> Arc<FakeService> {
+        let model = Arc::new(ByteModel {
+            delay,
+            script,
+            eos_at,
+        });
         let config = SchedulerConfig {
             n_slots,
             n_ctx_per_slot: n_ctx,

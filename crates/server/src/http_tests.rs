@@ -549,3 +549,88 @@ async fn a_dropped_stream_frees_its_slot() {
     .await;
     assert_eq!(s, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn with_tools_offered_plain_content_still_streams() {
+    let app = app();
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let req = json!({"messages": user("hi"), "tools": tools, "max_tokens": 12, "stream": true});
+    let (_, _, sse) = send(&app, "POST", "/v1/chat/completions", Some(req), None).await;
+    let chunks: Vec<Value> = sse_data(&sse)
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let pieces: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert!(pieces.len() > 5, "content was held back: {pieces:?}");
+    assert_eq!(pieces.concat(), script_after(20, 12));
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "length"));
+}
+
+#[tokio::test]
+async fn a_hermes_tool_call_after_streamed_text_is_parsed() {
+    // The 20-byte prompt "user: hi\nassistant: " is followed by the reply, then EOS.
+    const REPLY: &str =
+        "Let me look.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+    const SCRIPT: &str = concat!(
+        "....................",
+        "Let me look.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
+    );
+    let service = FakeService::with_script(
+        1,
+        256,
+        4,
+        Duration::ZERO,
+        SCRIPT.as_bytes(),
+        20 + REPLY.len(),
+    );
+    let app = app_with(greedy_config(), Some(service));
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let (_, whole) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("hi"), "tools": tools}),
+    )
+    .await;
+    assert_eq!(
+        whole["choices"][0]["finish_reason"], "tool_calls",
+        "{whole}"
+    );
+    assert_eq!(whole["choices"][0]["message"]["content"], "Let me look.");
+    assert_eq!(
+        whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        "{\"x\":1}"
+    );
+
+    let req = json!({"messages": user("hi"), "tools": tools, "stream": true});
+    let (_, _, sse) = send(&app, "POST", "/v1/chat/completions", Some(req), None).await;
+    let chunks: Vec<Value> = sse_data(&sse)
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let content: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert!(
+        content.len() > 3,
+        "the text before the call was not streamed: {content:?}"
+    );
+    assert_eq!(content.concat(), "Let me look.");
+    let call = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0).cloned())
+        .expect("a tool call");
+    assert_eq!(call["function"]["name"], "f");
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+}

@@ -120,7 +120,7 @@ fn take_complete_utf8(bytes: &mut Vec<u8>) -> String {
 
 /// Length (bytes) of the longest suffix of `text` that is a proper prefix of `stop`,
 /// on a character boundary of `text`.
-fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+pub(crate) fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     let max = (stop.len() - 1).min(text.len());
     (1..=max)
         .rev()

@@ -147,6 +147,11 @@ async fn handle(
             reading,
             include_usage: spec.include_usage,
             buffered: String::new(),
+            forced: matches!(
+                input.tool_choice,
+                ToolChoice::Required | ToolChoice::Function(_)
+            ),
+            calls_started: false,
             started: false,
             ended: false,
         };
@@ -239,8 +244,12 @@ struct ChatStream {
     meta: Meta,
     reading: Reading,
     include_usage: bool,
-    /// Text held until the end when it may be tool calls.
+    /// Text held back because it is (or may become) a tool call.
     buffered: String,
+    /// The output is a constrained tool call: hold everything until the end.
+    forced: bool,
+    /// A tool call has begun: hold the rest until the end.
+    calls_started: bool,
     started: bool,
     ended: bool,
 }
@@ -286,6 +295,43 @@ impl ChatStream {
         ))
     }
 
+    /// Sends buffered text that cannot be part of a tool call, so content streams even when
+    /// tools are offered; keeps the rest once a call may have begun.
+    fn release_content(&mut self, format: ToolFormat) -> Option<Event> {
+        match format {
+            ToolFormat::Hermes => {
+                const MARK: &str = "<tool_call>";
+                let cut = match self.buffered.find(MARK) {
+                    Some(at) => {
+                        self.calls_started = true;
+                        at
+                    }
+                    None => {
+                        self.buffered.len()
+                            - crate::text_stream::longest_suffix_prefix(&self.buffered, MARK)
+                    }
+                };
+                let text: String = self.buffered.drain(..cut).collect();
+                self.content_chunk(text, &[])
+            }
+            ToolFormat::Llama3 => {
+                // A Llama 3 call is the whole reply: JSON, or the python tag, at the start.
+                const TAG: &str = "<|python_tag|>";
+                let head = self.buffered.trim_start();
+                if head.is_empty() || (TAG.starts_with(head) && head.len() < TAG.len()) {
+                    return None;
+                }
+                if head.starts_with('{') || head.starts_with(TAG) {
+                    self.calls_started = true;
+                    return None;
+                }
+                self.reading = Reading::Text;
+                let text = std::mem::take(&mut self.buffered);
+                self.content_chunk(text, &[])
+            }
+        }
+    }
+
     /// The events for the next generation step; `None` when the stream is over.
     async fn next_events(&mut self) -> Option<Vec<Event>> {
         if self.ended {
@@ -314,7 +360,12 @@ impl ChatStream {
                 out.push(done_event());
             }
             Some(Ok(Step::Text(text, tokens))) => match self.reading {
-                Reading::Tools(_) => self.buffered.push_str(&text),
+                Reading::Tools(format) => {
+                    self.buffered.push_str(&text);
+                    if !self.forced && !self.calls_started {
+                        out.extend(self.release_content(format));
+                    }
+                }
                 Reading::Text => out.extend(self.content_chunk(text, &tokens)),
             },
             Some(Ok(Step::Finished {
