@@ -64,10 +64,17 @@ pub struct ParsedReply {
 
 /// Parses `text` (special tokens such as `<tool_call>` / `<|python_tag|>` decoded as text).
 pub fn parse_tool_calls(family: ToolFamily, text: &str) -> ParsedReply {
+    parse_tool_calls_with_tools(family, text, &[])
+}
+
+/// As [`parse_tool_calls`], with the request's `tools` (OpenAI shape) so that Qwen3.5 XML
+/// parameter values declared `"type": "string"` stay strings even when they look like JSON
+/// (`<parameter=zip>\n01234\n</parameter>` is the string "01234", not a number).
+pub fn parse_tool_calls_with_tools(family: ToolFamily, text: &str, tools: &[Value]) -> ParsedReply {
     let (reasoning, answer) = split_reasoning(text);
     let mut calls = Vec::new();
     let content = match family {
-        ToolFamily::Qwen => parse_tagged(answer, &mut calls),
+        ToolFamily::Qwen => parse_tagged(answer, tools, &mut calls),
         ToolFamily::Llama3 => parse_llama3(answer, &mut calls),
     };
     let id_seed = fnv1a(text.as_bytes());
@@ -143,7 +150,7 @@ fn call_from_json(v: &Value) -> Option<(String, String)> {
 }
 
 /// `<tool_call>…</tool_call>` blocks; returns the remaining content.
-fn parse_tagged(text: &str, calls: &mut Vec<(String, String)>) -> String {
+fn parse_tagged(text: &str, tools: &[Value], calls: &mut Vec<(String, String)>) -> String {
     const OPEN: &str = "<tool_call>";
     const CLOSE: &str = "</tool_call>";
     let mut content = String::new();
@@ -158,7 +165,7 @@ fn parse_tagged(text: &str, calls: &mut Vec<(String, String)>) -> String {
         };
         let body_trim = body.trim();
         let parsed = if body_trim.starts_with("<function=") {
-            parse_xml_call(body_trim)
+            parse_xml_call(body_trim, tools)
         } else {
             serde_json::from_str::<Value>(body_trim)
                 .ok()
@@ -175,7 +182,7 @@ fn parse_tagged(text: &str, calls: &mut Vec<(String, String)>) -> String {
 }
 
 /// `<function=name><parameter=p>value</parameter>…</function>` (Qwen3.5 / Qwen3-Coder).
-fn parse_xml_call(body: &str) -> Option<(String, String)> {
+fn parse_xml_call(body: &str, tools: &[Value]) -> Option<(String, String)> {
     let rest = body.strip_prefix("<function=")?;
     let name_end = rest.find('>')?;
     let name = rest[..name_end].trim();
@@ -209,18 +216,41 @@ fn parse_xml_call(body: &str) -> Option<(String, String)> {
         if key.is_empty() {
             return None;
         }
-        args.insert(key.to_string(), xml_value(value));
+        let value = if declared_string(tools, name, key) {
+            Value::String(strip_template_newlines(value).to_string())
+        } else {
+            xml_value(value)
+        };
+        args.insert(key.to_string(), value);
         rest = next;
     }
     Some((name.to_string(), Value::Object(args).to_string()))
+}
+
+fn strip_template_newlines(raw: &str) -> &str {
+    let v = raw.strip_prefix('\n').unwrap_or(raw);
+    v.strip_suffix('\n').unwrap_or(v)
+}
+
+/// Whether tool `name`'s parameter `key` is declared with type "string" (only) in `tools`.
+fn declared_string(tools: &[Value], name: &str, key: &str) -> bool {
+    tools.iter().any(|t| {
+        let f = t.get("function").unwrap_or(t);
+        f.get("name").and_then(Value::as_str) == Some(name)
+            && f.pointer(&format!(
+                "/parameters/properties/{}/type",
+                key.replace('~', "~0").replace('/', "~1")
+            ))
+            .and_then(Value::as_str)
+                == Some("string")
+    })
 }
 
 /// The template writes `\n` + value + `\n`; strings raw, objects/arrays as JSON, other
 /// scalars via Jinja's `string` filter. Without the tool's schema we take JSON when the
 /// value parses as JSON (numbers, booleans, null, objects, arrays) and a string otherwise.
 fn xml_value(raw: &str) -> Value {
-    let v = raw.strip_prefix('\n').unwrap_or(raw);
-    let v = v.strip_suffix('\n').unwrap_or(v);
+    let v = strip_template_newlines(raw);
     match v.trim() {
         "True" => return Value::Bool(true),
         "False" => return Value::Bool(false),

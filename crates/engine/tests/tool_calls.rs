@@ -3,7 +3,7 @@
 //! emit), and parsing that text must give back the same calls. Plus hand-written model
 //! outputs and every truncation of them (no panic, no lost text).
 
-use engine::tool_calls::{parse_tool_calls, ParsedReply, ToolFamily};
+use engine::tool_calls::{parse_tool_calls, parse_tool_calls_with_tools, ParsedReply, ToolFamily};
 use engine::ChatTemplate;
 use serde_json::{json, Value};
 
@@ -248,4 +248,21 @@ fn every_truncation_and_corruption_is_handled() {
             }
         }
     }
+}
+
+#[test]
+fn declared_string_parameters_stay_strings() {
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n1234\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let p = parse_tool_calls_with_tools(ToolFamily::Qwen, text, &[weather_tool()]);
+    assert_calls(
+        &p,
+        &[("get_weather".into(), json!({"city": "1234", "days": 3}))],
+        text,
+    );
+    let p = parse_tool_calls(ToolFamily::Qwen, text);
+    assert_calls(
+        &p,
+        &[("get_weather".into(), json!({"city": 1234, "days": 3}))],
+        text,
+    );
 }
