@@ -6,11 +6,12 @@ use serde::Serialize;
 
 use super::model_memory::{ModelMemory, RecurrentDims};
 
-/// Device memory the runtime takes before any model byte: the CUDA context (~0.3 GiB on a V100
-/// or A100 under CUDA 12, as nvidia-smi shows for an idle process holding a context), the
-/// cuBLAS handle and workspace, the NVRTC-compiled kernel modules and the CUDA graph of the
-/// decode step (tens of MiB together), plus a margin for allocator fragmentation. 0.5 GiB is
-/// the estimate for what-if plans; at load the real figure is measured on the card.
+/// Device memory the runtime takes before any model byte, for cards without a measured figure
+/// in the GPU table: the CUDA context (~0.3 GiB on a V100 or A100 under CUDA 12), the cuBLAS
+/// handle and workspace, the NVRTC-compiled kernel modules and the CUDA graph of the decode step
+/// (tens of MiB together), plus a margin for allocator fragmentation. On an H200 (CUDA 13,
+/// driver 580) a bare context measured 527 MiB and context + cuBLAS + torch's modules 685 MiB,
+/// so the Hopper entries use 700 MiB. At load the real figure is measured on the card.
 pub const RUNTIME_OVERHEAD_BYTES: u64 = 512 << 20;
 
 /// Rows of a micro-batch (tokens per forward call), llama.cpp's default `n_ubatch`.

@@ -1,12 +1,20 @@
 //! Built-in table of common GPUs for what-if plans: memory and bandwidth.
 //!
-//! `usable` is the total the driver reports (nvidia-smi "Total"): the marketing size less what
-//! ECC and the driver reserve (16 GiB V100 → 16160 MiB). The runtime's own context is a separate
-//! ledger line. Bandwidth is the datasheet peak in GB/s (10^9 bytes/s); a large read reaches
+//! `usable` is the total a process sees (cuMemGetInfo's total; nvidia-smi's "Total" on
+//! pre-Hopper cards): the marketing size less what ECC and the driver reserve (16 GiB V100 →
+//! 16160 MiB). On the H200 the driver hides another 615 MiB: nvidia-smi says 143771 MiB,
+//! cuMemGetInfo 143156 MiB (measured, driver 580); the H100 figure is nvidia-smi's and may be
+//! optimistic by a similar share. The runtime's own context is a separate ledger line. Bandwidth is the datasheet peak in GB/s (10^9 bytes/s); a large read reaches
 //! ~85–92 % of it (4259 of 4800 GB/s measured on an H200, shared/BENCHMARKING.md), so decode
 //! ceilings computed from it are upper bounds.
 
 use serde::Serialize;
+
+use super::buffers::RUNTIME_OVERHEAD_BYTES;
+
+/// Pre-Hopper cards: the documented estimate. Hopper: measured on the H200 (685 MiB).
+const RT: u64 = RUNTIME_OVERHEAD_BYTES >> 20;
+const RT_HOPPER: u64 = 700;
 
 /// A device the planner places weights on.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -18,6 +26,8 @@ pub struct GpuSpec {
     pub usable_bytes: u64,
     /// Peak memory bandwidth, GB/s.
     pub bandwidth_gbs: f64,
+    /// Estimated device memory of the CUDA context, cuBLAS and our modules.
+    pub runtime_overhead_bytes: u64,
 }
 
 struct GpuEntry {
@@ -27,6 +37,8 @@ struct GpuEntry {
     vram_gib: u64,
     usable_mib: u64,
     bandwidth_gbs: f64,
+    /// Runtime overhead, MiB (see [`RUNTIME_OVERHEAD_BYTES`]).
+    runtime_mib: u64,
 }
 
 const MIB: u64 = 1 << 20;
@@ -39,6 +51,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 16,
         usable_mib: 16160,
         bandwidth_gbs: 900.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["v10032gb", "v10032"],
@@ -46,6 +59,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 32,
         usable_mib: 32510,
         bandwidth_gbs: 900.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["t4"],
@@ -53,6 +67,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 16,
         usable_mib: 15360,
         bandwidth_gbs: 320.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["p40"],
@@ -60,6 +75,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 24,
         usable_mib: 22919,
         bandwidth_gbs: 346.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["a10", "a1024gb"],
@@ -67,6 +83,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 24,
         usable_mib: 23028,
         bandwidth_gbs: 600.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["l4"],
@@ -74,6 +91,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 24,
         usable_mib: 23034,
         bandwidth_gbs: 300.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["a10040gb", "a10040"],
@@ -81,6 +99,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 40,
         usable_mib: 40960,
         bandwidth_gbs: 1555.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["a10080gb", "a10080", "a100"],
@@ -88,6 +107,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 80,
         usable_mib: 81920,
         bandwidth_gbs: 2039.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["rtx3090", "3090"],
@@ -95,6 +115,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 24,
         usable_mib: 24576,
         bandwidth_gbs: 936.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["rtx4090", "4090"],
@@ -102,6 +123,7 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 24,
         usable_mib: 24564,
         bandwidth_gbs: 1008.0,
+        runtime_mib: RT,
     },
     GpuEntry {
         keys: &["h100", "h10080gb", "h100sxm"],
@@ -109,13 +131,15 @@ const TABLE: &[GpuEntry] = &[
         vram_gib: 80,
         usable_mib: 81559,
         bandwidth_gbs: 3350.0,
+        runtime_mib: RT_HOPPER,
     },
     GpuEntry {
         keys: &["h200", "h200141gb"],
         name: "NVIDIA H200 141 GB",
         vram_gib: 141,
-        usable_mib: 143771,
+        usable_mib: 143156,
         bandwidth_gbs: 4800.0,
+        runtime_mib: RT_HOPPER,
     },
 ];
 
@@ -172,6 +196,7 @@ impl GpuSpec {
             vram_bytes: usable_bytes,
             usable_bytes,
             bandwidth_gbs,
+            runtime_overhead_bytes: RUNTIME_OVERHEAD_BYTES,
         }
     }
 }
@@ -183,6 +208,7 @@ impl GpuEntry {
             vram_bytes: self.vram_gib * GIB,
             usable_bytes: self.usable_mib * MIB,
             bandwidth_gbs: self.bandwidth_gbs,
+            runtime_overhead_bytes: self.runtime_mib * MIB,
         }
     }
 }

@@ -62,8 +62,9 @@ pub struct PlanOptions {
     pub cache_type_v: KvType,
     /// Micro-batch rows per forward call (sizes the compute buffers).
     pub n_ubatch: usize,
-    /// Device memory the runtime takes (measured at load; [`RUNTIME_OVERHEAD_BYTES`] otherwise).
-    pub runtime_overhead_bytes: u64,
+    /// Device memory the runtime takes, measured at load; None: the GPU table's estimate
+    /// ([`GpuSpec::runtime_overhead_bytes`]).
+    pub runtime_overhead_bytes: Option<u64>,
     pub host_bandwidth_gbs: f64,
     /// Whether the MTP layers are loaded (for self-speculative decoding).
     pub use_mtp: bool,
@@ -83,7 +84,7 @@ impl PlanOptions {
             cache_type_k: KvType::F16,
             cache_type_v: KvType::F16,
             n_ubatch: buffers::DEFAULT_UBATCH,
-            runtime_overhead_bytes: RUNTIME_OVERHEAD_BYTES,
+            runtime_overhead_bytes: None,
             host_bandwidth_gbs: DEFAULT_HOST_BANDWIDTH_GBS,
             use_mtp: false,
             n_gpu_layers: None,
@@ -261,6 +262,12 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         });
     }
     let compute = buffers::compute_bytes(m, n_ubatch);
+    let runtime_overhead = match gpu {
+        Some(g) => opts
+            .runtime_overhead_bytes
+            .unwrap_or(g.runtime_overhead_bytes),
+        None => 0,
+    };
     let ledger = Ledger {
         layer_weights: layer_weights.iter().sum(),
         output_head: m.group_bytes(TensorGroup::Head),
@@ -269,14 +276,14 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         kv_cache: kv_per_layer_token * n_ctx as u64 * m.n_attention_layers() as u64,
         recurrent_state: state_per_layer * m.n_recurrent_layers() as u64 * n_parallel as u64,
         compute,
-        runtime_overhead: opts.runtime_overhead_bytes,
+        runtime_overhead,
     };
     let embd_on_gpu = if opts.embeddings_on_gpu {
         ledger.token_embedding
     } else {
         0
     };
-    let fixed = compute.total() + opts.runtime_overhead_bytes + embd_on_gpu;
+    let fixed = compute.total() + runtime_overhead + embd_on_gpu;
     let layers_need: u64 = layers.iter().map(|l| l.weight_bytes + l.cache_bytes).sum();
     let gpu_bytes_full = fixed + ledger.output_head + layers_need;
 
