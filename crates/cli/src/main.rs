@@ -42,6 +42,8 @@ enum Command {
     Quantize(commands::quantize::Args),
     /// Convert a Hugging Face checkpoint (safetensors) to GGUF.
     Convert(commands::convert::Args),
+    /// Perplexity of a text, and KL divergence against a base model (llama-perplexity).
+    Perplexity(commands::perplexity::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,5 +59,6 @@ fn main() -> anyhow::Result<()> {
         Command::Selftest(args) => commands::selftest::run(args),
         Command::Quantize(args) => commands::quantize::run(args),
         Command::Convert(args) => commands::convert::run(args),
+        Command::Perplexity(args) => commands::perplexity::run(args),
     }
 }

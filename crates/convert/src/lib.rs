@@ -5,10 +5,12 @@ pub mod error;
 pub mod hf_convert;
 pub mod hf_tokenizer;
 pub mod imatrix;
+pub mod perplexity;
 pub mod quantize_file;
 pub mod safetensors;
 
 pub use error::ConvertError;
 pub use hf_convert::{convert_hf, ConvertReport, OutType};
 pub use imatrix::{load_imatrix, save_imatrix, ImatrixEntry};
+pub use perplexity::{evaluate, make_chunks, KlMode, Scores};
 pub use quantize_file::{plan_file, quantize_file, quantize_gguf, QuantizeOptions, QuantizeReport};

@@ -10,3 +10,4 @@ pub mod plan;
 pub mod selftest;
 pub mod quantize;
 pub mod convert;
+pub mod perplexity;
