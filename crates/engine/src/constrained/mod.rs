@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
@@ -138,6 +138,7 @@ impl ConstraintVocab {
             matcher,
             n_vocab: self.n_vocab,
             complete,
+            mask: None,
         })
     }
 }
@@ -148,6 +149,9 @@ pub struct Constraint {
     n_vocab: usize,
     /// The output so far is a complete document (end-of-generation is allowed).
     complete: bool,
+    /// The mask of the current state (computing one walks the whole token trie, so
+    /// `mask_logits` + `accept` of the same step share it); None after each accept.
+    mask: Option<SimpleVob>,
 }
 
 impl Constraint {
@@ -161,51 +165,64 @@ impl Constraint {
         ConstraintVocab::new(tok)?.json_schema(schema)
     }
 
-    /// Allowed next tokens as a bitmap over the vocabulary (`allowed[id]`). Empty (all false)
-    /// if the constraint is in an error state.
+    /// The current state's mask, computed once per step; None if the constraint failed.
+    fn current_mask(&mut self) -> Option<&SimpleVob> {
+        if self.mask.is_none() {
+            self.mask = self.matcher.compute_mask().ok();
+        }
+        self.mask.as_ref()
+    }
+
+    /// Allowed next tokens as a bitmap over the vocabulary (`allowed[id]`). All false if the
+    /// constraint is in an error state.
     pub fn allowed_tokens(&mut self) -> Vec<bool> {
-        match self.matcher.compute_mask() {
-            Ok(mask) => (0..self.n_vocab)
+        let n_vocab = self.n_vocab;
+        match self.current_mask() {
+            Some(mask) => (0..n_vocab)
                 .map(|id| mask.is_allowed(id as TokenId))
                 .collect(),
-            Err(_) => vec![false; self.n_vocab],
+            None => vec![false; n_vocab],
         }
     }
 
     /// Sets the logits of forbidden tokens to -inf. `logits`: [n_vocab] (extra entries beyond
     /// the tokenizer's vocabulary, e.g. padded output rows, are always forbidden).
     pub fn mask_logits(&mut self, logits: &mut [f32]) {
-        match self.matcher.compute_mask() {
-            Ok(mask) => {
+        let n_vocab = self.n_vocab;
+        match self.current_mask() {
+            Some(mask) => {
                 for (id, l) in logits.iter_mut().enumerate() {
-                    if id >= self.n_vocab || !mask.is_allowed(id as TokenId) {
+                    if id >= n_vocab || !mask.is_allowed(id as TokenId) {
                         *l = f32::NEG_INFINITY;
                     }
                 }
             }
-            Err(_) => logits.fill(f32::NEG_INFINITY),
+            None => logits.fill(f32::NEG_INFINITY),
         }
     }
 
     /// Advances on the sampled token. A forbidden token is an error and leaves the
     /// constraint failed (every later mask is empty).
     pub fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
-        let rejected = |reason: String| ConstraintError::Rejected { token, reason };
+        let rejected = |reason: &str| ConstraintError::Rejected {
+            token,
+            reason: reason.to_string(),
+        };
         if token as usize >= self.n_vocab {
-            return Err(rejected("outside the vocabulary".into()));
+            return Err(rejected("outside the vocabulary"));
         }
         // consume_token trusts the caller; check the mask so a bad token cannot slip by.
-        let allowed = self
-            .matcher
-            .compute_mask()
-            .map_err(|e| rejected(e.to_string()))?
-            .is_allowed(token);
+        let allowed = match self.current_mask() {
+            Some(mask) => mask.is_allowed(token),
+            None => return Err(rejected("the constraint already failed")),
+        };
         if !allowed {
-            return Err(rejected("not allowed here".into()));
+            return Err(rejected("not allowed here"));
         }
+        self.mask = None;
         self.matcher
             .consume_token(token)
-            .map_err(|e| rejected(e.to_string()))?;
+            .map_err(|e| rejected(&e.to_string()))?;
         self.complete = self.matcher.is_accepting().unwrap_or(false);
         Ok(())
     }
