@@ -116,6 +116,12 @@ fn rollout(
             "dead end after {:?}",
             String::from_utf8_lossy(&out)
         );
+        if c.is_stopped() {
+            assert!(
+                allowed.iter().all(|&i| tok.is_eog(i as u32)),
+                "only an end may follow"
+            );
+        }
         // Sample from softmax over the allowed tokens.
         let max = allowed.iter().map(|&i| logits[i]).fold(f32::MIN, f32::max);
         let weights: Vec<f32> = allowed.iter().map(|&i| (logits[i] - max).exp()).collect();
@@ -145,10 +151,6 @@ fn rollout(
         }
         c.accept(pick as u32).unwrap();
         out.extend(tok.piece(pick as u32, false));
-        if c.is_stopped() {
-            assert!(c.is_complete());
-            return Some(String::from_utf8(out).expect("constrained output is UTF-8"));
-        }
     }
     None
 }
@@ -217,6 +219,17 @@ fn full_qwen2_vocab_rollouts_are_schema_valid() {
         "mask+accept per step: {:?}",
         t0.elapsed() / ids.len() as u32
     );
+    // A finished top-level object allows only end-of-generation tokens.
+    logits.fill(0.0);
+    c.mask_logits(&mut logits);
+    let allowed: Vec<u32> = (0..tok.n_vocab() as u32)
+        .filter(|&i| logits[i as usize].is_finite())
+        .collect();
+    assert!(
+        !allowed.is_empty() && allowed.iter().all(|&i| tok.is_eog(i)),
+        "{allowed:?}"
+    );
+    eprintln!("stopped after the object: {}", c.is_stopped());
     run_rollouts(&tok, 3, 3);
 }
 

@@ -168,7 +168,8 @@ impl Constraint {
     /// The current state's mask, computed once per step; None if the constraint failed.
     fn current_mask(&mut self) -> Option<&SimpleVob> {
         if self.mask.is_none() {
-            self.mask = self.matcher.compute_mask().ok();
+            // A stopped matcher (document complete) allows exactly the end-of-generation tokens.
+            self.mask = self.matcher.compute_mask_or_eos().ok();
         }
         self.mask.as_ref()
     }
@@ -218,6 +219,10 @@ impl Constraint {
         };
         if !allowed {
             return Err(rejected("not allowed here"));
+        }
+        if self.matcher.is_stopped() {
+            // Complete document: the allowed (end-of-generation) token changes nothing.
+            return Ok(());
         }
         self.mask = None;
         self.matcher
