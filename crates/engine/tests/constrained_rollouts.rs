@@ -95,7 +95,7 @@ fn rollout(
         .map(|id| {
             tok.piece(id, false)
                 .iter()
-                .any(|b| b"\"]}0123456789".contains(b))
+                .any(|b| b"\"]},".contains(b))
         })
         .collect();
     let mut out = Vec::new();
@@ -284,4 +284,11 @@ fn unsupported_schemas_are_clear_errors() {
         vocab.json_schema(&json!({"$ref": "#/definitions/missing"})),
         Err(ConstraintError::UnsupportedSchema(_))
     ));
+}
+
+#[test]
+fn llama_bpe_and_spm_vocab_rollouts_are_schema_valid() {
+    // 128k byte-level BPE (Llama 3) and 32k SentencePiece with byte-fallback tokens.
+    run_rollouts(&vocab_tokenizer("llama-bpe"), 3, 4);
+    run_rollouts(&vocab_tokenizer("llama-spm"), 20, 5);
 }
