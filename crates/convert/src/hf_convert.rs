@@ -105,6 +105,8 @@ struct HParams {
     head_dim: Option<usize>,
     /// Qwen3.5 DeltaNet: key heads, value heads, key / value head dims.
     lin: Option<(usize, usize, usize, usize)>,
+    /// Qwen3.5 multi-token-prediction layers (`mtp.*`), written as blocks n_layer.. .
+    n_mtp: usize,
 }
 
 /// One tensor to write: where it comes from and what happens to it.
@@ -174,6 +176,10 @@ pub fn convert_hf(
                 need(&c, "linear_value_head_dim")?,
             )),
             _ => None,
+        },
+        n_mtp: match arch {
+            Arch::Qwen35 => cfg_usize(&c, "mtp_num_hidden_layers").unwrap_or(0),
+            _ => 0,
         },
     };
 
@@ -266,9 +272,12 @@ fn gguf_name(hp: &HParams, hf: &str) -> Result<Option<String>, ConvertError> {
         .strip_prefix("model.language_model.")
         .map(|r| format!("model.{r}"))
         .unwrap_or_else(|| hf.to_owned());
-    if hf.starts_with("model.visual.") || hf.starts_with("visual.") || hf.starts_with("mtp.") {
-        // Vision tower (a separate mmproj file in llama.cpp) and the MTP head (not converted yet).
+    if hf.starts_with("model.visual.") || hf.starts_with("visual.") {
+        // The vision tower goes to a separate mmproj file in llama.cpp.
         return Ok(None);
+    }
+    if let Some(mtp) = hf.strip_prefix("mtp.") {
+        return mtp_name(hp, mtp);
     }
     let fixed = match hf.as_str() {
         "lm_head.weight" => Some("output.weight"),
@@ -286,6 +295,42 @@ fn gguf_name(hp: &HParams, hf: &str) -> Result<Option<String>, ConvertError> {
     if layer >= hp.n_layer {
         return Err(unknown());
     }
+    layer_name(hp, layer, part).map(Some).ok_or_else(unknown)
+}
+
+/// Qwen3.5's MTP head (`mtp.*` without the prefix) as llama.cpp's `nextn` block(s) after the
+/// main layers: `fc` -> `nextn.eh_proj`, the two pre-fc norms -> `nextn.enorm` / `nextn.hnorm`,
+/// the final norm -> `nextn.shared_head_norm`, and `layers.i.*` as an ordinary attention block.
+fn mtp_name(hp: &HParams, mtp: &str) -> Result<Option<String>, ConvertError> {
+    if hp.n_mtp == 0 {
+        return Ok(None);
+    }
+    let unknown = || ConvertError::Input(format!("tensor mtp.{mtp} has no GGUF name"));
+    let blk = hp.n_layer;
+    let fixed = match mtp {
+        "fc.weight" => Some("nextn.eh_proj.weight"),
+        "pre_fc_norm_embedding.weight" => Some("nextn.enorm.weight"),
+        "pre_fc_norm_hidden.weight" => Some("nextn.hnorm.weight"),
+        "norm.weight" => Some("nextn.shared_head_norm.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Ok(Some(format!("blk.{blk}.{n}")));
+    }
+    let rest = mtp.strip_prefix("layers.").ok_or_else(unknown)?;
+    let (layer, part) = rest.split_once('.').ok_or_else(unknown)?;
+    let layer: usize = layer.parse().map_err(|_| unknown())?;
+    if layer >= hp.n_mtp {
+        return Err(unknown());
+    }
+    layer_name(hp, blk + layer, part)
+        .map(Some)
+        .ok_or_else(unknown)
+}
+
+/// `blk.<layer>.<name>` of one decoder-layer tensor (`part` after `layers.<i>.`); `None` for
+/// an unknown tensor.
+fn layer_name(hp: &HParams, layer: usize, part: &str) -> Option<String> {
     let post_norm = if hp.arch == Arch::Qwen35 {
         "post_attention_norm.weight"
     } else {
@@ -306,7 +351,7 @@ fn gguf_name(hp: &HParams, hf: &str) -> Result<Option<String>, ConvertError> {
         "self_attn.v_proj.bias" => "attn_v.bias",
         "self_attn.q_norm.weight" => "attn_q_norm.weight",
         "self_attn.k_norm.weight" => "attn_k_norm.weight",
-        "self_attn.rotary_emb.inv_freq" => return Ok(None),
+        "self_attn.rotary_emb.inv_freq" => return None,
         "linear_attn.A_log" => "ssm_a",
         "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
         "linear_attn.dt_bias" => "ssm_dt.bias",
@@ -316,9 +361,9 @@ fn gguf_name(hp: &HParams, hf: &str) -> Result<Option<String>, ConvertError> {
         "linear_attn.in_proj_z.weight" => "attn_gate.weight",
         "linear_attn.norm.weight" => "ssm_norm.weight",
         "linear_attn.out_proj.weight" => "ssm_out.weight",
-        _ => return Err(unknown()),
+        _ => return None,
     };
-    Ok(Some(format!("blk.{layer}.{suffix}")))
+    Some(format!("blk.{layer}.{suffix}"))
 }
 
 /// Reads, transforms and writes one tensor.
@@ -467,7 +512,7 @@ fn model_metadata(
         ("general.architecture".into(), Value::String(a.into())),
         ("general.type".into(), Value::String("model".into())),
         ("general.name".into(), Value::String(name)),
-        (k("block_count"), u(hp.n_layer)),
+        (k("block_count"), u(hp.n_layer + hp.n_mtp)),
     ];
     if let Some(ctx) = cfg_usize(c, "max_position_embeddings") {
         md.push((k("context_length"), u(ctx)));
@@ -518,13 +563,15 @@ fn model_metadata(
             md.push((k("ssm.time_step_rank"), u(nv)));
             md.push((k("ssm.inner_size"), u(nv * hv)));
             let interval = cfg_usize(c, "full_attention_interval").unwrap_or(4);
-            let recurrent: Vec<bool> = match c.get("layer_types").and_then(|l| l.as_array()) {
+            let mut recurrent: Vec<bool> = match c.get("layer_types").and_then(|l| l.as_array()) {
                 Some(l) => l
                     .iter()
                     .map(|t| t.as_str() == Some("linear_attention"))
                     .collect(),
                 None => (0..hp.n_layer).map(|i| (i + 1) % interval != 0).collect(),
             };
+            // MTP blocks are full-attention layers.
+            recurrent.resize(hp.n_layer + hp.n_mtp, false);
             md.push((
                 k("attention.recurrent_layers"),
                 Value::Array(Array::Bool(recurrent)),
@@ -539,6 +586,9 @@ fn model_metadata(
                 k("rope.dimension_count"),
                 u((head_dim as f64 * partial) as usize),
             ));
+            if hp.n_mtp > 0 {
+                md.push((k("nextn_predict_layers"), u(hp.n_mtp)));
+            }
         }
         Arch::Llama => {
             md.push((k("vocab_size"), u(n_vocab)));

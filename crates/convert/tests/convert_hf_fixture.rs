@@ -107,3 +107,138 @@ fn q8_0_equals_llama_cpp_all() {
         check(arch, OutType::Q8_0, "model-q8_0.gguf");
     }
 }
+
+/// Writes a safetensors file of f32 tensors (name, shape, values).
+fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, shape, v) in tensors {
+        let b = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [b, data.len()]}),
+        );
+    }
+    let h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+/// Qwen3.5 with one MTP layer, split over two shards with an index: the main tensors still
+/// equal llama.cpp's, and the MTP head lands in block n_layer as llama.cpp's `nextn` tensors.
+#[test]
+fn qwen35_mtp_layer_and_sharded_index() {
+    let src = Path::new(HF).join("qwen35");
+    if !src.exists() {
+        eprintln!("skipping: {} is absent", src.display());
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("redline-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["mtp_num_hidden_layers"] = 1.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.join("model-00001-of-00002.safetensors"),
+    )
+    .unwrap();
+    let ramp = |n: usize| {
+        (0..n)
+            .map(|i| (i as f32 * 0.37).sin() * 0.05)
+            .collect::<Vec<_>>()
+    };
+    let mut mtp: Vec<(String, Vec<usize>, Vec<f32>)> = vec![
+        ("mtp.fc.weight".into(), vec![256, 512], ramp(256 * 512)),
+        (
+            "mtp.pre_fc_norm_embedding.weight".into(),
+            vec![256],
+            ramp(256),
+        ),
+        ("mtp.pre_fc_norm_hidden.weight".into(), vec![256], ramp(256)),
+        ("mtp.norm.weight".into(), vec![256], ramp(256)),
+    ];
+    for (n, s) in [
+        ("input_layernorm.weight", vec![256]),
+        ("post_attention_layernorm.weight", vec![256]),
+        ("self_attn.q_proj.weight", vec![512, 256]),
+        ("self_attn.k_proj.weight", vec![128, 256]),
+        ("self_attn.v_proj.weight", vec![128, 256]),
+        ("self_attn.o_proj.weight", vec![256, 256]),
+        ("self_attn.q_norm.weight", vec![64]),
+        ("self_attn.k_norm.weight", vec![64]),
+        ("mlp.gate_proj.weight", vec![512, 256]),
+        ("mlp.up_proj.weight", vec![512, 256]),
+        ("mlp.down_proj.weight", vec![256, 512]),
+    ] {
+        let len = s.iter().product();
+        mtp.push((format!("mtp.layers.0.{n}"), s, ramp(len)));
+    }
+    write_safetensors(&dir.join("model-00002-of-00002.safetensors"), &mtp);
+    let mut map = serde_json::Map::new();
+    for (n, _, _) in &mtp {
+        map.insert(n.clone(), "model-00002-of-00002.safetensors".into());
+    }
+    map.insert(
+        "model.norm.weight".into(),
+        "model-00001-of-00002.safetensors".into(),
+    );
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+
+    let out = dir.join("out.gguf");
+    convert_hf(&dir, &out, OutType::F32, &mut |_, _| {}).unwrap();
+    let ours = GgufFile::open(&out).unwrap();
+    let theirs = GgufFile::open(fixture("qwen35", "model-f32.gguf")).unwrap();
+    for b in theirs.tensors() {
+        let a = ours.tensor(&b.name).unwrap();
+        assert!(ours.tensor_data(a) == theirs.tensor_data(b), "{}", b.name);
+    }
+    assert_eq!(ours.tensors().len(), theirs.tensors().len() + mtp.len());
+    let md = ours.metadata();
+    assert_eq!(md.get_u32("qwen35.block_count"), Some(5));
+    assert_eq!(md.get_u32("qwen35.nextn_predict_layers"), Some(1));
+    assert_eq!(
+        md.get_array("qwen35.attention.recurrent_layers"),
+        Some(&gguf::Array::Bool(vec![true, false, true, false, false]))
+    );
+    let f32_of = |n: &str| {
+        let t = ours.tensor(n).unwrap_or_else(|| panic!("{n} missing"));
+        (
+            t.dims.clone(),
+            ours.tensor_data(t)
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (dims, eh) = f32_of("blk.4.nextn.eh_proj.weight");
+    assert_eq!(dims, vec![512, 256]);
+    assert_eq!(eh, mtp[0].2);
+    // Qwen3.5 RMSNorm weights are stored minus one: +1 here too.
+    let (_, enorm) = f32_of("blk.4.nextn.enorm.weight");
+    assert_eq!(enorm[7], mtp[1].2[7] + 1.0);
+    let (_, qn) = f32_of("blk.4.attn_q_norm.weight");
+    assert_eq!(qn[3], ramp(64)[3] + 1.0);
+    for n in [
+        "blk.4.nextn.hnorm.weight",
+        "blk.4.nextn.shared_head_norm.weight",
+        "blk.4.attn_q.weight",
+        "blk.4.ffn_down.weight",
+        "blk.4.post_attention_norm.weight",
+    ] {
+        f32_of(n);
+    }
+    drop(ours);
+    let _ = std::fs::remove_dir_all(dir);
+}
