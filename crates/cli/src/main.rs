@@ -44,6 +44,8 @@ enum Command {
     Convert(commands::convert::Args),
     /// Perplexity of a text, and KL divergence against a base model (llama-perplexity).
     Perplexity(commands::perplexity::Args),
+    /// Compute an importance matrix from a text, for quantize --imatrix (llama-imatrix).
+    Imatrix(commands::imatrix::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,5 +62,6 @@ fn main() -> anyhow::Result<()> {
         Command::Quantize(args) => commands::quantize::run(args),
         Command::Convert(args) => commands::convert::run(args),
         Command::Perplexity(args) => commands::perplexity::run(args),
+        Command::Imatrix(args) => commands::imatrix::run(args),
     }
 }

@@ -11,3 +11,4 @@ pub mod selftest;
 pub mod quantize;
 pub mod convert;
 pub mod perplexity;
+pub mod imatrix;
