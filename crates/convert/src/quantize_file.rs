@@ -10,7 +10,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use gguf::{GgmlType, GgufFile, GgufWriter, TensorInfo, Value};
-use model::synth::{plan_types, FileType};
+use model::synth::{plan_types, plan_types_default, FileType};
 
 use crate::error::ConvertError;
 
@@ -26,6 +26,8 @@ pub struct QuantizeOptions {
     pub imatrix: Option<HashMap<String, Vec<f32>>>,
     /// Worker threads; `None` = rayon's default (all cores).
     pub threads: Option<usize>,
+    /// llama-quantize `--pure`: no per-tensor mix for Q4_0 / IQ4_XS (see `plan_types_default`).
+    pub pure: bool,
 }
 
 /// What happened to one tensor.
@@ -53,13 +55,17 @@ fn is_float(ty: GgmlType) -> bool {
 
 /// The output type of every tensor of `file` for `ftype`. A tensor the mix keeps as is
 /// (planned F32: norms, biases, 1-D, conv) keeps its input type, as llama.cpp does.
-pub fn plan_file(file: &GgufFile, ftype: FileType) -> Vec<GgmlType> {
+pub fn plan_file(file: &GgufFile, ftype: FileType, pure: bool) -> Vec<GgmlType> {
     let shapes: Vec<(String, Vec<u64>)> = file
         .tensors()
         .iter()
         .map(|t| (t.name.clone(), t.dims.clone()))
         .collect();
-    let planned = plan_types(&shapes, ftype);
+    let planned = if pure {
+        plan_types(&shapes, ftype)
+    } else {
+        plan_types_default(&shapes, ftype)
+    };
     file.tensors()
         .iter()
         .zip(planned)
@@ -108,7 +114,7 @@ pub fn quantize_gguf<W: Write>(
     opts: &QuantizeOptions,
     progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<QuantizeReport, ConvertError> {
-    let types = plan_file(file, opts.ftype);
+    let types = plan_file(file, opts.ftype, opts.pure);
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata().iter() {
         w.set_metadata(k, v.clone());

@@ -96,6 +96,7 @@ fn imatrix_matches_hand_computed_sums_and_drives_quantize() {
         ftype: FileType::Q4KM,
         imatrix: None,
         threads: Some(2),
+        pure: false,
     };
     quantize_file(&path, &q_plain, &opts, &mut |_, _| {}).unwrap();
     opts.imatrix = Some(loaded);

@@ -26,6 +26,7 @@ fn quantize(arch: &str, ftype: FileType) -> PathBuf {
         ftype,
         imatrix: None,
         threads: Some(2),
+        pure: false,
     };
     let mut calls = 0;
     quantize_file(

@@ -22,6 +22,10 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// One type for every quantizable tensor (llama-quantize --pure; no Q6_K head for Q4_0 /
+    /// IQ4_XS).
+    #[arg(long)]
+    pub pure: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -37,6 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ftype,
         imatrix,
         threads: args.threads,
+        pure: args.pure,
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

@@ -206,6 +206,18 @@ fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
 
 /// Assigns a type to every tensor of `tensors` ((name, dims), in the file's order).
 pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
+    plan_types_with(tensors, ftype, true)
+}
+
+/// llama-quantize's default choice (without `--pure`), as `redline quantize` makes it: as
+/// [`plan_types`], except that Q4_0 and IQ4_XS (pure there, to match the measured peer files)
+/// take their per-tensor rules: the head goes to Q6_K, and IQ4_XS also bumps `attn_v` to Q5_K
+/// on GQA >= 4 and the first eighth of `ffn_down` to Q5_K.
+pub fn plan_types_default(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
+    plan_types_with(tensors, ftype, false)
+}
+
+fn plan_types_with(tensors: &[(String, Vec<u64>)], ftype: FileType, pure: bool) -> Vec<GgmlType> {
     let tied = !tensors.iter().any(|(n, _)| n == "output.weight");
     let base = ftype.base_type();
     let n_attn_v = tensors
@@ -276,6 +288,14 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
                     n_attn_v,
                     &mut i_ffn_down,
                     n_ffn_down,
+                ),
+                FileType::Q4_0 | FileType::IQ4XS if !pure => more_mix_type(
+                    ftype,
+                    name,
+                    tied,
+                    gqa,
+                    (&mut i_attn_v, n_attn_v),
+                    (&mut i_ffn_down, n_ffn_down),
                 ),
                 FileType::Q4_1
                 | FileType::Q5_0
@@ -365,7 +385,7 @@ fn more_mix_type(
             FileType::Q2K if gqa >= 4 => Q4K,
             FileType::Q2K => Q3K,
             FileType::Q3KL => Q5K,
-            FileType::IQ4NL if gqa >= 4 => Q5K,
+            FileType::IQ4NL | FileType::IQ4XS if gqa >= 4 => Q5K,
             _ => base,
         };
     }
@@ -375,7 +395,7 @@ fn more_mix_type(
         return match ftype {
             FileType::Q2K => Q3K,
             FileType::Q3KL => Q5K,
-            FileType::IQ4NL if i < ffn_down.1 / 8 => Q5K,
+            FileType::IQ4NL | FileType::IQ4XS if i < ffn_down.1 / 8 => Q5K,
             _ => base,
         };
     }
@@ -554,6 +574,18 @@ mod tests {
         assert_eq!(get(FileType::Q5KS, "blk.0.attn_v.weight"), Q5K);
         assert_eq!(get(FileType::BF16, "blk.0.attn_v.weight"), BF16);
         assert_eq!(FileType::from_name("q3_k_l"), Some(FileType::Q3KL));
+        // Q4_0 / IQ4_XS: pure in plan_types, llama-quantize's rules in plan_types_default.
+        let def = |ftype: FileType, n: &str| {
+            plan_types_default(&t, ftype)[t.iter().position(|(x, _)| x == n).unwrap()]
+        };
+        assert_eq!(get(FileType::Q4_0, "output.weight"), Q4_0);
+        assert_eq!(def(FileType::Q4_0, "output.weight"), Q6K);
+        assert_eq!(def(FileType::Q4_0, "blk.0.ffn_down.weight"), Q4_0);
+        assert_eq!(def(FileType::IQ4XS, "output.weight"), Q6K);
+        assert_eq!(def(FileType::IQ4XS, "blk.0.attn_v.weight"), Q5K);
+        assert_eq!(def(FileType::IQ4XS, "blk.3.ffn_down.weight"), Q5K);
+        assert_eq!(def(FileType::IQ4XS, "blk.4.ffn_down.weight"), IQ4XS);
+        assert_eq!(def(FileType::Q4KM, "blk.0.attn_v.weight"), Q6K);
     }
 
     #[test]
