@@ -6,7 +6,6 @@
 pub mod app;
 pub mod error;
 pub mod generation;
-pub mod json_constraint;
 pub mod model_service;
 pub mod openai;
 pub mod routes;

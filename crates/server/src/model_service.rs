@@ -7,12 +7,11 @@ use engine::scheduler::{
     BatchModel, GenerationRequest, GenerationStream, Scheduler, SchedulerConfig, SchedulerStats,
     TokenConstraint,
 };
-use engine::{ChatTemplate, Tokenizer};
+use engine::{ChatTemplate, ConstraintError, ConstraintVocab, Tokenizer};
 use model::{KvType, Model, SeqState};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::json_constraint::JsonConstraints;
 use crate::service::{InferenceService, ModelInfo};
 use crate::tool_calls::ToolFormat;
 
@@ -101,7 +100,8 @@ pub struct ModelService {
     tokenizer: Arc<Tokenizer>,
     template: ChatTemplate,
     scheduler: Scheduler,
-    json: JsonConstraints,
+    /// Token trie + grammar factory for `response_format` / forced tool calls (built once).
+    constraints: ConstraintVocab,
 }
 
 impl ModelService {
@@ -157,14 +157,15 @@ impl ModelService {
             n_slots: opts.n_slots,
             tool_format,
         };
+        let constraints = ConstraintVocab::new(&tokenizer)
+            .map_err(|e| ApiError::Internal(format!("constrained decoding: {e}")))?;
         let tokenizer = Arc::new(tokenizer);
-        let json = JsonConstraints::new(tokenizer.clone())?;
         Ok(ModelService {
             info,
             tokenizer,
             template,
             scheduler,
-            json,
+            constraints,
         })
     }
 
@@ -221,7 +222,18 @@ impl InferenceService for ModelService {
         &self,
         schema: Option<&Value>,
     ) -> Result<Box<dyn TokenConstraint>, ApiError> {
-        self.json.constraint(schema)
+        let constraint = match schema {
+            None => self.constraints.json_object(),
+            Some(schema) => self.constraints.json_schema(schema),
+        };
+        match constraint {
+            Ok(c) => Ok(Box::new(c)),
+            Err(e @ ConstraintError::UnsupportedSchema(_)) => Err(ApiError::invalid_param(
+                "response_format",
+                format!("unusable JSON schema: {e}"),
+            )),
+            Err(e) => Err(ApiError::Internal(format!("constrained decoding: {e}"))),
+        }
     }
 
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, ApiError> {
