@@ -140,6 +140,23 @@ pub fn convert_hf(
     outtype: OutType,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ConvertReport, ConvertError> {
+    convert_hf_chunked(
+        dir,
+        output,
+        outtype,
+        crate::quantize_file::CHUNK_ELEMENTS,
+        progress,
+    )
+}
+
+/// As [`convert_hf`], streaming untransformed tensors in chunks of about `chunk_elements`.
+pub fn convert_hf_chunked(
+    dir: &Path,
+    output: &Path,
+    outtype: OutType,
+    chunk_elements: usize,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ConvertReport, ConvertError> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| ConvertError::io(&cfg_path, e))?;
     let root: Json = serde_json::from_str(&text)
@@ -231,7 +248,7 @@ pub fn convert_hf(
     let mut failure = None;
     w.write(&mut out, |i, _, sink| {
         let p = &plans[i];
-        let r = write_tensor(&hp, &files[p.src], p, sink);
+        let r = write_tensor(&hp, &files[p.src], p, chunk_elements, sink);
         done += p.tensor.n_elements() as u64;
         progress(done, total);
         r.map_err(|e| {
@@ -371,11 +388,35 @@ fn write_tensor(
     hp: &HParams,
     file: &StFile,
     p: &Plan,
+    chunk_elements: usize,
     sink: &mut dyn Write,
 ) -> Result<(), ConvertError> {
+    let row = (p.dims[0] as usize).max(1);
+    let io = |e| ConvertError::io(format!("writing {}", p.name), e);
+    if !transforms(hp, &p.name) {
+        // Untouched tensors (embeddings, heads, MLPs: the bulk of a model) stream in chunks of
+        // whole rows, so memory stays at ~CHUNK_ELEMENTS f32 whatever the tensor size.
+        let n = p.tensor.n_elements();
+        let rows_per_chunk = (chunk_elements / row).max(1);
+        let out_row =
+            p.ty.bytes_for(row as u64)
+                .ok_or_else(|| ConvertError::Tensor {
+                    name: p.name.clone(),
+                    what: "not whole blocks".into(),
+                })? as usize;
+        let mut start = 0;
+        while start < n {
+            let len = (rows_per_chunk * row).min(n - start);
+            let x = file.range_to_f32(&p.tensor, start, len);
+            let mut out = vec![0u8; len / row * out_row];
+            quant::quantize_rows(p.ty, &x, row, &mut out, None)?;
+            sink.write_all(&out).map_err(io)?;
+            start += len;
+        }
+        return Ok(());
+    }
     let mut x = file.to_f32(&p.tensor);
     transform(hp, &p.name, &p.tensor.shape, &mut x)?;
-    let row = p.dims[0] as usize;
     let n_bytes =
         p.ty.bytes_for(x.len() as u64)
             .ok_or_else(|| ConvertError::Tensor {
@@ -383,9 +424,22 @@ fn write_tensor(
                 what: "not whole blocks".into(),
             })? as usize;
     let mut out = vec![0u8; n_bytes];
-    quant::quantize_rows(p.ty, &x, row.max(1), &mut out, None)?;
-    sink.write_all(&out)
-        .map_err(|e| ConvertError::io(format!("writing {}", p.name), e))
+    quant::quantize_rows(p.ty, &x, row, &mut out, None)?;
+    sink.write_all(&out).map_err(io)
+}
+
+/// Whether [`transform`] changes tensor `name` (the rest is copied / cast as is).
+fn transforms(hp: &HParams, name: &str) -> bool {
+    let base = name.split('.').nth(2).unwrap_or(name);
+    match hp.arch {
+        Arch::Llama => matches!(base, "attn_q" | "attn_k"),
+        Arch::Qwen35 => {
+            name.contains("norm")
+                || base.starts_with("ssm_")
+                || matches!(base, "attn_qkv" | "attn_gate")
+        }
+        _ => false,
+    }
 }
 
 /// Applies llama.cpp's converter transformations in place. x: row-major with HF `shape`.

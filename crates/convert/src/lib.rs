@@ -11,7 +11,7 @@ pub mod quantize_file;
 pub mod safetensors;
 
 pub use error::ConvertError;
-pub use hf_convert::{convert_hf, ConvertReport, OutType};
+pub use hf_convert::{convert_hf, convert_hf_chunked, ConvertReport, OutType};
 pub use imatrix::{load_imatrix, save_imatrix, ImatrixEntry};
 pub use imatrix_collect::collect_imatrix;
 pub use perplexity::{evaluate, make_chunks, KlMode, Scores};

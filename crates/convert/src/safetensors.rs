@@ -76,7 +76,14 @@ impl StFile {
 
     /// The tensor as f32 (converted from F16 / BF16), row-major.
     pub fn to_f32(&self, t: &StTensor) -> Vec<f32> {
-        let b = self.bytes(t);
+        self.range_to_f32(t, 0, t.n_elements())
+    }
+
+    /// Elements `[start, start + n)` of the tensor (flattened, row-major) as f32.
+    /// Panics if the range is outside the tensor (callers derive it from the shape).
+    pub fn range_to_f32(&self, t: &StTensor, start: usize, n: usize) -> Vec<f32> {
+        let sz = t.dtype.size();
+        let b = &self.bytes(t)[start * sz..(start + n) * sz];
         match t.dtype {
             Dtype::F32 => b
                 .chunks_exact(4)

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use convert::{convert_hf, OutType};
+use convert::{convert_hf, convert_hf_chunked, OutType};
 use gguf::{GgufFile, Value};
 
 const HF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures-hf");
@@ -241,4 +241,31 @@ fn qwen35_mtp_layer_and_sharded_index() {
     }
     drop(ours);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Streaming in chunks of a few rows gives the same bytes as converting whole tensors.
+#[test]
+fn chunked_streaming_gives_the_same_file() {
+    for (arch, outtype) in [("llama", OutType::Q8_0), ("qwen35", OutType::F32)] {
+        let dir = Path::new(HF).join(arch);
+        if !dir.exists() {
+            eprintln!("skipping: {} is absent", dir.display());
+            return;
+        }
+        let tmp = |s: &str| {
+            std::env::temp_dir().join(format!(
+                "redline-chunk-{}-{arch}-{s}.gguf",
+                std::process::id()
+            ))
+        };
+        let (whole, chunked) = (tmp("whole"), tmp("chunked"));
+        convert_hf(&dir, &whole, outtype, &mut |_, _| {}).unwrap();
+        convert_hf_chunked(&dir, &chunked, outtype, 1000, &mut |_, _| {}).unwrap();
+        assert!(
+            std::fs::read(&whole).unwrap() == std::fs::read(&chunked).unwrap(),
+            "{arch}"
+        );
+        let _ = std::fs::remove_file(whole);
+        let _ = std::fs::remove_file(chunked);
+    }
 }
