@@ -10,9 +10,15 @@ use gguf::{GgmlType, GgufFile};
 
 use crate::error::ConvertError;
 
-/// Reads a GGUF imatrix file into per-weight importances (`name -> [n_mat * n_per_row]`).
+/// Reads an imatrix file (GGUF, or llama.cpp's older `.dat` format) into per-weight
+/// importances (`name -> [n_mat * n_per_row]`).
 pub fn load_imatrix(path: &Path) -> Result<HashMap<String, Vec<f32>>, ConvertError> {
-    let file = GgufFile::open(path)?;
+    let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
+    if !bytes.starts_with(b"GGUF") {
+        return parse_legacy_imatrix(&bytes)
+            .map_err(|w| ConvertError::Imatrix(format!("{}: {w}", path.display())));
+    }
+    let file = GgufFile::from_bytes(bytes)?;
     let bad = |w: String| ConvertError::Imatrix(format!("{}: {w}", path.display()));
     let mut out = HashMap::new();
     for t in file.tensors() {
@@ -47,6 +53,45 @@ pub fn load_imatrix(path: &Path) -> Result<HashMap<String, Vec<f32>>, ConvertErr
         return Err(bad(
             "no <name>.in_sum2 tensors (not a GGUF imatrix file?)".into()
         ));
+    }
+    Ok(out)
+}
+
+/// llama.cpp's legacy `.dat` imatrix (tools/imatrix, `--output-format dat`): i32 n_entries,
+/// then per entry i32 name length, name, i32 ncall, i32 nval, f32 values[nval] (importance
+/// times ncall), then i32 last_call and the dataset name. Importance = value / ncall.
+pub fn parse_legacy_imatrix(b: &[u8]) -> Result<HashMap<String, Vec<f32>>, String> {
+    let mut pos = 0usize;
+    let mut i32_at = |pos: &mut usize| -> Result<i32, String> {
+        let v = b
+            .get(*pos..*pos + 4)
+            .ok_or_else(|| format!("truncated at byte {pos}"))?;
+        *pos += 4;
+        Ok(i32::from_le_bytes(v.try_into().expect("4 bytes")))
+    };
+    let n = i32_at(&mut pos)?;
+    if n <= 0 {
+        return Err(format!("{n} entries"));
+    }
+    let mut out = HashMap::new();
+    for _ in 0..n {
+        let len = usize::try_from(i32_at(&mut pos)?).map_err(|_| "negative name length")?;
+        let name = b.get(pos..pos + len).ok_or("truncated name")?;
+        let name = String::from_utf8(name.to_vec()).map_err(|_| "name is not UTF-8")?;
+        pos += len;
+        let ncall = i32_at(&mut pos)?;
+        let nval = usize::try_from(i32_at(&mut pos)?).map_err(|_| "negative value count")?;
+        let vals = b
+            .get(
+                pos..nval
+                    .checked_mul(4)
+                    .and_then(|n| n.checked_add(pos))
+                    .ok_or("size overflow")?,
+            )
+            .ok_or("truncated values")?;
+        pos += nval * 4;
+        let scale = if ncall > 0 { 1.0 / ncall as f32 } else { 1.0 };
+        out.insert(name, f32s(vals).into_iter().map(|v| v * scale).collect());
     }
     Ok(out)
 }
@@ -137,6 +182,23 @@ mod tests {
         let f = GgufFile::open(&path).unwrap();
         assert_eq!(f.metadata().get_u32("imatrix.chunk_count"), Some(7));
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn legacy_dat_format() {
+        let mut b = 1i32.to_le_bytes().to_vec();
+        let name = b"blk.0.ffn_up.weight";
+        b.extend((name.len() as i32).to_le_bytes());
+        b.extend(name);
+        b.extend(4i32.to_le_bytes()); // ncall
+        b.extend(2i32.to_le_bytes()); // nval
+        b.extend(8f32.to_le_bytes());
+        b.extend(2f32.to_le_bytes());
+        b.extend(4i32.to_le_bytes()); // last_call
+        let m = parse_legacy_imatrix(&b).unwrap();
+        assert_eq!(m["blk.0.ffn_up.weight"], vec![2.0, 0.5]);
+        assert!(parse_legacy_imatrix(&b[..b.len() - 9]).is_err());
+        assert!(parse_legacy_imatrix(&[0xff; 4]).is_err());
     }
 
     #[test]
