@@ -62,7 +62,7 @@ pub fn load_imatrix(path: &Path) -> Result<HashMap<String, Vec<f32>>, ConvertErr
 /// times ncall), then i32 last_call and the dataset name. Importance = value / ncall.
 pub fn parse_legacy_imatrix(b: &[u8]) -> Result<HashMap<String, Vec<f32>>, String> {
     let mut pos = 0usize;
-    let mut i32_at = |pos: &mut usize| -> Result<i32, String> {
+    let i32_at = |pos: &mut usize| -> Result<i32, String> {
         let v = b
             .get(*pos..*pos + 4)
             .ok_or_else(|| format!("truncated at byte {pos}"))?;
