@@ -10,7 +10,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use gguf::{GgmlType, GgufFile, GgufWriter, TensorInfo, Value};
-use model::synth::{plan_types, plan_types_default, FileType};
+use model::synth::{plan_types_for_quantize, FileType};
 
 use crate::error::ConvertError;
 
@@ -55,17 +55,13 @@ fn is_float(ty: GgmlType) -> bool {
 
 /// The output type of every tensor of `file` for `ftype`. A tensor the mix keeps as is
 /// (planned F32: norms, biases, 1-D, conv) keeps its input type, as llama.cpp does.
-pub fn plan_file(file: &GgufFile, ftype: FileType, pure: bool) -> Vec<GgmlType> {
+pub fn plan_file(file: &GgufFile, ftype: FileType, pure: bool, has_imatrix: bool) -> Vec<GgmlType> {
     let shapes: Vec<(String, Vec<u64>)> = file
         .tensors()
         .iter()
         .map(|t| (t.name.clone(), t.dims.clone()))
         .collect();
-    let planned = if pure {
-        plan_types(&shapes, ftype)
-    } else {
-        plan_types_default(&shapes, ftype)
-    };
+    let planned = plan_types_for_quantize(&shapes, ftype, pure, has_imatrix);
     file.tensors()
         .iter()
         .zip(planned)
@@ -114,7 +110,7 @@ pub fn quantize_gguf<W: Write>(
     opts: &QuantizeOptions,
     progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<QuantizeReport, ConvertError> {
-    let types = plan_file(file, opts.ftype, opts.pure);
+    let types = plan_file(file, opts.ftype, opts.pure, opts.imatrix.is_some());
     let mut w = GgufWriter::new();
     for (k, v) in file.metadata().iter() {
         w.set_metadata(k, v.clone());

@@ -206,7 +206,7 @@ fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
 
 /// Assigns a type to every tensor of `tensors` ((name, dims), in the file's order).
 pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
-    plan_types_with(tensors, ftype, true)
+    plan_types_with(tensors, ftype, true, false)
 }
 
 /// llama-quantize's default choice (without `--pure`), as `redline quantize` makes it: as
@@ -214,10 +214,27 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
 /// take their per-tensor rules: the head goes to Q6_K, and IQ4_XS also bumps `attn_v` to Q5_K
 /// on GQA >= 4 and the first eighth of `ffn_down` to Q5_K.
 pub fn plan_types_default(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
-    plan_types_with(tensors, ftype, false)
+    plan_types_with(tensors, ftype, false, false)
 }
 
-fn plan_types_with(tensors: &[(String, Vec<u64>)], ftype: FileType, pure: bool) -> Vec<GgmlType> {
+/// [`plan_types_default`] (or [`plan_types`] when `pure`) for a quantization with an importance
+/// matrix when `has_imatrix`: llama.cpp then leaves the IQ4_NL / IQ4_XS `ffn_down` bump out, and
+/// puts the first eighth of `ffn_down` of Q4_0 / Q5_0 at Q4_1 / Q5_1.
+pub fn plan_types_for_quantize(
+    tensors: &[(String, Vec<u64>)],
+    ftype: FileType,
+    pure: bool,
+    has_imatrix: bool,
+) -> Vec<GgmlType> {
+    plan_types_with(tensors, ftype, pure, has_imatrix)
+}
+
+fn plan_types_with(
+    tensors: &[(String, Vec<u64>)],
+    ftype: FileType,
+    pure: bool,
+    has_imatrix: bool,
+) -> Vec<GgmlType> {
     let tied = !tensors.iter().any(|(n, _)| n == "output.weight");
     let base = ftype.base_type();
     let n_attn_v = tensors
@@ -294,6 +311,7 @@ fn plan_types_with(tensors: &[(String, Vec<u64>)], ftype: FileType, pure: bool) 
                     name,
                     tied,
                     gqa,
+                    has_imatrix,
                     (&mut i_attn_v, n_attn_v),
                     (&mut i_ffn_down, n_ffn_down),
                 ),
@@ -308,6 +326,7 @@ fn plan_types_with(tensors: &[(String, Vec<u64>)], ftype: FileType, pure: bool) 
                     name,
                     tied,
                     gqa,
+                    has_imatrix,
                     (&mut i_attn_v, n_attn_v),
                     (&mut i_ffn_down, n_ffn_down),
                 ),
@@ -371,6 +390,7 @@ fn more_mix_type(
     name: &str,
     tied: bool,
     gqa: u64,
+    has_imatrix: bool,
     attn_v: (&mut usize, usize),
     ffn_down: (&mut usize, usize),
 ) -> GgmlType {
@@ -395,7 +415,9 @@ fn more_mix_type(
         return match ftype {
             FileType::Q2K => Q3K,
             FileType::Q3KL => Q5K,
-            FileType::IQ4NL | FileType::IQ4XS if i < ffn_down.1 / 8 => Q5K,
+            FileType::IQ4NL | FileType::IQ4XS if i < ffn_down.1 / 8 && !has_imatrix => Q5K,
+            FileType::Q4_0 if i < ffn_down.1 / 8 && has_imatrix => GgmlType::Q4_1,
+            FileType::Q5_0 if i < ffn_down.1 / 8 && has_imatrix => GgmlType::Q5_1,
             _ => base,
         };
     }
@@ -586,6 +608,14 @@ mod tests {
         assert_eq!(def(FileType::IQ4XS, "blk.3.ffn_down.weight"), Q5K);
         assert_eq!(def(FileType::IQ4XS, "blk.4.ffn_down.weight"), IQ4XS);
         assert_eq!(def(FileType::Q4KM, "blk.0.attn_v.weight"), Q6K);
+        let imat = |ftype: FileType, n: &str| {
+            plan_types_for_quantize(&t, ftype, false, true)
+                [t.iter().position(|(x, _)| x == n).unwrap()]
+        };
+        assert_eq!(imat(FileType::IQ4XS, "blk.3.ffn_down.weight"), IQ4XS);
+        assert_eq!(imat(FileType::Q4_0, "blk.3.ffn_down.weight"), Q4_1);
+        assert_eq!(imat(FileType::Q4_0, "blk.4.ffn_down.weight"), Q4_0);
+        assert_eq!(imat(FileType::Q5_0, "blk.0.ffn_down.weight"), Q5_1);
     }
 
     #[test]

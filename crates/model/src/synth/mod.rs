@@ -23,7 +23,7 @@ use gguf::{GgmlType, GgufError, GgufWriter, Value};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-pub use mix::{plan_types, plan_types_default, FileType};
+pub use mix::{plan_types, plan_types_default, plan_types_for_quantize, FileType};
 pub use shape::{Arch, DeltaNetShape, Shape};
 
 /// One tensor to write.
