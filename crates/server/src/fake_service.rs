@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::service::{InferenceService, ModelInfo};
-use crate::tool_calls::ToolFormat;
+use engine::tool_calls::ToolFamily;
 
 pub const EOS: u32 = 256;
 pub const SCRIPT: &[u8] = b"Once upon a time, a little robot sang. The end! ";
@@ -140,7 +140,7 @@ impl FakeService {
             n_ctx,
             n_vocab: 257,
             n_slots,
-            tool_format: ToolFormat::Hermes,
+            tool_family: ToolFamily::Qwen,
         };
         Arc::new(FakeService { info, scheduler })
     }

@@ -634,3 +634,65 @@ async fn a_hermes_tool_call_after_streamed_text_is_parsed() {
         .iter()
         .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
 }
+
+#[tokio::test]
+async fn qwen35_xml_call_after_reasoning_goes_to_reasoning_content_and_typed_arguments() {
+    // Qwen3.5 style: a think block, then an XML call; `zip` is declared a string, so
+    // "01234" must stay a string while `days` (undeclared type) is read as JSON.
+    const REPLY: &str = "<think>\nNeed the weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=zip>\n01234\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n</function>\n</tool_call>";
+    // with_script keeps the bytes for the service's lifetime.
+    let script: &'static str = format!("{}{REPLY}", ".".repeat(20)).leak();
+    let service = FakeService::with_script(
+        1,
+        512,
+        4,
+        Duration::ZERO,
+        script.as_bytes(),
+        20 + REPLY.len(),
+    );
+    let app = app_with(greedy_config(), Some(service));
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"zip": {"type": "string"}, "days": {}, "metric": {"type": "boolean"}}}}}]);
+    let (_, whole) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("hi"), "tools": tools}),
+    )
+    .await;
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+    assert_eq!(choice["message"]["reasoning_content"], "Need the weather.");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"zip": "01234", "days": 3, "metric": true}));
+    let id = call["id"].as_str().unwrap();
+    assert!(
+        id.starts_with(&format!("call_{}_", whole["id"].as_str().unwrap())),
+        "{id}"
+    );
+
+    let req = json!({"messages": user("hi"), "tools": tools, "stream": true});
+    let (_, _, sse) = send(&app, "POST", "/v1/chat/completions", Some(req), None).await;
+    let chunks: Vec<Value> = sse_data(&sse)
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let field = |name: &str| -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    assert_eq!(field("reasoning_content").trim_end(), "Need the weather.");
+    assert_eq!(field("content"), "");
+    let call = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0).cloned())
+        .expect("a tool call");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"zip": "01234", "days": 3, "metric": true}));
+}

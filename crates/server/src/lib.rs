@@ -12,7 +12,6 @@ pub mod routes;
 pub mod service;
 pub mod shutdown;
 pub mod text_stream;
-pub mod tool_calls;
 pub mod validate;
 
 pub use app::{router, AppState, ServerConfig};

@@ -7,13 +7,13 @@ use engine::scheduler::{
     BatchModel, GenerationRequest, GenerationStream, Scheduler, SchedulerConfig, SchedulerStats,
     TokenConstraint,
 };
+use engine::tool_calls::ToolFamily;
 use engine::{ChatTemplate, ConstraintError, ConstraintVocab, Tokenizer};
 use model::{KvType, Model, SeqState};
 use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::service::{InferenceService, ModelInfo};
-use crate::tool_calls::ToolFormat;
 
 /// Used when the model has no chat template and none was given (llama.cpp's default too).
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
@@ -130,7 +130,7 @@ impl ModelService {
                     .map_err(|e| ApiError::Internal(format!("ChatML template: {e}")))?
             }
         };
-        let tool_format = ToolFormat::detect(template.source());
+        let tool_family = ToolFamily::detect(template.source());
         let n_vocab = model.config().n_vocab;
         let config = SchedulerConfig {
             n_slots: opts.n_slots,
@@ -155,7 +155,7 @@ impl ModelService {
             n_ctx: opts.n_ctx_per_slot,
             n_vocab,
             n_slots: opts.n_slots,
-            tool_format,
+            tool_family,
         };
         let constraints = ConstraintVocab::new(&tokenizer)
             .map_err(|e| ApiError::Internal(format!("constrained decoding: {e}")))?;

@@ -6,7 +6,7 @@ use engine::scheduler::{GenerationRequest, GenerationStream, SchedulerStats, Tok
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::tool_calls::ToolFormat;
+use engine::tool_calls::ToolFamily;
 
 /// What `/v1/models` and validation need to know about the loaded model.
 #[derive(Debug, Clone)]
@@ -19,7 +19,8 @@ pub struct ModelInfo {
     pub n_ctx: usize,
     pub n_vocab: usize,
     pub n_slots: usize,
-    pub tool_format: ToolFormat,
+    /// Tool-call syntax of the chat template.
+    pub tool_family: ToolFamily,
 }
 
 pub trait InferenceService: Send + Sync + 'static {

@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use engine::tool_calls::{parse_tool_calls_with_tools, ToolFamily};
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
@@ -19,7 +20,6 @@ use crate::generation::{collect, Generation, Step, TokenInfo};
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::*;
 use crate::service::InferenceService;
-use crate::tool_calls::{self, ToolFormat};
 use crate::validate::{chat_input, OutputFormat, ToolChoice};
 
 /// JSON schema of a forced tool call `{"name": ..., "arguments": {...}}`, one branch per allowed tool.
@@ -77,7 +77,44 @@ pub fn logprobs_out(service: &dyn InferenceService, tokens: &[TokenInfo]) -> Vec
 #[derive(Clone, Copy)]
 enum Reading {
     Text,
-    Tools(ToolFormat),
+    Tools(ToolFamily),
+}
+
+/// A reply read as tool calls, in OpenAI's shape.
+struct ToolReply {
+    content: Option<String>,
+    reasoning: Option<String>,
+    calls: Vec<ToolCallOut>,
+}
+
+/// Parses `text` with the engine's parser (`tools`: the request's, so declared-string
+/// parameters stay strings). Ids are `call_<response id>_<n>`, unique across responses.
+fn read_tool_reply(
+    text: &str,
+    family: ToolFamily,
+    tools: &[Value],
+    response_id: &str,
+) -> ToolReply {
+    let parsed = parse_tool_calls_with_tools(family, text, tools);
+    let calls = parsed
+        .tool_calls
+        .into_iter()
+        .enumerate()
+        .map(|(n, c)| ToolCallOut {
+            index: None,
+            id: format!("call_{response_id}_{n}"),
+            kind: "function",
+            function: FunctionCallOut {
+                name: c.name,
+                arguments: c.arguments,
+            },
+        })
+        .collect();
+    ToolReply {
+        content: parsed.content,
+        reasoning: parsed.reasoning,
+        calls,
+    }
 }
 
 pub async fn chat_completions(
@@ -118,17 +155,18 @@ async fn handle(
             };
             spec.format = OutputFormat::JsonSchema(forced_call_schema(t, only));
             // The constrained output is the bare call object.
-            Reading::Tools(ToolFormat::Llama3)
+            Reading::Tools(ToolFamily::Llama3)
         }
-        (_, Some(_)) => Reading::Tools(info.tool_format),
+        (_, Some(_)) => Reading::Tools(info.tool_family),
         _ => Reading::Text,
     };
 
     let messages = input.messages;
-    let tools_owned = tools.map(<[Value]>::to_vec);
+    let tools_owned = tools.map(<[Value]>::to_vec).unwrap_or_default();
     let svc = service.clone();
+    let prompt_tools = tools.map(<[Value]>::to_vec);
     let prompt =
-        tokio::task::spawn_blocking(move || svc.chat_prompt(&messages, tools_owned.as_deref()))
+        tokio::task::spawn_blocking(move || svc.chat_prompt(&messages, prompt_tools.as_deref()))
             .await
             .map_err(|e| ApiError::Internal(format!("prompt task failed: {e}")))??;
     let generation = Generation::start(service.clone(), prompt, &spec)?;
@@ -145,6 +183,7 @@ async fn handle(
             generation,
             meta,
             reading,
+            tools: tools_owned,
             include_usage: spec.include_usage,
             buffered: String::new(),
             forced: matches!(
@@ -152,6 +191,8 @@ async fn handle(
                 ToolChoice::Required | ToolChoice::Function(_)
             ),
             calls_started: false,
+            think: Think::Unknown,
+            trim_leading: false,
             started: false,
             ended: false,
         };
@@ -168,14 +209,15 @@ async fn handle(
 
     let done = collect(generation).await?;
     observe(&state, &done.usage);
-    let (content, calls) = match reading {
-        Reading::Text => (Some(done.text), None),
-        Reading::Tools(format) => {
-            let parsed = tool_calls::parse(&done.text, format, &meta.id);
-            if parsed.calls.is_empty() {
-                (Some(done.text), None)
-            } else {
-                (parsed.content, Some(parsed.calls))
+    let (content, reasoning_content, calls) = match reading {
+        Reading::Text => (Some(done.text), None, None),
+        Reading::Tools(family) => {
+            let reply = read_tool_reply(&done.text, family, &tools_owned, &meta.id);
+            match (reply.calls.is_empty(), reply.reasoning) {
+                // Plain text: kept exactly as generated.
+                (true, None) => (Some(done.text), None, None),
+                (true, Some(r)) => (reply.content, Some(r), None),
+                (false, r) => (reply.content, r, Some(reply.calls)),
             }
         }
     };
@@ -198,6 +240,7 @@ async fn handle(
             message: AssistantMessage {
                 role: "assistant",
                 content,
+                reasoning_content,
                 tool_calls: calls,
             },
             logprobs,
@@ -237,12 +280,22 @@ pub fn observe(state: &AppState, u: &engine::scheduler::Usage) {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Think {
+    /// Not enough text yet to tell whether the reply opens with `<think>`.
+    Unknown,
+    Inside,
+    Done,
+}
+
 struct ChatStream {
     state: Arc<AppState>,
     service: Arc<dyn InferenceService>,
     generation: Generation,
     meta: Meta,
     reading: Reading,
+    /// The request's tools (declared parameter types guide parsing).
+    tools: Vec<Value>,
     include_usage: bool,
     /// Text held back because it is (or may become) a tool call.
     buffered: String,
@@ -250,6 +303,10 @@ struct ChatStream {
     forced: bool,
     /// A tool call has begun: hold the rest until the end.
     calls_started: bool,
+    /// Where the stream is relative to a leading `<think>` block.
+    think: Think,
+    /// Drop whitespace at the front of the buffer (right after a think tag).
+    trim_leading: bool,
     started: bool,
     ended: bool,
 }
@@ -296,10 +353,15 @@ impl ChatStream {
     }
 
     /// Sends buffered text that cannot be part of a tool call, so content streams even when
-    /// tools are offered; keeps the rest once a call may have begun.
-    fn release_content(&mut self, format: ToolFormat) -> Option<Event> {
-        match format {
-            ToolFormat::Hermes => {
+    /// tools are offered; keeps the rest once a call may have begun. A leading `<think>`
+    /// block streams as `reasoning_content`.
+    fn release_content(&mut self, family: ToolFamily) -> Vec<Event> {
+        let mut out = Vec::new();
+        match family {
+            ToolFamily::Qwen => {
+                if !self.release_reasoning(&mut out) {
+                    return out;
+                }
                 const MARK: &str = "<tool_call>";
                 let cut = match self.buffered.find(MARK) {
                     Some(at) => {
@@ -312,24 +374,87 @@ impl ChatStream {
                     }
                 };
                 let text: String = self.buffered.drain(..cut).collect();
-                self.content_chunk(text, &[])
+                out.extend(self.content_chunk(text, &[]));
             }
-            ToolFormat::Llama3 => {
+            ToolFamily::Llama3 => {
                 // A Llama 3 call is the whole reply: JSON, or the python tag, at the start.
                 const TAG: &str = "<|python_tag|>";
                 let head = self.buffered.trim_start();
                 if head.is_empty() || (TAG.starts_with(head) && head.len() < TAG.len()) {
-                    return None;
+                    return out;
                 }
                 if head.starts_with('{') || head.starts_with(TAG) {
                     self.calls_started = true;
-                    return None;
+                    return out;
                 }
                 self.reading = Reading::Text;
                 let text = std::mem::take(&mut self.buffered);
-                self.content_chunk(text, &[])
+                out.extend(self.content_chunk(text, &[]));
             }
         }
+        out
+    }
+
+    /// Streams a leading `<think>…</think>` block as `reasoning_content` deltas (whitespace
+    /// right after either tag dropped, as the whole-response parser trims). Returns true once
+    /// the rest of the buffer is past any reasoning.
+    fn release_reasoning(&mut self, out: &mut Vec<Event>) -> bool {
+        const OPEN: &str = "<think>";
+        const CLOSE: &str = "</think>";
+        if self.trim_leading {
+            let start = self.buffered.len() - self.buffered.trim_start().len();
+            self.buffered.drain(..start);
+            if self.buffered.is_empty() {
+                return false;
+            }
+            self.trim_leading = false;
+        }
+        if self.think == Think::Unknown {
+            let head = self.buffered.as_str();
+            if OPEN.starts_with(head) && head.len() < OPEN.len() {
+                return false;
+            }
+            if head.starts_with(OPEN) {
+                self.buffered.drain(..OPEN.len());
+                self.think = Think::Inside;
+                self.trim_leading = true;
+                return self.release_reasoning(out);
+            }
+            self.think = Think::Done;
+        }
+        if self.think == Think::Inside {
+            let (cut, closed) = match self.buffered.find(CLOSE) {
+                Some(at) => (at, true),
+                None => (
+                    self.buffered.len()
+                        - crate::text_stream::longest_suffix_prefix(&self.buffered, CLOSE),
+                    false,
+                ),
+            };
+            let text: String = self.buffered.drain(..cut).collect();
+            out.extend(self.reasoning_chunk(text));
+            if !closed {
+                return false;
+            }
+            self.buffered.drain(..CLOSE.len());
+            self.think = Think::Done;
+            self.trim_leading = true;
+            return self.release_reasoning(out);
+        }
+        true
+    }
+
+    fn reasoning_chunk(&self, text: String) -> Option<Event> {
+        (!text.is_empty()).then(|| {
+            self.chunk(
+                ChatDelta {
+                    reasoning_content: Some(text),
+                    ..Default::default()
+                },
+                None,
+                None,
+            )
+        })
     }
 
     /// The events for the next generation step; `None` when the stream is over.
@@ -360,10 +485,11 @@ impl ChatStream {
                 out.push(done_event());
             }
             Some(Ok(Step::Text(text, tokens))) => match self.reading {
-                Reading::Tools(format) => {
+                Reading::Tools(family) => {
                     self.buffered.push_str(&text);
                     if !self.forced && !self.calls_started {
-                        out.extend(self.release_content(format));
+                        let events = self.release_content(family);
+                        out.extend(events);
                     }
                 }
                 Reading::Text => out.extend(self.content_chunk(text, &tokens)),
@@ -378,18 +504,28 @@ impl ChatStream {
                 let mut finish = reason;
                 match self.reading {
                     Reading::Text => out.extend(self.content_chunk(tail, &tail_tokens)),
-                    Reading::Tools(format) => {
+                    Reading::Tools(family) => {
                         self.buffered.push_str(&tail);
-                        let text = std::mem::take(&mut self.buffered);
-                        let parsed = tool_calls::parse(&text, format, &self.meta.id);
-                        if parsed.calls.is_empty() {
+                        let mut text = std::mem::take(&mut self.buffered);
+                        if self.think == Think::Inside {
+                            // Unterminated reasoning (cut off by max_tokens or a stop).
+                            let end = text.find("</think>").unwrap_or(text.len());
+                            let reasoning: String = text.drain(..end).collect();
+                            out.extend(self.reasoning_chunk(reasoning));
+                            text = text.trim_start_matches("</think>").to_string();
+                        }
+                        let reply = read_tool_reply(&text, family, &self.tools, &self.meta.id);
+                        if reply.calls.is_empty() {
                             out.extend(self.content_chunk(text, &[]));
                         } else {
                             finish = "tool_calls";
-                            if let Some(c) = parsed.content {
+                            if let Some(r) = reply.reasoning {
+                                out.extend(self.reasoning_chunk(r));
+                            }
+                            if let Some(c) = reply.content {
                                 out.extend(self.content_chunk(c, &[]));
                             }
-                            let calls = parsed
+                            let calls = reply
                                 .calls
                                 .into_iter()
                                 .enumerate()
