@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::sampling::{token_logprob, Sampler};
+use super::sampling::{token_logprob, RequestSampler};
 use super::{
     lock, BatchModel, FinishReason, GenerationEvent, GenerationRequest, Job, SchedulerConfig,
     SchedulerStats, Shared, Usage,
@@ -16,7 +16,7 @@ use super::{
 /// A request being served by a slot.
 struct Active {
     request: GenerationRequest,
-    sampler: Sampler,
+    sampler: RequestSampler,
     events: mpsc::UnboundedSender<GenerationEvent>,
     /// Admission order; the oldest prefilling request goes first.
     seq: u64,
@@ -281,7 +281,7 @@ fn admit<M: BatchModel>(
         }
     }
     slot.cached.truncate(keep);
-    let sampler = Sampler::new(job.request.sampling.clone());
+    let sampler = RequestSampler::new(job.request.sampling.clone());
     let _ = job.enqueued;
     slot.active = Some(Active {
         request: job.request,

@@ -23,7 +23,7 @@ pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams,
     TokenConstraint, TokenLogprob, Usage,
 };
-pub use sampling::{argmax, token_logprob, Sampler};
+pub use sampling::{token_logprob, RequestSampler};
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,143 +1,65 @@
-//! Per-request token sampling with OpenAI's knobs: logit bias, presence/frequency
-//! penalties, temperature, top-k, top-p, min-p, seed; and log-probabilities for reporting.
-//!
-//! Order (as llama.cpp's default chain): bias, penalties, constraint mask, top-k,
-//! temperature, softmax, top-p, min-p, draw.
+//! Per-request sampling for the scheduler: the OpenAI knobs of [`SamplingParams`] mapped onto
+//! the engine's [`crate::sampler::Sampler`] (llama.cpp's default chain: bias, penalties,
+//! top-k, top-p, min-p, temperature, draw), with the request's constraint mask applied
+//! first, plus log-probabilities for reporting.
 
-use std::collections::HashMap;
-
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::request::{SamplingParams, TokenConstraint, TokenLogprob};
+use crate::sampler::{Sampler, SamplerConfig};
 
-/// Sampling state of one request: parameters, its random stream and the counts of the
-/// tokens it generated (for the penalties).
-pub struct Sampler {
-    params: SamplingParams,
-    rng: StdRng,
-    counts: HashMap<u32, u32>,
-    // Reused buffer of (token, logit) candidates; avoids an allocation per token.
-    candidates: Vec<(u32, f32)>,
+/// Sampling state of one request: the engine sampler, seeded from the request (a fresh seed
+/// when it has none), whose penalty window holds every token the request generated.
+pub struct RequestSampler {
+    sampler: Sampler,
 }
 
-impl Sampler {
-    pub fn new(params: SamplingParams) -> Sampler {
+impl RequestSampler {
+    pub fn new(params: SamplingParams) -> RequestSampler {
         let seed = params.seed.unwrap_or_else(|| rand::rng().random());
-        Sampler {
-            params,
-            rng: StdRng::seed_from_u64(seed),
-            counts: HashMap::new(),
-            candidates: Vec::new(),
+        let config = SamplerConfig {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            // OpenAI has no multiplicative repeat penalty.
+            repeat_penalty: 1.0,
+            presence_penalty: params.presence_penalty,
+            frequency_penalty: params.frequency_penalty,
+            // OpenAI's penalties count all generated tokens (only those are accepted).
+            penalty_last_n: None,
+            logit_bias: params.logit_bias,
+            seed,
+        };
+        RequestSampler {
+            sampler: Sampler::new(config),
         }
     }
 
-    /// Picks the next token from `logits` ([n_vocab], modified in place). `None` if no token
-    /// is allowed (every logit masked to -inf or NaN).
+    /// Picks the next token from `logits` ([n_vocab], masked in place by `constraint`).
+    /// `None` if no token is allowed (every logit -inf or NaN after the mask).
     pub fn sample(
         &mut self,
         logits: &mut [f32],
         constraint: Option<&mut (dyn TokenConstraint + '_)>,
     ) -> Option<u32> {
-        let p = &self.params;
-        for &(id, bias) in &p.logit_bias {
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l += bias;
-            }
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&id, &n) in &self.counts {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l -= p.presence_penalty + p.frequency_penalty * n as f32;
-                }
-            }
-        }
+        // Masking first is the same as masking after bias and penalties: a -inf logit stays
+        // -inf under both (bias is finite, the repeat penalty is off).
         if let Some(c) = constraint {
             c.mask(logits);
         }
-
-        if p.temperature <= 0.0 || !p.temperature.is_finite() {
-            return argmax(logits);
-        }
-
-        let cands = &mut self.candidates;
-        cands.clear();
-        cands.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (i as u32, l)),
-        );
-        if cands.is_empty() {
+        // The engine sampler falls back to the raw argmax when everything is banned; here
+        // that is a dead end the scheduler reports.
+        if !logits.iter().any(|&l| l.is_finite()) {
             return None;
         }
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < cands.len() {
-            cands.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            cands.truncate(p.top_k);
-        }
-        let needs_order = p.top_p < 1.0 || p.min_p > 0.0;
-        if needs_order {
-            cands.sort_unstable_by(by_logit_desc);
-        }
-
-        // Softmax at temperature T over the survivors: weights exp((l - max) / T).
-        let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-        let t = p.temperature;
-        let mut weights: Vec<f64> = cands
-            .iter()
-            .map(|c| (((c.1 - max) / t) as f64).exp())
-            .collect();
-        let total: f64 = weights.iter().sum();
-
-        let mut keep = weights.len();
-        if needs_order {
-            if p.top_p < 1.0 {
-                let target = p.top_p.max(0.0) as f64 * total;
-                let mut acc = 0.0;
-                for (i, w) in weights.iter().enumerate() {
-                    acc += w;
-                    if acc >= target {
-                        keep = i + 1;
-                        break;
-                    }
-                }
-            }
-            if p.min_p > 0.0 {
-                // weights[0] is the most likely token's weight.
-                let floor = p.min_p.min(1.0) as f64 * weights[0];
-                keep = keep.min(weights.iter().take_while(|&&w| w >= floor).count().max(1));
-            }
-        }
-        weights.truncate(keep.max(1));
-        let total: f64 = weights.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, w) in weights.iter().enumerate() {
-            r -= w;
-            if r < 0.0 {
-                return Some(cands[i].0);
-            }
-        }
-        Some(cands[weights.len() - 1].0)
+        Some(self.sampler.sample(logits))
     }
 
     /// Records a generated token for the penalties.
     pub fn accept(&mut self, token: u32) {
-        *self.counts.entry(token).or_insert(0) += 1;
+        self.sampler.accept(token);
     }
-}
-
-/// Index of the largest finite logit (lowest index on ties); `None` if there is none.
-pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(u32, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
-            best = Some((i as u32, l));
-        }
-    }
-    best.map(|b| b.0)
 }
 
 /// Log-softmax of `logits` at `token`, plus the `n_top` most likely tokens, best first.
@@ -198,33 +120,33 @@ mod tests {
 
     #[test]
     fn greedy_picks_the_largest_and_bias_can_move_it() {
-        let mut s = Sampler::new(params(0.0));
+        let mut s = RequestSampler::new(params(0.0));
         assert_eq!(s.sample(&mut [0.1, 2.0, 1.5, f32::NAN], None), Some(1));
-        let mut s = Sampler::new(SamplingParams {
+        let mut s = RequestSampler::new(SamplingParams {
             logit_bias: vec![(2, 1.0), (99, 5.0)],
             ..params(0.0)
         });
         assert_eq!(s.sample(&mut [0.1, 2.0, 1.5], None), Some(2));
         assert_eq!(
-            Sampler::new(params(0.0)).sample(&mut [f32::NEG_INFINITY; 3], None),
+            RequestSampler::new(params(0.0)).sample(&mut [f32::NEG_INFINITY; 3], None),
             None
         );
         assert_eq!(
-            Sampler::new(params(1.0)).sample(&mut [f32::NAN; 3], None),
+            RequestSampler::new(params(1.0)).sample(&mut [f32::NAN; 3], None),
             None
         );
     }
 
     #[test]
     fn frequency_penalty_grows_with_count() {
-        let mut s = Sampler::new(SamplingParams {
+        let mut s = RequestSampler::new(SamplingParams {
             frequency_penalty: 0.6,
             ..params(0.0)
         });
         s.accept(0);
         // 1.0 - 0.6 = 0.4 < 0.5
         assert_eq!(s.sample(&mut [1.0, 0.5], None), Some(1));
-        let mut s = Sampler::new(SamplingParams {
+        let mut s = RequestSampler::new(SamplingParams {
             presence_penalty: 0.4,
             ..params(0.0)
         });
@@ -238,7 +160,7 @@ mod tests {
     fn same_seed_same_tokens_and_distribution_matches_softmax() {
         let logits = [0.0f32, 1.0, 2.0, -1.0];
         let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams {
+            let mut s = RequestSampler::new(SamplingParams {
                 seed: Some(seed),
                 ..params(1.0)
             });
@@ -263,7 +185,7 @@ mod tests {
     fn top_k_top_p_min_p_restrict_the_support() {
         let logits = [3.0f32, 2.9, 0.0, -5.0, 2.8];
         let support = |p: SamplingParams| {
-            let mut s = Sampler::new(p);
+            let mut s = RequestSampler::new(p);
             let mut seen: Vec<u32> = (0..500)
                 .map(|_| s.sample(&mut logits.clone(), None).unwrap())
                 .collect();
@@ -304,5 +226,55 @@ mod tests {
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
         assert!((lp.top[0].1 as f64 - (3.0 - z)).abs() < 1e-5);
         assert_eq!(token_logprob(&logits, 99, 50).top.len(), 3);
+    }
+
+    /// Allows only the listed token ids.
+    struct Only(Vec<u32>);
+
+    impl TokenConstraint for Only {
+        fn mask(&mut self, logits: &mut [f32]) {
+            for (id, l) in logits.iter_mut().enumerate() {
+                if !self.0.contains(&(id as u32)) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        fn commit(&mut self, _token: u32) -> bool {
+            true
+        }
+        fn is_finished(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_constraint_mask_comes_first_and_an_empty_mask_is_a_dead_end() {
+        let logits = [5.0f32, 4.0, -3.0, 1.0];
+        let mut s = RequestSampler::new(SamplingParams {
+            logit_bias: vec![(0, 50.0)],
+            ..params(2.0)
+        });
+        for _ in 0..200 {
+            let t = s.sample(&mut logits.clone(), Some(&mut Only(vec![2, 3])));
+            assert!(matches!(t, Some(2 | 3)), "{t:?}");
+        }
+        assert_eq!(s.sample(&mut logits.clone(), Some(&mut Only(vec![]))), None);
+    }
+
+    #[test]
+    fn top_p_is_taken_before_temperature_as_in_llama_cpp() {
+        // At T = 1 the probabilities are 0.665, 0.245, 0.090: top-p 0.7 keeps {0, 1}. Were
+        // temperature 10 applied first (0.367, 0.332, 0.301) it would keep all three.
+        let logits = [2.0f32, 1.0, 0.0];
+        let mut s = RequestSampler::new(SamplingParams {
+            top_p: 0.7,
+            ..params(10.0)
+        });
+        let mut seen: Vec<u32> = (0..400)
+            .map(|_| s.sample(&mut logits.clone(), None).unwrap())
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, vec![0, 1]);
     }
 }
