@@ -1,9 +1,9 @@
 //! engine
 pub mod scheduler;
 
+pub mod generate;
 pub mod sampler;
 pub mod stop;
-pub mod generate;
 
 pub mod tokenizer;
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

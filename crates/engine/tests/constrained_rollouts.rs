@@ -92,11 +92,7 @@ fn rollout(
     let n = tok.n_vocab();
     // Tokens that help close a document, favoured on some steps so most rollouts finish.
     let closers: Vec<bool> = (0..n as u32)
-        .map(|id| {
-            tok.piece(id, false)
-                .iter()
-                .any(|b| b"\"]},".contains(b))
-        })
+        .map(|id| tok.piece(id, false).iter().any(|b| b"\"]},".contains(b)))
         .collect();
     let mut out = Vec::new();
     let mut logits = vec![0f32; n];

@@ -27,11 +27,23 @@ fn expected_tokens() -> Vec<u32> {
     let line = text.lines().next().unwrap();
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(v["prompt_n"].as_u64(), Some(PROMPT.len() as u64));
-    v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn greedy(kv: KvType, ubatch_size: usize) -> Vec<u32> {
-    let m = Model::load(&data("models/stories260K.gguf"), &LoadOptions { n_threads: 2, ubatch_size }).unwrap();
+    let m = Model::load(
+        &data("models/stories260K.gguf"),
+        &LoadOptions {
+            n_threads: 2,
+            ubatch_size,
+        },
+    )
+    .unwrap();
     let want = expected_tokens();
     let mut s = m.new_state(128, kv).unwrap();
     let mut logits = m.forward(&mut s, &PROMPT, false).unwrap();

@@ -1,14 +1,14 @@
 //! One module per subcommand.
 
-pub mod inspect;
 pub mod bench;
+pub mod convert;
+pub mod imatrix;
+pub mod inspect;
+pub mod perplexity;
+pub mod plan;
+pub mod quantize;
 pub mod run;
+pub mod selftest;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
-pub mod serve;
-pub mod plan;
-pub mod selftest;
-pub mod quantize;
-pub mod convert;
-pub mod perplexity;
-pub mod imatrix;
