@@ -14,60 +14,9 @@ fn fixture(arch: &str, file: &str) -> PathBuf {
     .join(file)
 }
 
-struct Reference {
-    prompt_ids: Vec<u32>,
-    logits: Vec<Vec<f64>>,
-    greedy_ids: Vec<u32>,
-}
-
-fn reference(arch: &str) -> Reference {
-    let text = std::fs::read_to_string(fixture(arch, "reference.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let logits = v["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap())
-                .collect()
-        })
-        .collect();
-    Reference {
-        prompt_ids: ids("prompt_ids"),
-        logits,
-        greedy_ids: ids("greedy_ids"),
-    }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&a, &b)| (a as f64 - b).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    (num / den).sqrt()
-}
+#[path = "../../../tests/support/fixture_reference.rs"]
+mod fixture_reference;
+use fixture_reference::{argmax, reference, rel_l2};
 
 fn opts(ubatch_size: usize) -> LoadOptions {
     LoadOptions {
