@@ -23,6 +23,7 @@
 //! ```
 
 pub mod buffers;
+pub mod fit;
 pub mod gpus;
 pub mod model_memory;
 pub mod suggest;
@@ -31,6 +32,7 @@ use backend::KvType;
 use serde::Serialize;
 
 pub use buffers::{ComputeBytes, RUNTIME_OVERHEAD_BYTES};
+pub use fit::{fit, Fit, FitMode, FitRefusal, FitRequest};
 pub use gpus::GpuSpec;
 pub use model_memory::{ModelMemory, PlanTensor, RecurrentDims, TensorGroup};
 pub use suggest::{ContextOption, QuantOption, Suggestions};
