@@ -92,6 +92,10 @@ pub struct ModelConfig {
     /// Per layer: true for a recurrent (Gated DeltaNet) layer.
     pub recurrent_layers: Vec<bool>,
     pub ssm: Option<SsmConfig>,
+    /// Multi-token-prediction ("NextN") blocks stored after the `n_layer` main ones
+    /// (`nextn_predict_layers`; llama.cpp counts them in `block_count`). The main forward
+    /// never runs them.
+    pub n_mtp_layer: usize,
 }
 
 impl ModelConfig {
@@ -107,7 +111,12 @@ impl ModelConfig {
         let md = file.metadata();
         let keys = Keys { md, arch: name };
         let n_embd = keys.usize("embedding_length")?;
-        let n_layer = keys.usize("block_count")?;
+        let n_block = keys.usize("block_count")?;
+        // MTP blocks come last and are counted in block_count; at least one main layer stays.
+        let n_mtp_layer = keys
+            .usize_or("nextn_predict_layers", 0)?
+            .min(n_block.saturating_sub(1));
+        let n_layer = n_block - n_mtp_layer;
         let n_head = keys.usize("attention.head_count")?;
         let n_head_kv = keys.usize_or("attention.head_count_kv", n_head)?;
         if n_embd == 0 || n_layer == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
@@ -230,6 +239,7 @@ impl ModelConfig {
             rope,
             recurrent_layers,
             ssm,
+            n_mtp_layer,
         })
     }
 }

@@ -47,4 +47,6 @@ pub enum ModelError {
     ForeignState { found: usize, expected: usize },
     #[error("empty input: no tokens to run")]
     EmptyInput,
+    #[error("the model has no multi-token-prediction (MTP) block loaded (qwen35 files with nextn_predict_layers > 0; call load_mtp)")]
+    NoMtp,
 }

@@ -7,6 +7,7 @@ use backend::cpu::CpuBackend;
 use backend::{Backend, KvType, Row};
 use gguf::GgufFile;
 
+use crate::arch::qwen35_mtp::{self, MtpBlock, MtpOutput, MtpState};
 use crate::arch::{self, qwen35};
 use crate::blocks::{linear, Batch, DenseLayer};
 use crate::config::{Arch, ModelConfig};
@@ -48,6 +49,8 @@ pub struct ModelOn<B: Backend> {
     /// `None`: tied to `tok_embd`.
     output: Option<B::Weight>,
     layers: Layers<B>,
+    /// The multi-token-prediction block, once [`ModelOn::load_mtp`] loaded it.
+    mtp: Option<MtpBlock<B>>,
 }
 
 /// The CPU model.
@@ -123,6 +126,7 @@ impl<B: Backend> ModelOn<B> {
             output_norm,
             output,
             layers,
+            mtp: None,
         })
     }
 
@@ -137,6 +141,94 @@ impl<B: Backend> ModelOn<B> {
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Loads the file's multi-token-prediction block (Qwen3.5 `nextn` layers) for
+    /// self-speculative decoding. Returns false if the file has none. Not loaded by default:
+    /// on a GPU it costs memory that plain decoding does not need.
+    pub fn load_mtp(&mut self) -> Result<bool, ModelError> {
+        if self.mtp.is_some() {
+            return Ok(true);
+        }
+        if self.config.arch != Arch::Qwen35 {
+            return Ok(false);
+        }
+        let l = Loader {
+            backend: &self.backend,
+            file: &self.file,
+        };
+        self.mtp = qwen35_mtp::load(&l, &self.config)?;
+        Ok(self.mtp.is_some())
+    }
+
+    /// True once [`ModelOn::load_mtp`] loaded an MTP block.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// A fresh MTP KV cache (needs [`ModelOn::load_mtp`]).
+    pub fn new_mtp_state(&self, n_ctx: usize, kv_type: KvType) -> Result<MtpState<B>, ModelError> {
+        let mtp = self.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        mtp.new_state(&self.backend, &self.config, n_ctx, kv_type)
+    }
+
+    /// One MTP pass (see [`crate::arch::qwen35_mtp`]): `tokens[r]` at main position
+    /// `st.len() + 1 + r` with `hidden[r]` (`[n, n_embd]`, the main model's or the previous MTP
+    /// step's hidden state of the position before). Logits of the last row or of every row.
+    pub fn mtp_forward(
+        &self,
+        st: &mut MtpState<B>,
+        tokens: &[u32],
+        hidden: &[f32],
+        all_logits: bool,
+    ) -> Result<MtpOutput, ModelError> {
+        let mtp = self.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
+        mtp.forward(
+            &self.backend,
+            &self.config,
+            &self.tok_embd,
+            head,
+            st,
+            tokens,
+            hidden,
+            all_logits,
+        )
+    }
+
+    /// Like [`ModelOn::forward`] with `all_logits`, also returning the final hidden state of
+    /// every token (after `output_norm`, what the head reads): `(logits [n, n_vocab],
+    /// hidden [n, n_embd])`. The MTP draft step consumes these.
+    pub fn forward_hidden(
+        &self,
+        state: &mut SeqStateOn<B>,
+        tokens: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        self.check_state(state, tokens.len())?;
+        self.check_tokens(tokens)?;
+        let n = tokens.len();
+        let mut logits = Vec::with_capacity(n * self.config.n_vocab);
+        let mut hidden = Vec::with_capacity(n * self.config.n_embd);
+        for chunk in tokens.chunks(self.ubatch_size) {
+            let start = state.len;
+            let rows: Vec<Row> = (0..chunk.len())
+                .map(|i| Row {
+                    seq: 0,
+                    pos: start + i,
+                })
+                .collect();
+            let out_rows: Vec<usize> = (0..chunk.len()).collect();
+            let mut states = [&mut *state];
+            let (l, h) =
+                self.run_with_hidden(&mut states, chunk, Batch::new(rows), &out_rows, true)?;
+            logits.extend(l);
+            hidden.extend(h);
+            state.len += chunk.len();
+        }
+        Ok((logits, hidden))
     }
 
     /// A fresh sequence state holding `n_ctx` positions, KV stored as `kv_type`.
@@ -322,6 +414,21 @@ impl<B: Backend> ModelOn<B> {
         batch: Batch,
         out_rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
+        Ok(self
+            .run_with_hidden(states, tokens, batch, out_rows, false)?
+            .0)
+    }
+
+    /// [`Self::run`], also returning the normed hidden state of `out_rows` when `want_hidden`
+    /// (`[out_rows.len(), n_embd]`, else empty).
+    fn run_with_hidden(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[u32],
+        batch: Batch,
+        out_rows: &[usize],
+        want_hidden: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let b = &self.backend;
         let c = &self.config;
         for s in states.iter_mut() {
@@ -355,14 +462,19 @@ impl<B: Backend> ModelOn<B> {
             }
         }
         if out_rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let mut sel = b.zeros(out_rows.len(), c.n_embd);
         b.get_rows(&x, out_rows, &mut sel)?;
         b.rms_norm_inplace(&mut sel, &self.output_norm, c.rms_eps)?;
         let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         let logits = linear(b, head, &sel)?;
-        Ok(b.download(&logits))
+        let hidden = if want_hidden {
+            b.download(&sel)
+        } else {
+            Vec::new()
+        };
+        Ok((b.download(&logits), hidden))
     }
 }
 

@@ -98,6 +98,12 @@ impl<B: Backend> SeqStateOn<B> {
         v
     }
 
+    /// Drops the snapshot at `pos`, if any (a speculative verify pass takes one per step and
+    /// drops it once the step is settled, so they do not pile up).
+    pub fn drop_snapshot(&mut self, pos: usize) {
+        self.snapshots.retain(|s| s.pos != pos);
+    }
+
     /// Drops every snapshot.
     pub fn clear_snapshots(&mut self) {
         self.snapshots.clear();

@@ -5,3 +5,4 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen35;
+pub mod qwen35_mtp;

@@ -72,50 +72,57 @@ fn ssm_config(cfg: &ModelConfig) -> Result<&SsmConfig, ModelError> {
 }
 
 pub fn load<B: Backend>(l: &Loader<B>, cfg: &ModelConfig) -> Result<Vec<Layer<B>>, ModelError> {
-    let e = cfg.n_embd;
-    let ssm = *ssm_config(cfg)?;
     (0..cfg.n_layer)
-        .map(|il| {
-            let mixer = if cfg.recurrent_layers[il] {
-                let hv = ssm.n_v_heads;
-                Mixer::DeltaNet(DeltaNet {
-                    qkv: l.layer(il, "attn_qkv.weight", &[e, ssm.conv_channels()])?,
-                    gate: l.layer(il, "attn_gate.weight", &[e, ssm.d_inner])?,
-                    beta: l.layer(il, "ssm_beta.weight", &[e, hv])?,
-                    alpha: l.layer(il, "ssm_alpha.weight", &[e, hv])?,
-                    dt_bias: l.layer(il, "ssm_dt.bias", &[hv])?,
-                    a: l.layer(il, "ssm_a", &[hv])?,
-                    conv: l.layer(il, "ssm_conv1d.weight", &[ssm.d_conv, ssm.conv_channels()])?,
-                    norm: l.layer(il, "ssm_norm.weight", &[ssm.d_v()])?,
-                    out: l.layer(il, "ssm_out.weight", &[ssm.d_inner, e])?,
-                })
-            } else {
-                let (hk, hv) = (cfg.head_dim_k, cfg.head_dim_v);
-                if hk != hv {
-                    return Err(ModelError::BadKey {
-                        key: "qwen35.attention.key_length".into(),
-                        detail: format!(
-                            "gated attention needs equal K/V head sizes, got {hk}/{hv}"
-                        ),
-                    });
-                }
-                Mixer::Attention(GatedAttention {
-                    wq: l.layer(il, "attn_q.weight", &[e, cfg.n_head * hk * 2])?,
-                    wk: l.layer(il, "attn_k.weight", &[e, cfg.n_head_kv * hk])?,
-                    wv: l.layer(il, "attn_v.weight", &[e, cfg.n_head_kv * hv])?,
-                    wo: l.layer(il, "attn_output.weight", &[cfg.n_head * hv, e])?,
-                    q_norm: l.layer(il, "attn_q_norm.weight", &[hk])?,
-                    k_norm: l.layer(il, "attn_k_norm.weight", &[hk])?,
-                })
-            };
-            Ok(Layer {
-                attn_norm: l.layer(il, "attn_norm.weight", &[e])?,
-                post_norm: l.layer(il, "post_attention_norm.weight", &[e])?,
-                mixer,
-                ffn: FfnWeights::load(l, cfg, il)?,
-            })
-        })
+        .map(|il| load_layer(l, cfg, il, cfg.recurrent_layers[il]))
         .collect()
+}
+
+/// Block `il` as a DeltaNet (`recurrent`) or gated-attention layer. The MTP block
+/// (`il == n_layer`) is an attention layer loaded through here too.
+pub fn load_layer<B: Backend>(
+    l: &Loader<B>,
+    cfg: &ModelConfig,
+    il: usize,
+    recurrent: bool,
+) -> Result<Layer<B>, ModelError> {
+    let e = cfg.n_embd;
+    let mixer = if recurrent {
+        let ssm = *ssm_config(cfg)?;
+        let hv = ssm.n_v_heads;
+        Mixer::DeltaNet(DeltaNet {
+            qkv: l.layer(il, "attn_qkv.weight", &[e, ssm.conv_channels()])?,
+            gate: l.layer(il, "attn_gate.weight", &[e, ssm.d_inner])?,
+            beta: l.layer(il, "ssm_beta.weight", &[e, hv])?,
+            alpha: l.layer(il, "ssm_alpha.weight", &[e, hv])?,
+            dt_bias: l.layer(il, "ssm_dt.bias", &[hv])?,
+            a: l.layer(il, "ssm_a", &[hv])?,
+            conv: l.layer(il, "ssm_conv1d.weight", &[ssm.d_conv, ssm.conv_channels()])?,
+            norm: l.layer(il, "ssm_norm.weight", &[ssm.d_v()])?,
+            out: l.layer(il, "ssm_out.weight", &[ssm.d_inner, e])?,
+        })
+    } else {
+        let (hk, hv) = (cfg.head_dim_k, cfg.head_dim_v);
+        if hk != hv {
+            return Err(ModelError::BadKey {
+                key: "qwen35.attention.key_length".into(),
+                detail: format!("gated attention needs equal K/V head sizes, got {hk}/{hv}"),
+            });
+        }
+        Mixer::Attention(GatedAttention {
+            wq: l.layer(il, "attn_q.weight", &[e, cfg.n_head * hk * 2])?,
+            wk: l.layer(il, "attn_k.weight", &[e, cfg.n_head_kv * hk])?,
+            wv: l.layer(il, "attn_v.weight", &[e, cfg.n_head_kv * hv])?,
+            wo: l.layer(il, "attn_output.weight", &[cfg.n_head * hv, e])?,
+            q_norm: l.layer(il, "attn_q_norm.weight", &[hk])?,
+            k_norm: l.layer(il, "attn_k_norm.weight", &[hk])?,
+        })
+    };
+    Ok(Layer {
+        attn_norm: l.layer(il, "attn_norm.weight", &[e])?,
+        post_norm: l.layer(il, "post_attention_norm.weight", &[e])?,
+        mixer,
+        ffn: FfnWeights::load(l, cfg, il)?,
+    })
 }
 
 /// Per-layer state handed to [`Layer::forward`]: the KV caches (attention layers) or the

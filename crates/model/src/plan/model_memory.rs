@@ -75,11 +75,10 @@ impl ModelMemory {
         let c = ModelConfig::from_gguf(file)?;
         let md = file.metadata();
         let arch = c.arch.name();
-        // llama.cpp stores MTP ("NextN") layers as the last blocks and counts them in block_count.
-        let n_mtp_layer = md
-            .get_u32(&format!("{arch}.nextn_predict_layers"))
-            .map_or(0, |n| (n as usize).min(c.n_layer.saturating_sub(1)));
-        let n_layer = c.n_layer - n_mtp_layer;
+        // llama.cpp stores MTP ("NextN") layers as the last blocks and counts them in
+        // block_count; ModelConfig already splits them off (n_layer = main layers only).
+        let n_mtp_layer = c.n_mtp_layer;
+        let n_layer = c.n_layer;
         let tensors: Vec<PlanTensor> = file
             .tensors()
             .iter()
