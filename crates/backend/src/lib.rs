@@ -38,6 +38,11 @@ pub trait Backend: Send + Sync + Sized {
     /// A short human-readable name ("cpu", "cuda:0").
     fn name(&self) -> String;
 
+    /// Names the layer the next per-layer allocations (`new_kv_cache`, `new_recurrent_state`)
+    /// belong to, `None` once done. A backend that spreads layers over devices (partial
+    /// offload) puts each layer's caches and states on that layer's device; others ignore it.
+    fn set_layer(&self, _layer: Option<usize>) {}
+
     // ---- memory ------------------------------------------------------------------------
 
     /// Makes the tensor `name` of `file` readable by this device. `dims` are ggml order

@@ -240,6 +240,8 @@ impl<B: Backend> ModelOn<B> {
         let mut layers = Vec::with_capacity(c.n_layer);
         let mut bytes = 0;
         for il in 0..c.n_layer {
+            // Partial offload: each layer's cache/state on that layer's device.
+            self.backend.set_layer(Some(il));
             if c.recurrent_layers[il] {
                 let ssm = c
                     .ssm
@@ -262,6 +264,7 @@ impl<B: Backend> ModelOn<B> {
                 layers.push(LayerState::Kv(kv));
             }
         }
+        self.backend.set_layer(None);
         tracing::debug!(n_ctx, %kv_type, bytes, "sequence state allocated");
         Ok(SeqStateOn::new(n_ctx, layers, bytes))
     }
