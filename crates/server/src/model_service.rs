@@ -1,15 +1,17 @@
 //! [`InferenceService`] over a loaded model: tokenizer, chat template, and the slot
-//! scheduler driving `Model::forward` (prefill) and `Model::forward_batch` (decode).
+//! scheduler driving `ModelOn::forward` (prefill) and `ModelOn::forward_batch` (decode) on
+//! any backend.
 
 use std::sync::Arc;
 
+use backend::Backend;
 use engine::scheduler::{
     BatchModel, GenerationRequest, GenerationStream, Scheduler, SchedulerConfig, SchedulerStats,
     TokenConstraint,
 };
 use engine::tool_calls::ToolFamily;
 use engine::{ChatTemplate, ConstraintError, ConstraintVocab, Tokenizer};
-use model::{KvType, Model, SeqState};
+use model::{KvType, ModelOn, SeqStateOn};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -21,30 +23,30 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
 {%- endfor -%}\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
-/// The scheduler's view of a CPU model.
-struct ModelBatch {
-    model: Arc<Model>,
+/// The scheduler's view of a model on any backend (CPU, CUDA …).
+struct ModelBatch<B: Backend> {
+    model: Arc<ModelOn<B>>,
     kv_type: KvType,
 }
 
-impl BatchModel for ModelBatch {
-    type State = SeqState;
+impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
+    type State = SeqStateOn<B>;
 
     fn n_vocab(&self) -> usize {
         self.model.config().n_vocab
     }
 
-    fn new_state(&self, n_ctx: usize) -> Result<SeqState, String> {
+    fn new_state(&self, n_ctx: usize) -> Result<SeqStateOn<B>, String> {
         self.model
             .new_state(n_ctx, self.kv_type)
             .map_err(|e| e.to_string())
     }
 
-    fn state_len(&self, state: &SeqState) -> usize {
+    fn state_len(&self, state: &SeqStateOn<B>) -> usize {
         state.len()
     }
 
-    fn truncate(&self, state: &mut SeqState, pos: usize) -> Result<usize, String> {
+    fn truncate(&self, state: &mut SeqStateOn<B>, pos: usize) -> Result<usize, String> {
         // Attention-only models truncate anywhere; hybrid ones only to a snapshot.
         let target = if state.can_truncate(pos) {
             pos
@@ -60,11 +62,11 @@ impl BatchModel for ModelBatch {
         Ok(target)
     }
 
-    fn checkpoint(&self, state: &mut SeqState) {
+    fn checkpoint(&self, state: &mut SeqStateOn<B>) {
         state.snapshot();
     }
 
-    fn prefill(&self, state: &mut SeqState, tokens: &[u32]) -> Result<Vec<f32>, String> {
+    fn prefill(&self, state: &mut SeqStateOn<B>, tokens: &[u32]) -> Result<Vec<f32>, String> {
         self.model
             .forward(state, tokens, false)
             .map_err(|e| e.to_string())
@@ -72,7 +74,7 @@ impl BatchModel for ModelBatch {
 
     fn decode_batch(
         &self,
-        states: &mut [&mut SeqState],
+        states: &mut [&mut SeqStateOn<B>],
         tokens: &[u32],
     ) -> Result<Vec<f32>, String> {
         self.model
@@ -105,7 +107,11 @@ pub struct ModelService {
 }
 
 impl ModelService {
-    pub fn new(model: Arc<Model>, opts: ModelServiceOptions) -> Result<ModelService, ApiError> {
+    /// Starts the scheduler over `model` on any backend (`model::Model` is the CPU one).
+    pub fn new<B: Backend + 'static>(
+        model: Arc<ModelOn<B>>,
+        opts: ModelServiceOptions,
+    ) -> Result<ModelService, ApiError> {
         let meta = model.gguf().metadata();
         let tokenizer = Tokenizer::from_gguf(meta)
             .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))?;
