@@ -3,6 +3,7 @@ pub mod scheduler;
 
 pub mod generate;
 pub mod sampler;
+pub mod speculative;
 pub mod stop;
 
 pub mod tokenizer;

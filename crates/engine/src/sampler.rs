@@ -163,6 +163,50 @@ impl Sampler {
         self.candidates = cands;
         id.unwrap_or_else(|| argmax_raw(logits))
     }
+
+    /// The distribution [`Sampler::sample`] draws from for `logits` (same transforms, same
+    /// penalty window): `(id, probability)` for every token with probability > 0, summing to
+    /// 1. Greedy gives the argmax with probability 1. Speculative decoding's rejection
+    /// sampling needs the target distribution itself, not one draw from it.
+    pub fn probabilities(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
+        let mut cands = std::mem::take(&mut self.candidates);
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+            id: i as u32,
+            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+        }));
+        apply_logit_bias(&mut cands, &self.config.logit_bias);
+        if self.config.has_penalties() {
+            let counts = count_tokens(&self.window);
+            apply_penalties(
+                &mut cands,
+                &counts,
+                self.config.repeat_penalty,
+                self.config.presence_penalty,
+                self.config.frequency_penalty,
+            );
+        }
+        let probs = if self.config.temperature <= 0.0 {
+            argmax(&cands).map(|id| vec![(id, 1.0)]).unwrap_or_default()
+        } else {
+            top_k(&mut cands, self.config.top_k);
+            top_p(&mut cands, self.config.top_p);
+            min_p(&mut cands, self.config.min_p);
+            apply_temperature(&mut cands, self.config.temperature);
+            cands
+                .iter()
+                .zip(softmax(&cands))
+                .filter(|(_, p)| *p > 0.0)
+                .map(|(c, p)| (c.id, p))
+                .collect()
+        };
+        self.candidates = cands;
+        if probs.is_empty() {
+            vec![(argmax_raw(logits), 1.0)]
+        } else {
+            probs
+        }
+    }
 }
 
 fn count_tokens(window: &VecDeque<u32>) -> HashMap<u32, u32> {
