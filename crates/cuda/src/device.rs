@@ -136,6 +136,8 @@ pub struct CudaDevice {
     matvec_load_mode: AtomicI32,
     /// Single-token block-format matvecs keep x in shared memory (persistent blocks).
     matvec_x_in_smem: AtomicBool,
+    /// Prefill GEMM: cuBLAS (loaded at first use) and its scratch (crate::gemm).
+    pub(crate) gemm: crate::gemm::GemmState,
 }
 
 impl CudaDevice {
@@ -166,6 +168,7 @@ impl CudaDevice {
             functions: Mutex::new(HashMap::new()),
             matvec_load_mode: AtomicI32::new(DEFAULT_MATVEC_LOAD_MODE),
             matvec_x_in_smem: AtomicBool::new(DEFAULT_MATVEC_X_IN_SMEM),
+            gemm: crate::gemm::GemmState::default(),
         })
     }
 

@@ -27,6 +27,9 @@ pub enum CudaError {
     },
     #[error("CUDA driver: {0}")]
     Driver(String),
+    /// cuBLAS missing or failing (the prefill GEMM path; callers fall back to the matvec).
+    #[error("cuBLAS: {0}")]
+    Cublas(String),
     #[error("unsupported weight type {0} for this CUDA op")]
     UnsupportedType(&'static str),
     #[error("bad shape: {0}")]

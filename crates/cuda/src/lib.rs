@@ -11,6 +11,7 @@ pub mod bandwidth;
 pub mod compile_check;
 pub mod device;
 pub mod error;
+pub mod gemm;
 pub mod hybrid;
 pub mod kernel_cache;
 pub mod matvec;

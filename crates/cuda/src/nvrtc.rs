@@ -83,7 +83,7 @@ pub fn candidate_paths() -> Vec<PathBuf> {
     out
 }
 
-fn glob_dirs(parent: &str, prefix: &str, sub: &str) -> Vec<PathBuf> {
+pub(crate) fn glob_dirs(parent: &str, prefix: &str, sub: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(parent)
         .into_iter()
         .flatten()
@@ -96,7 +96,7 @@ fn glob_dirs(parent: &str, prefix: &str, sub: &str) -> Vec<PathBuf> {
     v
 }
 
-fn site_packages_dirs() -> Vec<PathBuf> {
+pub(crate) fn site_packages_dirs() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = vec!["/usr/lib".into(), "/usr/local/lib".into()];
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         roots.push(Path::new(&venv).join("lib"));

@@ -21,16 +21,19 @@ pub enum Program {
     Attention,
     /// The rest of the `backend::Backend` op set (crates/cuda/src/backend).
     ModelOps,
+    /// Prefill GEMM feeding: dequantize to f16, x to f16 (crate::gemm).
+    Gemm,
 }
 
 impl Program {
-    pub const ALL: [Program; 6] = [
+    pub const ALL: [Program; 7] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
         Program::Elementwise,
         Program::Attention,
         Program::ModelOps,
+        Program::Gemm,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Program {
             Program::Elementwise => "elementwise.cu",
             Program::Attention => "attention.cu",
             Program::ModelOps => "model_ops.cu",
+            Program::Gemm => "gemm.cu",
         }
     }
 
@@ -52,6 +56,7 @@ impl Program {
             Program::Elementwise => include_str!("../kernels/elementwise.cu"),
             Program::Attention => include_str!("../kernels/attention.cu"),
             Program::ModelOps => include_str!("../kernels/model_ops.cu"),
+            Program::Gemm => include_str!("../kernels/gemm.cu"),
         }
     }
 

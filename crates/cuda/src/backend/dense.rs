@@ -115,6 +115,11 @@ impl CudaBackend {
             return Ok(());
         }
         if let Some(m) = &w.matrix {
+            // Prefill (n >= the GEMM threshold): f16 tensor cores via cuBLAS (crate::gemm);
+            // Ok(false) when it does not apply (few tokens, no cuBLAS): the matvec below.
+            if self.dev.try_matmul_gemm(m, &x.data, n, &mut out.data).map_err(dev_err)? {
+                return Ok(());
+            }
             return self.with_scratch(n, w.cols, |s| {
                 self.dev
                     .matvec(m, &x.data, n, &mut out.data, s)
