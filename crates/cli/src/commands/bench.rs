@@ -5,29 +5,40 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
-use model::{KvType, Model};
+use anyhow::{bail, Context};
+use backend::Backend;
+use model::{KvType, ModelOn, SeqStateOn};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::device_args::PlacementArgs;
+use super::placement::{load_placed, LoadRequest, LoadedModel, LogTo, Placed};
 use super::run::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    placement: PlacementArgs,
     /// Prompt tokens for the prefill test (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
     /// Tokens for the decode test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// Run each test after a prompt of this many tokens already in the cache (llama-bench -d).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    n_depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
-    /// Print one JSON object instead of the markdown table.
+    /// Print one JSON object instead of the markdown table (same as -o json).
     #[arg(long)]
     json: bool,
+    /// Output format: md or json.
+    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
+    output: String,
 }
 
 /// Mean and sample standard deviation of a set of rates.
@@ -44,33 +55,114 @@ pub fn mean_sd(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// Bytes one decode step reads, averaged over a tg test of `n_gen` steps after `depth` cached
+/// tokens: the weights read per step (everything but the token-embedding table, plus the
+/// recurrent state) and one embedding row, plus the KV cache, where step i (at position
+/// depth + i) reads depth + i + 1 positions — on average depth + (n_gen + 1) / 2.
+pub fn decode_bytes_per_token(
+    weights_and_state: u64,
+    embedding_row: u64,
+    kv_bytes_per_position: u64,
+    depth: usize,
+    n_gen: usize,
+) -> f64 {
+    let mean_positions = depth as f64 + (n_gen as f64 + 1.0) / 2.0;
+    (weights_and_state + embedding_row) as f64 + kv_bytes_per_position as f64 * mean_positions
+}
+
+/// Share of the memory-bandwidth roofline a decode speed reaches, percent:
+/// bytes per token × tokens/s ÷ bandwidth (GB/s = 1e9 bytes/s).
+pub fn roofline_percent(bytes_per_token: f64, tok_s: f64, bandwidth_gbs: f64) -> f64 {
+    if bandwidth_gbs <= 0.0 {
+        return 0.0;
+    }
+    100.0 * bytes_per_token * tok_s / (bandwidth_gbs * 1e9)
+}
+
 struct TestResult {
     name: String,
     n_tokens: usize,
     /// tokens/s of each repetition.
     rates: Vec<f64>,
+    /// Decode tests on the GPU: bytes read per token and the share of the roofline.
+    roofline: Option<(f64, f64)>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = args.model.load()?;
-    let cfg = model.config().clone();
-    let file = model.gguf();
-    let size_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-    let n_params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
-    let n_ctx = (args.n_prompt + args.n_gen).max(1);
-    let n_vocab = cfg.n_vocab as u32;
-    let threads = rayon_threads(&args.model);
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
+    let n_ctx = args.n_depth + args.n_prompt.max(args.n_gen) + 1;
+    let req = LoadRequest {
+        n_ctx: Some(n_ctx),
+        n_parallel: 1,
+        kv_type: KvType::F16,
+        measure_bandwidth: true,
+    };
+    let placed = load_placed(&args.model, &args.placement, &req, LogTo::Stderr)?;
+    if placed.n_ctx < n_ctx {
+        bail!(
+            "the test needs {n_ctx} tokens of context (-d + max(-p, -n) + 1) but only {} fit on the GPU; \
+             lower -d/-p/-n or use --fit on with offload",
+            placed.n_ctx
+        );
+    }
+    if let Some(bw) = placed.bandwidth_gbs {
+        eprintln!(
+            "read bandwidth: {bw:.0} GB/s measured on {}",
+            placed.device_name
+        );
+    }
+    let results = match &placed.model {
+        LoadedModel::Cpu(m) => bench_on(&args, m, &placed, n_ctx)?,
+        LoadedModel::Cuda(m) => bench_on(&args, m, &placed, n_ctx)?,
+    };
+    print_results(&args, &placed, &results)
+}
+
+fn bench_on<B: Backend>(
+    args: &Args,
+    model: &ModelOn<B>,
+    placed: &Placed,
+    n_ctx: usize,
+) -> anyhow::Result<Vec<TestResult>> {
+    let n_vocab = model.config().n_vocab as u32;
     // Random token ids, as llama-bench uses: the speed does not depend on them.
     let mut rng = StdRng::seed_from_u64(1234);
     let mut random_tokens =
         |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..n_vocab)).collect() };
+    let mut state = model.new_state(n_ctx, KvType::F16)?;
+    placed.report_memory(LogTo::Stderr, true);
+    let depth = args.n_depth;
+    if depth > 0 {
+        let t = Instant::now();
+        model
+            .forward(&mut state, &random_tokens(depth), false)
+            .context("depth prefill")?;
+        eprintln!(
+            "depth: {depth} tokens prefilled in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+        // A hybrid model can return to `depth` only from a snapshot.
+        state.snapshot();
+    }
+    let suffix = if depth > 0 {
+        format!(" @ d{depth}")
+    } else {
+        String::new()
+    };
+    let rewind = |state: &mut SeqStateOn<B>| -> anyhow::Result<()> {
+        state
+            .truncate(depth)
+            .map_err(|e| anyhow::anyhow!("rewinding to depth {depth}: {e}"))
+    };
 
     let mut results = Vec::new();
     if args.n_prompt > 0 {
         let tokens = random_tokens(args.n_prompt);
         let mut rates = Vec::new();
         for rep in 0..=args.repetitions {
-            let mut state = model.new_state(n_ctx, KvType::F16)?;
+            rewind(&mut state)?;
             let t = Instant::now();
             model
                 .forward(&mut state, &tokens, false)
@@ -81,39 +173,55 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         results.push(TestResult {
-            name: format!("pp{}", args.n_prompt),
+            name: format!("pp{}{suffix}", args.n_prompt),
             n_tokens: args.n_prompt,
             rates,
+            roofline: None,
         });
     }
     if args.n_gen > 0 {
         let tokens = random_tokens(args.n_gen);
         let mut rates = Vec::new();
         for rep in 0..=args.repetitions {
-            let mut state = model.new_state(n_ctx, KvType::F16)?;
-            let s = decode_run(&model, &mut state, &tokens)?;
+            rewind(&mut state)?;
+            let s = decode_run(model, &mut state, &tokens)?;
             if rep > 0 {
                 rates.push(args.n_gen as f64 / s);
             }
         }
+        let roofline = placed.bandwidth_gbs.map(|bw| {
+            let p = &placed.plan;
+            let embd_row = p.ledger.token_embedding / model.config().n_vocab.max(1) as u64;
+            let bytes = decode_bytes_per_token(
+                p.bytes_per_token,
+                embd_row,
+                p.kv_bytes_per_token,
+                depth,
+                args.n_gen,
+            );
+            let (mean, _) = mean_sd(&rates);
+            (bytes, roofline_percent(bytes, mean, bw))
+        });
         results.push(TestResult {
-            name: format!("tg{}", args.n_gen),
+            name: format!("tg{}{suffix}", args.n_gen),
             n_tokens: args.n_gen,
             rates,
+            roofline,
         });
     }
+    Ok(results)
+}
 
-    let model_name = format!(
-        "{} {}",
-        cfg.arch.name(),
-        gguf::file_type_name(
-            file.metadata()
-                .get_u32("general.file_type")
-                .unwrap_or(u32::MAX)
-        )
-        .unwrap_or("?")
-    );
-    if args.json {
+fn print_results(args: &Args, placed: &Placed, results: &[TestResult]) -> anyhow::Result<()> {
+    let file_type = placed.plan.file_type.as_deref().unwrap_or("?");
+    let model_name = format!("{} {}", placed.plan.arch, file_type);
+    let l = &placed.plan.ledger;
+    let size_bytes = l.layer_weights + l.output_head + l.token_embedding + l.mtp_weights;
+    let n_params = placed.plan.n_params;
+    let threads = rayon_threads(&args.model);
+    let (ngl, n_layers) = placed.offload();
+    let backend = placed.device_name.clone();
+    if args.json || args.output == "json" {
         let tests: Vec<_> = results
             .iter()
             .map(|r| {
@@ -121,9 +229,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::json!({
                     "test": r.name,
                     "n_tokens": r.n_tokens,
+                    "n_depth": args.n_depth,
                     "tokens_per_second_mean": mean,
                     "tokens_per_second_sd": sd,
                     "samples": r.rates,
+                    "bytes_per_token": r.roofline.map(|x| x.0),
+                    "roofline_percent": r.roofline.map(|x| x.1),
                 })
             })
             .collect();
@@ -132,26 +243,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "model_type": model_name,
             "size_bytes": size_bytes,
             "n_params": n_params,
-            "backend": "cpu",
+            "backend": backend,
+            "n_gpu_layers": ngl,
+            "n_layers": n_layers,
             "threads": threads,
+            "read_bandwidth_gbs": placed.bandwidth_gbs,
             "repetitions": args.repetitions,
             "tests": tests,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("| model | size | params | backend | threads | test | t/s |");
-        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
-        for r in &results {
+        println!("| model | size | params | backend | ngl | threads | test | t/s | roofline |");
+        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+        for r in results {
             let (mean, sd) = mean_sd(&r.rates);
+            let roof = r
+                .roofline
+                .map_or(String::new(), |(_, pct)| format!("{pct:.1} %"));
             println!(
-                "| {} | {} | {} | cpu | {} | {} | {:.2} ± {:.2} |",
+                "| {} | {} | {} | {} | {}/{} | {} | {} | {:.2} ± {:.2} | {} |",
                 model_name,
                 human_bytes(size_bytes),
                 human_count(n_params),
+                backend,
+                ngl,
+                n_layers,
                 threads,
                 r.name,
                 mean,
-                sd
+                sd,
+                roof
+            );
+        }
+        if let (Some(bw), Some((bytes, _))) = (
+            placed.bandwidth_gbs,
+            results.iter().find_map(|r| r.roofline),
+        ) {
+            println!(
+                "\nroofline: {:.2} GB read per decoded token at {bw:.0} GB/s measured → {:.1} tok/s ceiling",
+                bytes / 1e9,
+                bw * 1e9 / bytes
             );
         }
     }
@@ -159,7 +290,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Seconds for `tokens.len()` single-token forwards.
-fn decode_run(model: &Model, state: &mut model::SeqState, tokens: &[u32]) -> anyhow::Result<f64> {
+fn decode_run<B: Backend>(
+    model: &ModelOn<B>,
+    state: &mut SeqStateOn<B>,
+    tokens: &[u32],
+) -> anyhow::Result<f64> {
     let t = Instant::now();
     for &tok in tokens {
         model.forward(state, &[tok], false).context("decode")?;
@@ -208,6 +343,22 @@ mod tests {
         assert!((s - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
         assert_eq!(mean_sd(&[3.0]), (3.0, 0.0));
         assert_eq!(mean_sd(&[]), (0.0, 0.0));
+    }
+
+    #[test]
+    fn roofline_arithmetic() {
+        // 18 GB of weights+state, a 10 KB embedding row, 256 KiB of KV per position.
+        let w = 18_000_000_000u64;
+        let b0 = decode_bytes_per_token(w, 10_000, 262_144, 0, 128);
+        // tg128 at depth 0 reads on average 64.5 positions of KV.
+        assert_eq!(b0, 18_000_010_000.0 + 262_144.0 * 64.5);
+        let b4k = decode_bytes_per_token(w, 10_000, 262_144, 4096, 128);
+        assert_eq!(b4k - b0, 262_144.0 * 4096.0);
+        // 200 tok/s × 18 GB = 3.6 TB/s of a 4.0 TB/s card = 90 %.
+        assert!((roofline_percent(18e9, 200.0, 4000.0) - 90.0).abs() < 1e-9);
+        assert_eq!(roofline_percent(18e9, 200.0, 0.0), 0.0);
+        // A single decode step at depth 0 reads the one position it writes.
+        assert_eq!(decode_bytes_per_token(100, 0, 10, 0, 1), 110.0);
     }
 
     #[test]

@@ -2,9 +2,11 @@
 
 pub mod bench;
 pub mod convert;
+pub mod device_args;
 pub mod imatrix;
 pub mod inspect;
 pub mod perplexity;
+pub mod placement;
 pub mod plan;
 pub mod quantize;
 pub mod run;

@@ -8,10 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use backend::Backend;
 use engine::generate::{generate, GenerateParams, Generation};
 use engine::sampler::{Sampler, SamplerConfig};
 use engine::{ChatTemplate, Tokenizer};
-use model::{KvType, LoadOptions, Model};
+use model::{KvType, ModelOn};
+
+use super::device_args::PlacementArgs;
+use super::placement::{load_placed, LoadRequest, LoadedModel, LogTo, Placed};
 
 /// karpathy's stories260K (llama2.c, MIT), so `redline run` works with no download.
 static BUNDLED_MODEL: &[u8] = include_bytes!("../../../../models/stories260K.gguf");
@@ -27,21 +31,14 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Loads the model named by `-m`, or the bundled one.
-    pub fn load(&self) -> anyhow::Result<Model> {
-        let opts = LoadOptions {
-            n_threads: self.threads,
-            ..LoadOptions::default()
-        };
+    /// Opens (memory-maps) the GGUF named by `-m`, or reads the bundled one.
+    pub fn open_gguf(&self) -> anyhow::Result<gguf::GgufFile> {
         match &self.model {
             Some(path) => {
-                Model::load(path, &opts).with_context(|| format!("loading {}", path.display()))
+                gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))
             }
-            None => {
-                let file = gguf::GgufFile::from_bytes(BUNDLED_MODEL.to_vec())
-                    .context("reading the bundled model")?;
-                Model::load_from_gguf(file, &opts).context("loading the bundled model")
-            }
+            None => gguf::GgufFile::from_bytes(BUNDLED_MODEL.to_vec())
+                .context("reading the bundled model"),
         }
     }
 
@@ -134,6 +131,8 @@ pub struct Args {
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
     #[command(flatten)]
+    placement: PlacementArgs,
+    #[command(flatten)]
     sampling: SamplingArgs,
     /// Stop when this text appears (repeatable).
     #[arg(long = "stop")]
@@ -151,13 +150,23 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = args.model.load()?;
+    let req = LoadRequest {
+        n_ctx: (args.ctx_size > 0).then_some(args.ctx_size),
+        n_parallel: 1,
+        kv_type: KvType::F16,
+        measure_bandwidth: false,
+    };
+    let placed = load_placed(&args.model, &args.placement, &req, LogTo::Stderr)?;
+    match &placed.model {
+        LoadedModel::Cpu(m) => run_on(&args, m, &placed),
+        LoadedModel::Cuda(m) => run_on(&args, m, &placed),
+    }
+}
+
+fn run_on<B: Backend>(args: &Args, model: &ModelOn<B>, placed: &Placed) -> anyhow::Result<()> {
     let tokenizer =
         Tokenizer::from_gguf(model.gguf().metadata()).context("loading the tokenizer")?;
-    let n_ctx = match args.ctx_size {
-        0 => model.config().n_ctx_train.clamp(1, 4096),
-        n => n,
-    };
+    let n_ctx = placed.n_ctx;
     let sampler_config = args.sampling.config();
     let params = GenerateParams {
         max_tokens: args.n_predict,
@@ -166,19 +175,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ignore_eog: args.ignore_eos,
     };
     match &args.prompt {
-        Some(prompt) => one_shot(&args, &model, &tokenizer, prompt, sampler_config, &params),
+        Some(prompt) => one_shot(
+            args,
+            model,
+            placed,
+            &tokenizer,
+            prompt,
+            sampler_config,
+            &params,
+        ),
         None => {
             if args.json {
                 bail!("--json needs a prompt (-p)");
             }
-            chat(&args, &model, &tokenizer, sampler_config, &params)
+            chat(args, model, placed, &tokenizer, sampler_config, &params)
         }
     }
 }
 
-fn one_shot(
+fn one_shot<B: Backend>(
     args: &Args,
-    model: &Model,
+    model: &ModelOn<B>,
+    placed: &Placed,
     tokenizer: &Tokenizer,
     prompt: &str,
     sampler_config: SamplerConfig,
@@ -186,6 +204,7 @@ fn one_shot(
 ) -> anyhow::Result<()> {
     let prompt_ids = tokenizer.encode(prompt, true, false)?;
     let mut state = model.new_state(params.n_ctx, KvType::F16)?;
+    placed.report_memory(LogTo::Stderr, true);
     let seed = sampler_config.seed;
     let mut sampler = Sampler::new(sampler_config);
     let stdout = std::io::stdout();
@@ -254,9 +273,10 @@ fn print_timings(g: &Generation) {
 /// Set while a reply is being generated: Ctrl-C then stops the reply instead of the program.
 static GENERATING: AtomicBool = AtomicBool::new(false);
 
-fn chat(
+fn chat<B: Backend>(
     args: &Args,
-    model: &Model,
+    model: &ModelOn<B>,
+    placed: &Placed,
     tokenizer: &Tokenizer,
     sampler_config: SamplerConfig,
     params: &GenerateParams,
@@ -288,6 +308,7 @@ fn chat(
         messages.push(serde_json::json!({"role": "system", "content": system}));
     }
     let mut state = model.new_state(params.n_ctx, KvType::F16)?;
+    placed.report_memory(LogTo::Stderr, true);
     // Tokens the state holds, to feed only what a new turn adds.
     let mut in_state: Vec<u32> = Vec::new();
     let mut sampler = Sampler::new(sampler_config);

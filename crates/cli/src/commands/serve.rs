@@ -13,6 +13,8 @@ use engine::scheduler::SamplingParams;
 use model::KvType;
 use server::{AppState, ModelService, ModelServiceOptions, ServerConfig};
 
+use super::device_args::PlacementArgs;
+use super::placement::{load_placed, LoadRequest, LoadedModel, LogTo};
 use super::run::{ModelArgs, SamplingArgs};
 
 #[derive(clap::Args)]
@@ -28,7 +30,7 @@ pub struct Args {
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
     parallel: usize,
     /// Total context in tokens, shared evenly by the slots (0: the model's training context
-    /// per slot, at most 4096).
+    /// per slot, at most 4096; --fit on may reduce it to fit the GPU).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
     /// KV cache type for keys (f32, f16, q8_0, q4_0).
@@ -37,12 +39,8 @@ pub struct Args {
     /// KV cache type for values; must equal --cache-type-k.
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
     cache_type_v: String,
-    /// Layers to put on the GPU (this build serves from the CPU; kept for llama.cpp parity).
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
-    n_gpu_layers: usize,
-    /// Choose context and cache type to fit the device memory (CPU: checks only).
-    #[arg(long)]
-    fit: bool,
+    #[command(flatten)]
+    placement: PlacementArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Model name shown to clients (default: the file name without .gguf).
@@ -176,7 +174,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// Loads the model, logs the memory ledger, and makes the service available.
+/// Loads the model where the placement says, logs the memory ledger and the offload, and
+/// makes the service available.
 fn load(
     args: &Args,
     kv_type: KvType,
@@ -184,56 +183,51 @@ fn load(
     state: &AppState,
 ) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let model = args.model.load()?;
-    let c = model.config();
-    let n_ctx_per_slot = match args.ctx_size {
-        0 => c.n_ctx_train.clamp(1, 4096),
-        n => n / args.parallel,
-    };
-    if n_ctx_per_slot < 16 {
+    if args.ctx_size > 0 && args.ctx_size / args.parallel < 16 {
         bail!(
             "-c {} over {} slots leaves {} tokens per slot; give a larger -c",
             args.ctx_size,
             args.parallel,
-            n_ctx_per_slot
+            args.ctx_size / args.parallel
         );
     }
-    let weight_bytes: u64 = model.gguf().tensors().iter().map(|t| t.n_bytes).sum();
-    let state_bytes = model.new_state(n_ctx_per_slot, kv_type)?.bytes() as u64;
-    let n_layer = c.n_layer;
+    let req = LoadRequest {
+        n_ctx: (args.ctx_size > 0).then_some(args.ctx_size),
+        n_parallel: args.parallel,
+        kv_type,
+        measure_bandwidth: false,
+    };
+    let placed = load_placed(&args.model, &args.placement, &req, LogTo::Tracing)?;
+    let n_ctx_per_slot = placed.n_ctx / args.parallel;
+    if n_ctx_per_slot < 16 {
+        bail!(
+            "{} tokens of context over {} slots leaves {n_ctx_per_slot} per slot",
+            placed.n_ctx,
+            args.parallel
+        );
+    }
+    let c = &placed.plan;
     tracing::info!(
-        "loaded {} ({}, {} layers, vocab {}) in {:.2}s",
+        "loaded {} ({}, {} layers, {}) on {} in {:.2}s",
         args.model.display_name(),
-        c.arch.name(),
-        n_layer,
-        c.n_vocab,
+        c.arch,
+        c.n_layer,
+        c.file_type.as_deref().unwrap_or("?"),
+        placed.device_name,
         t0.elapsed().as_secs_f64()
     );
-    tracing::info!("memory ledger (host):");
-    tracing::info!(
-        "  weights (mmapped)        {:>12}",
-        human_bytes(weight_bytes)
-    );
-    tracing::info!(
-        "  KV cache + state / slot  {:>12}  ({} tokens, {kv_type:?})",
-        human_bytes(state_bytes),
-        n_ctx_per_slot
-    );
-    tracing::info!(
-        "  KV cache + state, {} slots {:>10}",
-        args.parallel,
-        human_bytes(state_bytes * args.parallel as u64)
-    );
-    tracing::info!(
-        "  total                    {:>12}",
-        human_bytes(weight_bytes + state_bytes * args.parallel as u64)
-    );
-    if args.n_gpu_layers > 0 || args.fit {
-        tracing::warn!("GPU offload is not available in this build; -ngl/--fit ignored");
+    let (on_gpu, total) = placed.offload();
+    tracing::info!("offloaded {on_gpu}/{total} layers to GPU");
+    if on_gpu < total && on_gpu > 0 {
+        tracing::warn!(
+            "{} layers run on the CPU: decode is bounded by host memory bandwidth",
+            total - on_gpu
+        );
     }
     tracing::info!(
-        "offloaded 0/{} layers to the GPU (CPU backend)",
-        n_layer + 1
+        "KV cache + state per slot {} ({} tokens, {kv_type}); allocated when a slot is first used",
+        human_bytes((c.ledger.kv_cache + c.ledger.recurrent_state) / args.parallel as u64),
+        n_ctx_per_slot
     );
     let id = args
         .alias
@@ -254,7 +248,11 @@ fn load(
         prefill_chunk: args.prefill_chunk,
         chat_template,
     };
-    let service = ModelService::new(Arc::new(model), opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let service = match placed.model {
+        LoadedModel::Cpu(m) => ModelService::new(Arc::new(m), opts),
+        LoadedModel::Cuda(m) => ModelService::new(Arc::new(m), opts),
+    }
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     state.set_service(Arc::new(service));
     tracing::info!("ready: {} slots × {} tokens", args.parallel, n_ctx_per_slot);
     Ok(())

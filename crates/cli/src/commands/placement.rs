@@ -1,0 +1,505 @@
+//! Loading a model where the flags and the memory plan put it: open the GPU (or say once why
+//! not), plan with the card's measured free memory (`--vram-limit` caps it), apply `--fit` /
+//! `-ngl`, log the ledger and "offloaded X/Y layers to GPU", upload with a progress bar, and
+//! compare the device memory actually used with the ledger.
+//!
+//! Partial offload (some layers on the GPU, the rest on the CPU) needs a hybrid backend that
+//! this build does not have yet: such a plan runs every layer on the CPU, with a warning that
+//! names `--fit gpu-only`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use cuda::backend::CudaBackend;
+use cuda::{CudaDevice, CudaOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use model::plan::fit::{predicted_slowdown, wanted_ctx};
+use model::plan::{
+    fit, plan_placement, FitMode, FitRefusal, FitRequest, GpuSpec, ModelMemory, Plan, PlanOptions,
+};
+use model::{KvType, LoadOptions, Model, ModelOn};
+
+use super::device_args::{DeviceChoice, PlacementArgs};
+use super::run::ModelArgs;
+
+const MIB: u64 = 1 << 20;
+
+/// A loaded model on the backend the placement chose.
+pub enum LoadedModel {
+    Cpu(Model),
+    Cuda(ModelOn<CudaBackend>),
+}
+
+/// Where the startup lines go: stderr (`run`, `bench`) or the tracing log (`serve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogTo {
+    Stderr,
+    Tracing,
+}
+
+impl LogTo {
+    pub fn info(self, line: &str) {
+        match self {
+            LogTo::Stderr => eprintln!("{line}"),
+            LogTo::Tracing => tracing::info!("{line}"),
+        }
+    }
+
+    pub fn warn(self, line: &str) {
+        match self {
+            LogTo::Stderr => eprintln!("warning: {line}"),
+            LogTo::Tracing => tracing::warn!("{line}"),
+        }
+    }
+
+    fn block(self, text: &str) {
+        for l in text.lines() {
+            self.info(l);
+        }
+    }
+}
+
+/// What the command needs from the placement.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    /// Context over all slots (`-c`); `None`: the planner's default (4096 per slot at most).
+    pub n_ctx: Option<usize>,
+    pub n_parallel: usize,
+    pub kv_type: KvType,
+    /// Measure the GPU's read bandwidth before uploading the weights (`bench`).
+    pub measure_bandwidth: bool,
+}
+
+/// Free and total device memory, bytes (cuMemGetInfo).
+type MemInfo = Arc<dyn Fn() -> Option<(u64, u64)> + Send + Sync>;
+
+struct GpuMemory {
+    mem_info: MemInfo,
+    total: u64,
+    /// Free right after the context was created, before any weight.
+    free_at_open: u64,
+}
+
+/// The loaded model and what the placement decided.
+pub struct Placed {
+    pub model: LoadedModel,
+    /// The plan the model was placed by (its ledger).
+    pub plan: Plan,
+    /// Context over all slots.
+    pub n_ctx: usize,
+    /// "cpu" or "cuda:0 (NVIDIA H200)".
+    pub device_name: String,
+    /// Device read bandwidth measured at start, GB/s (`measure_bandwidth`, GPU only).
+    pub bandwidth_gbs: Option<f64>,
+    gpu: Option<GpuMemory>,
+}
+
+impl Placed {
+    /// Layers on the GPU and in total ("offloaded X/Y").
+    pub fn offload(&self) -> (usize, usize) {
+        match self.model {
+            LoadedModel::Cpu(_) => (0, self.plan.layers_total),
+            LoadedModel::Cuda(_) => (self.plan.layers_on_gpu, self.plan.layers_total),
+        }
+    }
+
+    /// Logs the device memory allocated since the context was created beside the ledger's
+    /// prediction for what exists now: the weights placed on the GPU, plus the cache and state
+    /// of `n_seq_states` sequences of the planned context (0 when none is allocated yet).
+    /// A no-op on the CPU.
+    pub fn report_memory(&self, log: LogTo, with_states: bool) {
+        let Some(g) = &self.gpu else { return };
+        let Some((free, _)) = (g.mem_info)() else {
+            log.warn("cannot read the GPU's free memory (cuMemGetInfo failed)");
+            return;
+        };
+        let measured = g.free_at_open.saturating_sub(free);
+        let l = &self.plan.ledger;
+        let weights = gpu_weight_bytes(&self.plan);
+        let states = if with_states {
+            l.kv_cache + l.recurrent_state
+        } else {
+            0
+        };
+        let predicted = weights + states;
+        let c = MemoryCheck::new(measured, predicted);
+        log.info(&format!(
+            "GPU memory: {} allocated by redline (measured), ledger {} (weights {}{}); {} ({:+.2} %) {}",
+            mib(measured),
+            mib(predicted),
+            mib(weights),
+            if with_states {
+                format!(" + KV/state {}", mib(states))
+            } else {
+                String::new()
+            },
+            signed_mib(c.diff),
+            c.percent,
+            if c.within_tolerance() {
+                "— within 2 % / 256 MiB"
+            } else {
+                "— OUTSIDE 2 % / 256 MiB"
+            }
+        ));
+        log.info(&format!(
+            "GPU memory: {} of {} in use on the device (runtime and other processes {} at start; ledger's full total with compute buffers {})",
+            mib(g.total.saturating_sub(free)),
+            mib(g.total),
+            mib(g.total.saturating_sub(g.free_at_open)),
+            mib(self.plan.gpu_bytes_placed)
+        ));
+    }
+}
+
+/// Weight bytes the plan puts on the GPU: head, layers, and the embedding table when counted.
+fn gpu_weight_bytes(p: &Plan) -> u64 {
+    use model::plan::Device;
+    let layers: u64 = p
+        .layers
+        .iter()
+        .filter(|l| l.device == Device::Gpu)
+        .map(|l| l.weight_bytes)
+        .sum();
+    let head = if p.output_head_device == Device::Gpu {
+        p.ledger.output_head
+    } else {
+        0
+    };
+    let embd = if p.embeddings_on_gpu {
+        p.ledger.token_embedding
+    } else {
+        0
+    };
+    layers + head + embd
+}
+
+/// Measured against predicted device memory (issue #5: within 2 % or 256 MiB).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryCheck {
+    pub diff: i64,
+    pub percent: f64,
+}
+
+impl MemoryCheck {
+    pub fn new(measured: u64, predicted: u64) -> MemoryCheck {
+        let diff = measured as i64 - predicted as i64;
+        let percent = if predicted > 0 {
+            100.0 * diff as f64 / predicted as f64
+        } else {
+            0.0
+        };
+        MemoryCheck { diff, percent }
+    }
+
+    pub fn within_tolerance(&self) -> bool {
+        self.percent.abs() <= 2.0 || self.diff.unsigned_abs() <= 256 * MIB
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / MIB as f64)
+}
+
+fn signed_mib(b: i64) -> String {
+    format!("{:+.0} MiB", b as f64 / MIB as f64)
+}
+
+/// Whether a load error is the device running out of memory.
+fn is_out_of_memory(msg: &str) -> bool {
+    let m = msg.to_ascii_lowercase();
+    m.contains("out of memory") || m.contains("out_of_memory") || m.contains("cannot allocate")
+}
+
+/// Opens the GPU the flags ask for. `Ok(None)`: run on the CPU (for `auto`, after one line
+/// saying why).
+fn open_device(choice: DeviceChoice, log: LogTo) -> anyhow::Result<Option<CudaDevice>> {
+    let ordinal = match choice {
+        DeviceChoice::Cpu => return Ok(None),
+        DeviceChoice::Auto => 0,
+        DeviceChoice::Cuda(n) => n,
+    };
+    let opts = CudaOptions {
+        ordinal,
+        ..CudaOptions::default()
+    };
+    match CudaDevice::open(&opts) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if choice == DeviceChoice::Auto => {
+            log.info(&format!("no usable GPU, running on the CPU: {e}"));
+            Ok(None)
+        }
+        Err(e) => Err(e).with_context(|| format!("--device {choice}")),
+    }
+}
+
+/// Loads the model of `margs` where `pargs` and the plan say, logging the ledger.
+pub fn load_placed(
+    margs: &ModelArgs,
+    pargs: &PlacementArgs,
+    req: &LoadRequest,
+    log: LogTo,
+) -> anyhow::Result<Placed> {
+    let file = margs.open_gguf()?;
+    let mem = ModelMemory::from_gguf(&file)
+        .with_context(|| format!("planning {}", margs.display_name()))?;
+    let load_opts = LoadOptions {
+        n_threads: margs.threads,
+        ..LoadOptions::default()
+    };
+    let mut base = PlanOptions::for_model(&mem);
+    base.n_parallel = req.n_parallel.max(1);
+    base.cache_type_k = req.kv_type;
+    base.cache_type_v = req.kv_type;
+    let fit_req = FitRequest {
+        mode: pargs.fit,
+        n_ctx: req.n_ctx,
+        n_gpu_layers: pargs.n_gpu_layers,
+        base,
+    };
+    let dev = open_device(pargs.device, log)?;
+    let Some(dev) = dev else {
+        if pargs.fit == FitMode::GpuOnly && pargs.device != DeviceChoice::Cpu {
+            bail!("--fit gpu-only needs a GPU, and none is usable (see above)");
+        }
+        if pargs.n_gpu_layers.is_some_and(|n| n > 0) || pargs.vram_limit.is_some() {
+            log.warn("-ngl / --vram-limit do nothing on the CPU");
+        }
+        return load_cpu(file, &mem, &fit_req, &load_opts, log, None);
+    };
+
+    let ctx = dev.context().clone();
+    let mem_info: MemInfo = Arc::new(move || {
+        ctx.mem_get_info()
+            .ok()
+            .map(|(free, total)| (free as u64, total as u64))
+    });
+    let (free_at_open, total) = mem_info().context("reading the GPU's free memory")?;
+    let info = dev.info().clone();
+    let device_name = format!("cuda:{} ({})", info.ordinal, info.name);
+    let bandwidth_gbs = if req.measure_bandwidth {
+        let bytes = (1usize << 30).min(free_at_open as usize / 4);
+        Some(
+            cuda::bandwidth::measure_read_bandwidth(&dev, bytes, 20)
+                .context("measuring the read bandwidth")?,
+        )
+    } else {
+        None
+    };
+    // Already in use: our context, and whatever other processes hold.
+    let runtime = total.saturating_sub(free_at_open);
+    let usable = pargs.vram_limit.map_or(total, |l| l.min(total));
+    if usable <= runtime {
+        bail!(
+            "--vram-limit {} leaves nothing: the CUDA context and other processes already use {} of the GPU",
+            mib(usable),
+            mib(runtime)
+        );
+    }
+    let gpu = GpuSpec {
+        name: match pargs.vram_limit {
+            Some(_) => format!("{device_name}, limited to {}", mib(usable)),
+            None => device_name.clone(),
+        },
+        vram_bytes: total,
+        usable_bytes: usable,
+        bandwidth_gbs: bandwidth_gbs.unwrap_or_else(|| info.peak_bandwidth_gbs()),
+        runtime_overhead_bytes: runtime,
+    };
+    let mut fit_req = fit_req;
+    fit_req.base.runtime_overhead_bytes = Some(runtime);
+    // CudaBackend keeps the token-embedding table on the device (embed runs there).
+    fit_req.base.embeddings_on_gpu = true;
+    let f = match fit(&mem, &gpu, &fit_req) {
+        Ok(f) => f,
+        Err(refusal) => {
+            let why = match &refusal {
+                FitRefusal::DoesNotFit(p) => format!(
+                    "the model does not fit on {} (short by {}) and --fit gpu-only forbids offloading layers to the CPU; \
+                     use --fit on, a smaller -c, --cache-type-k/v q8_0, or a smaller quant (above)",
+                    gpu.name,
+                    mib(p.short_by_bytes)
+                ),
+                FitRefusal::ForcedTooLarge(p) => format!(
+                    "-ngl {} needs {} on the GPU but only {} is usable; give a smaller -ngl or leave it to --fit",
+                    pargs.n_gpu_layers.unwrap_or(0),
+                    mib(p.gpu_bytes_placed),
+                    mib(usable)
+                ),
+            };
+            log.block(&super::plan::render(refusal.plan()));
+            bail!("{why}");
+        }
+    };
+    if let Some(from) = f.reduced_from {
+        log.warn(&format!(
+            "context reduced from {from} to {} tokens so that every layer fits on the GPU (--fit on)",
+            f.plan.n_ctx
+        ));
+    }
+    if !f.all_on_gpu() {
+        let p = &f.plan;
+        let all = if p.layers_on_gpu == 0 {
+            "no layer fits on the GPU".to_owned()
+        } else {
+            format!(
+                "the plan puts {}/{} layers on the GPU (predicted {:.1} tok/s, {:.1}× slower than all on the GPU)",
+                p.layers_on_gpu,
+                p.layers_total,
+                p.expected_tok_s,
+                predicted_slowdown(p)
+            )
+        };
+        log.warn(&format!(
+            "{all}, but partial offload is not in this build yet: running every layer on the CPU. \
+             --fit gpu-only refuses instead; a smaller -c, --cache-type-k/v q8_0 or a smaller quant may fit (redline plan)"
+        ));
+        drop(dev);
+        return load_cpu(
+            file,
+            &mem,
+            &fit_req,
+            &load_opts,
+            log,
+            Some(p.expected_tok_s),
+        );
+    }
+    log.block(&super::plan::render(&f.plan));
+
+    let weights = gpu_weight_bytes(&f.plan);
+    let bar = ProgressBar::new(weights);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (done, bar, mem_info) = (done.clone(), bar.clone(), mem_info.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                if let Some((free, _)) = mem_info() {
+                    bar.set_position(free_at_open.saturating_sub(free).min(weights));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let t0 = std::time::Instant::now();
+    let backend = CudaBackend::from_device(dev);
+    let loaded = ModelOn::load_on(backend, Arc::new(file), &load_opts);
+    done.store(true, Ordering::Relaxed);
+    let _ = poller.join();
+    bar.finish_and_clear();
+    let model = match loaded {
+        Ok(m) => m,
+        Err(e) => {
+            let msg = e.to_string();
+            if is_out_of_memory(&msg) {
+                let now = mem_info().map_or(0, |(free, _)| free);
+                bail!(
+                    "out of GPU memory while loading the weights ({msg}): the ledger needs {} for weights, {} was free when loading began \
+                     ({} in use by the CUDA context and other processes, {} total), {} free now. Another process may have taken the memory; \
+                     try --vram-limit, -ngl, a smaller -c, or a smaller quant",
+                    mib(weights),
+                    mib(free_at_open),
+                    mib(runtime),
+                    mib(total),
+                    mib(now)
+                );
+            }
+            return Err(e).context("loading the model on the GPU");
+        }
+    };
+    log.info(&format!(
+        "uploaded {} of weights to {device_name} in {:.1} s",
+        mib(weights),
+        t0.elapsed().as_secs_f64()
+    ));
+    let placed = Placed {
+        model: LoadedModel::Cuda(model),
+        n_ctx: f.plan.n_ctx,
+        plan: f.plan,
+        device_name,
+        bandwidth_gbs,
+        gpu: Some(GpuMemory {
+            mem_info,
+            total,
+            free_at_open,
+        }),
+    };
+    placed.report_memory(log, false);
+    Ok(placed)
+}
+
+/// Every layer on the CPU; logs the host ledger and "offloaded 0/Y".
+fn load_cpu(
+    file: gguf::GgufFile,
+    mem: &ModelMemory,
+    fit_req: &FitRequest,
+    load_opts: &LoadOptions,
+    log: LogTo,
+    gpu_partial_tok_s: Option<f64>,
+) -> anyhow::Result<Placed> {
+    let n_ctx = wanted_ctx(mem, fit_req);
+    let opts = PlanOptions {
+        n_ctx,
+        n_gpu_layers: None,
+        embeddings_on_gpu: false,
+        runtime_overhead_bytes: None,
+        ..fit_req.base.clone()
+    };
+    let plan = plan_placement(mem, None, &opts);
+    log.block(&super::plan::render(&plan));
+    log.info(&format!(
+        "offloaded 0/{} layers to GPU (CPU backend)",
+        plan.layers_total
+    ));
+    if let Some(partial) = gpu_partial_tok_s {
+        log.warn(&format!(
+            "predicted decode on the CPU: {:.1} tok/s (the partial GPU plan would give {partial:.1})",
+            plan.ceiling_tok_s
+        ));
+    }
+    let model = Model::load_from_gguf(file, load_opts).context("loading the model")?;
+    Ok(Placed {
+        model: LoadedModel::Cpu(model),
+        n_ctx: plan.n_ctx,
+        plan,
+        device_name: "cpu".into(),
+        bandwidth_gbs: None,
+        gpu: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_tolerance_is_two_percent_or_256_mib() {
+        let gib = 1u64 << 30;
+        // 19 GiB predicted: 2 % is 389 MiB.
+        assert!(MemoryCheck::new(19 * gib + 300 * MIB, 19 * gib).within_tolerance());
+        assert!(!MemoryCheck::new(19 * gib + 400 * MIB, 19 * gib).within_tolerance());
+        assert!(!MemoryCheck::new(19 * gib - 400 * MIB, 19 * gib).within_tolerance());
+        // Small models: 256 MiB absolute.
+        assert!(MemoryCheck::new(300 * MIB, 100 * MIB).within_tolerance());
+        assert!(!MemoryCheck::new(400 * MIB, 100 * MIB).within_tolerance());
+        let c = MemoryCheck::new(102 * MIB, 100 * MIB);
+        assert_eq!(c.diff, 2 * MIB as i64);
+        assert!((c.percent - 2.0).abs() < 1e-9);
+        assert_eq!(MemoryCheck::new(5, 0).percent, 0.0);
+    }
+
+    #[test]
+    fn out_of_memory_messages() {
+        assert!(is_out_of_memory(
+            "device error: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+        ));
+        assert!(is_out_of_memory("cannot allocate 123 bytes for tensor"));
+        assert!(!is_out_of_memory("missing tensor blk.0.attn_q.weight"));
+    }
+}
