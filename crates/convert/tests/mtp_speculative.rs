@@ -148,7 +148,7 @@ fn mtp_fixture_main_forward_ignores_the_mtp_block() {
 #[test]
 fn mtp_drafter_cache_equals_an_offline_pass() {
     let Some(path) = mtp_fixture() else { return };
-    let mut m = load(&path);
+    let m = load(&path);
     assert!(m.load_mtp().unwrap());
     let (t, x, y, z) = (5u32, 17u32, 23u32, 99u32);
     for keep in 1..=3 {
@@ -181,7 +181,7 @@ fn mtp_drafter_cache_equals_an_offline_pass() {
 #[test]
 fn mtp_speculation_greedy_equals_plain_greedy() {
     let Some(path) = mtp_fixture() else { return };
-    let mut m = load(&path);
+    let m = load(&path);
     assert!(m.load_mtp().unwrap());
     let n = 40;
     let mut state = m.new_state(128, KvType::F32).unwrap();

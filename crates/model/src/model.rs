@@ -50,7 +50,7 @@ pub struct ModelOn<B: Backend> {
     output: Option<B::Weight>,
     layers: Layers<B>,
     /// The multi-token-prediction block, once [`ModelOn::load_mtp`] loaded it.
-    mtp: Option<MtpBlock<B>>,
+    mtp: std::sync::OnceLock<MtpBlock<B>>,
 }
 
 /// The CPU model.
@@ -126,7 +126,7 @@ impl<B: Backend> ModelOn<B> {
             output_norm,
             output,
             layers,
-            mtp: None,
+            mtp: std::sync::OnceLock::new(),
         })
     }
 
@@ -146,8 +146,8 @@ impl<B: Backend> ModelOn<B> {
     /// Loads the file's multi-token-prediction block (Qwen3.5 `nextn` layers) for
     /// self-speculative decoding. Returns false if the file has none. Not loaded by default:
     /// on a GPU it costs memory that plain decoding does not need.
-    pub fn load_mtp(&mut self) -> Result<bool, ModelError> {
-        if self.mtp.is_some() {
+    pub fn load_mtp(&self) -> Result<bool, ModelError> {
+        if self.mtp.get().is_some() {
             return Ok(true);
         }
         if self.config.arch != Arch::Qwen35 {
@@ -157,18 +157,24 @@ impl<B: Backend> ModelOn<B> {
             backend: &self.backend,
             file: &self.file,
         };
-        self.mtp = qwen35_mtp::load(&l, &self.config)?;
-        Ok(self.mtp.is_some())
+        match qwen35_mtp::load(&l, &self.config)? {
+            // A concurrent caller may have won the race; either block is the same weights.
+            Some(block) => {
+                let _ = self.mtp.set(block);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// True once [`ModelOn::load_mtp`] loaded an MTP block.
     pub fn has_mtp(&self) -> bool {
-        self.mtp.is_some()
+        self.mtp.get().is_some()
     }
 
     /// A fresh MTP KV cache (needs [`ModelOn::load_mtp`]).
     pub fn new_mtp_state(&self, n_ctx: usize, kv_type: KvType) -> Result<MtpState<B>, ModelError> {
-        let mtp = self.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        let mtp = self.mtp.get().ok_or(ModelError::NoMtp)?;
         mtp.new_state(&self.backend, &self.config, n_ctx, kv_type)
     }
 
@@ -182,7 +188,7 @@ impl<B: Backend> ModelOn<B> {
         hidden: &[f32],
         all_logits: bool,
     ) -> Result<MtpOutput, ModelError> {
-        let mtp = self.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        let mtp = self.mtp.get().ok_or(ModelError::NoMtp)?;
         let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         mtp.forward(
             &self.backend,
