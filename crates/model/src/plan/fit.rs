@@ -162,7 +162,7 @@ pub fn predicted_slowdown(p: &Plan) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::buffers;
+    use crate::plan::{buffers, Device};
     use crate::synth::{FileType, Shape};
     use backend::KvType;
 
@@ -293,11 +293,18 @@ mod tests {
                     assert_eq!(f.plan.n_ctx, ctx, "{}", c.what);
                     assert_eq!(f.reduced_from, reduced, "{}", c.what);
                     if layers == usize::MAX {
-                        // Partial: between 1 and 64, and one more layer would not fit.
+                        // Partial: between 1 and 64, the last layers (llama.cpp's -ngl), and
+                        // one more layer would not fit.
                         let n = f.plan.layers_on_gpu;
                         assert!(n > 1 && n < 65, "{}: {n}", c.what);
-                        let next =
-                            f.plan.layers[n - 1].weight_bytes + f.plan.layers[n - 1].cache_bytes;
+                        let on_gpu = |i: usize| f.plan.layers[i].device == Device::Gpu;
+                        assert!(
+                            (0..64).all(|i| on_gpu(i) == (i >= 64 - (n - 1))),
+                            "{}",
+                            c.what
+                        );
+                        let next = &f.plan.layers[64 - n];
+                        let next = next.weight_bytes + next.cache_bytes;
                         assert!(f.plan.gpu_bytes_placed + next > c.usable, "{}", c.what);
                         assert!(f.plan.gpu_bytes_placed <= c.usable, "{}", c.what);
                         assert!(predicted_slowdown(&f.plan) > 1.5, "{}", c.what);

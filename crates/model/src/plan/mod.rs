@@ -8,8 +8,11 @@
 //! `time per token = GPU bytes / GPU bandwidth + host bytes / host bandwidth`.
 //!
 //! Placement: fixed costs first (runtime context, compute buffers), then the output head (read
-//! every token, and where the logits are made), then layers 0, 1, 2 … each with its own KV cache
-//! or recurrent state, until VRAM runs out; the rest stay on the CPU. The token-embedding table
+//! every token, and where the logits are made), then the layers from the last one down (MTP
+//! blocks first: they go with the output), each with its own KV cache or recurrent state, until
+//! VRAM runs out; the rest stay on the CPU. That is llama.cpp's `-ngl N` convention (the GPU
+//! takes the last N of the `n_layer + 1` positions), which `cuda::hybrid::Placement::from_ngl`
+//! follows: the hidden state crosses to the GPU once per token. The token-embedding table
 //! always stays in host memory (decode looks up one row). "Layers" in `X/Y` count the output
 //! head as one, as llama.cpp's "offloaded X/Y layers" does.
 //!
@@ -303,7 +306,7 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
                 head_device = Device::Gpu;
                 gpu_used += ledger.output_head;
                 layers_on_gpu = 1;
-                for l in layers.iter_mut() {
+                for l in layers.iter_mut().rev() {
                     let need = l.weight_bytes + l.cache_bytes;
                     if layers_on_gpu >= limit || !fits(gpu_used, need) {
                         break;
