@@ -46,6 +46,8 @@ enum Command {
     Perplexity(commands::perplexity::Args),
     /// Compute an importance matrix from a text, for quantize --imatrix (llama-imatrix).
     Imatrix(commands::imatrix::Args),
+    /// Cost of one speculative verify pass of k tokens vs one decode step (and a draft step).
+    VerifyBench(commands::speculate::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,5 +66,6 @@ fn main() -> anyhow::Result<()> {
         Command::Convert(args) => commands::convert::run(args),
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Imatrix(args) => commands::imatrix::run(args),
+        Command::VerifyBench(args) => commands::speculate::bench(args),
     }
 }

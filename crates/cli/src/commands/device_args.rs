@@ -89,6 +89,7 @@ pub fn rewrite_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsSt
     args.into_iter()
         .map(|a| match a.to_str() {
             Some("-ngl") => OsString::from("--ngl"),
+            Some("-md") => OsString::from("--md"),
             Some(s) if s.starts_with("-ngl=") => OsString::from(format!("-{s}")),
             _ => a,
         })

@@ -12,5 +12,6 @@ pub mod quantize;
 pub mod run;
 pub mod selftest;
 pub mod serve;
+pub mod speculate;
 pub mod synth;
 pub mod tokenize;

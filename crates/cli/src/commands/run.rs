@@ -134,6 +134,9 @@ pub struct Args {
     placement: PlacementArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Speculative decoding: --md DRAFT.gguf or --mtp, --draft-max …
+    #[command(flatten)]
+    spec: super::speculate::SpecArgs,
     /// Stop when this text appears (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -163,7 +166,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn run_on<B: Backend>(args: &Args, model: &ModelOn<B>, placed: &Placed) -> anyhow::Result<()> {
+fn run_on<B: super::speculate::SpecBackend>(args: &Args, model: &ModelOn<B>, placed: &Placed) -> anyhow::Result<()> {
     let tokenizer =
         Tokenizer::from_gguf(model.gguf().metadata()).context("loading the tokenizer")?;
     let n_ctx = placed.n_ctx;
@@ -188,12 +191,15 @@ fn run_on<B: Backend>(args: &Args, model: &ModelOn<B>, placed: &Placed) -> anyho
             if args.json {
                 bail!("--json needs a prompt (-p)");
             }
+            if args.spec.enabled() {
+                bail!("speculative decoding (--md / --mtp) needs a prompt (-p)");
+            }
             chat(args, model, placed, &tokenizer, sampler_config, &params)
         }
     }
 }
 
-fn one_shot<B: Backend>(
+fn one_shot<B: super::speculate::SpecBackend>(
     args: &Args,
     model: &ModelOn<B>,
     placed: &Placed,
@@ -202,6 +208,19 @@ fn one_shot<B: Backend>(
     sampler_config: SamplerConfig,
     params: &GenerateParams,
 ) -> anyhow::Result<()> {
+    if args.spec.enabled() {
+        return super::speculate::one_shot(
+            &args.spec,
+            &args.model,
+            &args.placement,
+            model,
+            tokenizer,
+            prompt,
+            sampler_config,
+            params,
+            args.json,
+        );
+    }
     let prompt_ids = tokenizer.encode(prompt, true, false)?;
     let mut state = model.new_state(params.n_ctx, KvType::F16)?;
     placed.report_memory(LogTo::Stderr, true);
