@@ -3,16 +3,19 @@
 //! `-ngl`, log the ledger and "offloaded X/Y layers to GPU", upload with a progress bar, and
 //! compare the device memory actually used with the ledger.
 //!
-//! Partial offload (some layers on the GPU, the rest on the CPU) needs a hybrid backend that
-//! this build does not have yet: such a plan runs every layer on the CPU, with a warning that
-//! names `--fit gpu-only`.
+//! Every layer on the GPU runs on `CudaBackend`; a partial plan (some layers on the GPU, the
+//! rest on the CPU) on `cuda::hybrid::HybridBackend` with the planner's count as llama.cpp's
+//! `-ngl` (the output head and the last layers on the GPU), announced with its predicted
+//! slowdown.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use backend::cpu::CpuBackend;
 use cuda::backend::CudaBackend;
+use cuda::hybrid::{HybridBackend, Placement};
 use cuda::{CudaDevice, CudaOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::plan::fit::{predicted_slowdown, wanted_ctx};
@@ -30,6 +33,8 @@ const MIB: u64 = 1 << 20;
 pub enum LoadedModel {
     Cpu(Model),
     Cuda(ModelOn<CudaBackend>),
+    /// Partial offload: the output head and the last layers on the GPU.
+    Hybrid(ModelOn<HybridBackend>),
 }
 
 /// Where the startup lines go: stderr (`run`, `bench`) or the tracing log (`serve`).
@@ -99,9 +104,10 @@ pub struct Placed {
 impl Placed {
     /// Layers on the GPU and in total ("offloaded X/Y").
     pub fn offload(&self) -> (usize, usize) {
-        match self.model {
+        match &self.model {
             LoadedModel::Cpu(_) => (0, self.plan.layers_total),
             LoadedModel::Cuda(_) => (self.plan.layers_on_gpu, self.plan.layers_total),
+            LoadedModel::Hybrid(m) => m.backend().placement().offloaded(),
         }
     }
 
@@ -116,10 +122,9 @@ impl Placed {
             return;
         };
         let measured = g.free_at_open.saturating_sub(free);
-        let l = &self.plan.ledger;
         let weights = gpu_weight_bytes(&self.plan);
         let states = if with_states {
-            l.kv_cache + l.recurrent_state
+            gpu_cache_bytes(&self.plan)
         } else {
             0
         };
@@ -173,6 +178,15 @@ fn gpu_weight_bytes(p: &Plan) -> u64 {
         0
     };
     layers + head + embd
+}
+
+/// KV cache and recurrent state bytes of the layers the plan puts on the GPU.
+fn gpu_cache_bytes(p: &Plan) -> u64 {
+    p.layers
+        .iter()
+        .filter(|l| l.device == model::plan::Device::Gpu)
+        .map(|l| l.cache_bytes)
+        .sum()
 }
 
 /// Measured against predicted device memory (issue #5: within 2 % or 256 MiB).
@@ -266,7 +280,7 @@ pub fn load_placed(
         if pargs.n_gpu_layers.is_some_and(|n| n > 0) || pargs.vram_limit.is_some() {
             log.warn("-ngl / --vram-limit do nothing on the CPU");
         }
-        return load_cpu(file, &mem, &fit_req, &load_opts, log, None);
+        return load_cpu(file, &mem, &fit_req, &load_opts, log);
     };
 
     let ctx = dev.context().clone();
@@ -338,35 +352,49 @@ pub fn load_placed(
             f.plan.n_ctx
         ));
     }
+    let mut f = f;
+    let mut partial = None;
     if !f.all_on_gpu() {
-        let p = &f.plan;
-        let all = if p.layers_on_gpu == 0 {
-            "no layer fits on the GPU".to_owned()
-        } else {
-            format!(
-                "the plan puts {}/{} layers on the GPU (predicted {:.1} tok/s, {:.1}× slower than all on the GPU)",
-                p.layers_on_gpu,
-                p.layers_total,
-                p.expected_tok_s,
-                predicted_slowdown(p)
-            )
+        // The hybrid backend keeps the embedding table on the CPU: re-plan without it on the
+        // GPU at the chosen context (room for one more layer, perhaps).
+        let opts = PlanOptions {
+            n_ctx: f.plan.n_ctx,
+            n_gpu_layers: pargs.n_gpu_layers,
+            embeddings_on_gpu: false,
+            ..fit_req.base.clone()
         };
-        log.warn(&format!(
-            "{all}, but partial offload is not in this build yet: running every layer on the CPU. \
-             --fit gpu-only refuses instead; a smaller -c, --cache-type-k/v q8_0 or a smaller quant may fit (redline plan)"
-        ));
-        drop(dev);
-        return load_cpu(
-            file,
-            &mem,
-            &fit_req,
-            &load_opts,
-            log,
-            Some(p.expected_tok_s),
+        f.plan = plan_placement(&mem, Some(&gpu), &opts);
+        if f.plan.layers_on_gpu == 0 {
+            log.warn("not even the output head fits on the GPU: running every layer on the CPU");
+            drop(dev);
+            return load_cpu(file, &mem, &fit_req, &load_opts, log);
+        }
+        let n_layer = mem.n_layer;
+        partial = Some(
+            Placement::from_ngl_gguf(&file, f.plan.layers_on_gpu)
+                .unwrap_or_else(|| Placement::from_ngl(n_layer, f.plan.layers_on_gpu)),
         );
     }
     log.block(&super::plan::render(&f.plan));
+    if let Some(pl) = &partial {
+        let p = &f.plan;
+        log.warn(&format!(
+            "offloaded {}/{} layers to GPU ({pl}): {} layers run on the CPU; predicted decode {:.1} tok/s, \
+             {:.1}× slower than all on the GPU ({:.1} tok/s). --fit gpu-only refuses instead; a smaller -c, \
+             --cache-type-k/v q8_0 or a smaller quant may fit (redline plan)",
+            p.layers_on_gpu,
+            p.layers_total,
+            p.layers_total - p.layers_on_gpu,
+            p.expected_tok_s,
+            predicted_slowdown(p),
+            p.ceiling_tok_s
+        ));
+    }
 
+    let device_name = match &partial {
+        Some(_) => format!("{device_name} + cpu"),
+        None => device_name,
+    };
     let weights = gpu_weight_bytes(&f.plan);
     let bar = ProgressBar::new(weights);
     bar.set_style(
@@ -388,8 +416,16 @@ pub fn load_placed(
         })
     };
     let t0 = std::time::Instant::now();
-    let backend = CudaBackend::from_device(dev);
-    let loaded = ModelOn::load_on(backend, Arc::new(file), &load_opts);
+    let gpu_backend = CudaBackend::from_device(dev);
+    let file = Arc::new(file);
+    let loaded = match partial {
+        None => ModelOn::load_on(gpu_backend, file, &load_opts).map(LoadedModel::Cuda),
+        Some(pl) => {
+            let cpu = CpuBackend::new(load_opts.n_threads).context("starting the CPU backend")?;
+            ModelOn::load_on(HybridBackend::new(cpu, gpu_backend, pl), file, &load_opts)
+                .map(LoadedModel::Hybrid)
+        }
+    };
     done.store(true, Ordering::Relaxed);
     let _ = poller.join();
     bar.finish_and_clear();
@@ -419,7 +455,7 @@ pub fn load_placed(
         t0.elapsed().as_secs_f64()
     ));
     let placed = Placed {
-        model: LoadedModel::Cuda(model),
+        model,
         n_ctx: f.plan.n_ctx,
         plan: f.plan,
         device_name,
@@ -441,7 +477,6 @@ fn load_cpu(
     fit_req: &FitRequest,
     load_opts: &LoadOptions,
     log: LogTo,
-    gpu_partial_tok_s: Option<f64>,
 ) -> anyhow::Result<Placed> {
     let n_ctx = wanted_ctx(mem, fit_req);
     let opts = PlanOptions {
@@ -457,12 +492,6 @@ fn load_cpu(
         "offloaded 0/{} layers to GPU (CPU backend)",
         plan.layers_total
     ));
-    if let Some(partial) = gpu_partial_tok_s {
-        log.warn(&format!(
-            "predicted decode on the CPU: {:.1} tok/s (the partial GPU plan would give {partial:.1})",
-            plan.ceiling_tok_s
-        ));
-    }
     let model = Model::load_from_gguf(file, load_opts).context("loading the model")?;
     Ok(Placed {
         model: LoadedModel::Cpu(model),

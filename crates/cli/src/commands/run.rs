@@ -163,6 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match &placed.model {
         LoadedModel::Cpu(m) => run_on(&args, m, &placed),
         LoadedModel::Cuda(m) => run_on(&args, m, &placed),
+        LoadedModel::Hybrid(m) => run_on(&args, m, &placed),
     }
 }
 
