@@ -165,8 +165,8 @@ impl Sampler {
     }
 
     /// The distribution [`Sampler::sample`] draws from for `logits` (same transforms, same
-    /// penalty window): `(id, probability)` for every token with probability > 0, summing to
-    /// 1. Greedy gives the argmax with probability 1. Speculative decoding's rejection
+    /// penalty window): `(id, probability)` for every token with probability > 0, summing
+    /// to one. Greedy gives the argmax with probability 1. Speculative decoding's rejection
     /// sampling needs the target distribution itself, not one draw from it.
     pub fn probabilities(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
         let mut cands = std::mem::take(&mut self.candidates);

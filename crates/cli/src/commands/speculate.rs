@@ -103,7 +103,7 @@ impl SpecBackend for HybridBackend {
 
 /// The drafter `spec` asks for, ready to pair with `target`.
 pub enum Drafter<B: Backend> {
-    Model(ModelOn<B>),
+    Model(Box<ModelOn<B>>),
     Mtp,
 }
 
@@ -152,7 +152,7 @@ pub fn load_drafter<B: SpecBackend>(
         path.display(),
         draft.config().n_layer
     );
-    Ok(Drafter::Model(draft))
+    Ok(Drafter::Model(Box::new(draft)))
 }
 
 /// `redline run -p … --md/--mtp`: one completion with speculation, streamed to stdout.
@@ -202,7 +202,7 @@ pub fn one_shot<B: SpecBackend>(
         }
         Drafter::Model(draft) => {
             let dstate = draft.new_state(params.n_ctx, KvType::F16)?;
-            let mut s = DraftModelSpec::new(model, state, draft, dstate)?;
+            let mut s = DraftModelSpec::new(model, state, draft.as_ref(), dstate)?;
             generate_speculative(
                 &mut s,
                 tokenizer,

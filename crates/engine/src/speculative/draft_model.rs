@@ -77,7 +77,7 @@ impl<'m, B: Backend> DraftModelSpec<'m, B> {
             )));
         }
         check_same_vocab(target.gguf(), draft.gguf())?;
-        if target_state.len() != 0 || draft_state.len() != 0 {
+        if !target_state.is_empty() || !draft_state.is_empty() {
             return Err(SpecError::Protocol("speculation starts from empty states"));
         }
         Ok(DraftModelSpec {

@@ -95,7 +95,7 @@ pub fn generate_speculative<S: SpecModel>(
             if tokens.len() >= params.max_tokens {
                 break 'outer FinishReason::Length;
             }
-            if n_start + tokens.len() - 1 >= n_ctx {
+            if n_start + tokens.len() > n_ctx {
                 break 'outer FinishReason::ContextFull;
             }
         }

@@ -45,7 +45,7 @@ impl<'m, B: Backend> MtpSpec<'m, B> {
         if !model.has_mtp() {
             return Err(SpecError::NoMtp);
         }
-        if state.len() != 0 {
+        if !state.is_empty() {
             return Err(SpecError::Protocol(
                 "speculation starts from an empty state",
             ));
