@@ -30,6 +30,8 @@ use super::run::ModelArgs;
 const MIB: u64 = 1 << 20;
 
 /// A loaded model on the backend the placement chose.
+// One per process, made once and matched by reference: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum LoadedModel {
     Cpu(Model),
     Cuda(ModelOn<CudaBackend>),
