@@ -279,3 +279,52 @@ fn sampled_distribution_is_the_targets_through_the_whole_pipeline() {
         },
     );
 }
+
+/// `Sampler::probabilities` (what the rejection rule uses) is the distribution
+/// `Sampler::sample` (plain generation) draws from, through the whole pipeline.
+#[test]
+fn probabilities_match_the_frequencies_of_sample() {
+    let logits: Vec<f32> = (0..12).map(|i| ((i * 7 % 5) as f32) * 0.6 - 1.0).collect();
+    let config = SamplerConfig {
+        temperature: 0.8,
+        top_k: 8,
+        top_p: 0.9,
+        min_p: 0.05,
+        repeat_penalty: 1.4,
+        frequency_penalty: 0.3,
+        logit_bias: vec![(3, 0.7), (5, f32::NEG_INFINITY)],
+        seed: 11,
+        ..SamplerConfig::default()
+    };
+    let mut s = Sampler::new(config);
+    for t in [0u32, 2, 2, 9] {
+        s.accept(t);
+    }
+    let probs = dense(s.probabilities(&logits), logits.len());
+    assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+    assert_eq!(probs[5], 0.0, "a banned token has no mass");
+    let n = 40_000;
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..n {
+        counts[s.sample(&logits) as usize] += 1;
+    }
+    let p64: Vec<f64> = probs.iter().map(|&p| f64::from(p)).collect();
+    for (c, p) in counts.iter().zip(&p64) {
+        if *p == 0.0 {
+            assert_eq!(*c, 0);
+        }
+    }
+    let (stat, dof) = chi_square(&counts, &p64, n);
+    assert!(
+        stat < dof as f64 + 3.1 * (2.0 * dof as f64).sqrt() + 5.0,
+        "chi2 {stat} dof {dof}"
+    );
+}
+
+fn dense(sparse: Vec<(u32, f32)>, n: usize) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    for (id, p) in sparse {
+        v[id as usize] += p;
+    }
+    v
+}
