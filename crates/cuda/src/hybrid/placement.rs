@@ -321,6 +321,33 @@ mod tests {
     }
 
     #[test]
+    fn n_layer_leaves_out_the_mtp_blocks() {
+        let file = |keys: &[(&str, gguf::Value)]| {
+            let mut w = gguf::GgufWriter::new();
+            for (k, v) in keys {
+                w.set_metadata(k, v.clone());
+            }
+            let mut bytes = Vec::new();
+            w.write(&mut bytes, |_, _, _| Ok(())).unwrap();
+            GgufFile::from_bytes(bytes).unwrap()
+        };
+        let arch = ("general.architecture", gguf::Value::String("qwen35".into()));
+        let blocks = ("qwen35.block_count", gguf::Value::U32(5));
+        let nextn = ("qwen35.nextn_predict_layers", gguf::Value::U32(1));
+        assert_eq!(n_layer_of(&file(&[arch.clone(), blocks.clone()])), Some(5));
+        let f = file(&[arch.clone(), blocks, nextn.clone()]);
+        assert_eq!(n_layer_of(&f), Some(4));
+        assert_eq!(
+            Placement::from_ngl_gguf(&f, 2),
+            Some(Placement::new(4, 3..4, true))
+        );
+        assert_eq!(n_layer_of(&file(&[arch.clone()])), None);
+        let too_many = ("qwen35.nextn_predict_layers", gguf::Value::U32(9));
+        let blocks = ("qwen35.block_count", gguf::Value::U32(5));
+        assert_eq!(n_layer_of(&file(&[arch, blocks, too_many])), None);
+    }
+
+    #[test]
     fn display_says_how_many_layers_are_offloaded() {
         assert_eq!(
             Placement::from_ngl(4, 3).to_string(),
