@@ -341,7 +341,7 @@ mod tests {
             Placement::from_ngl_gguf(&f, 2),
             Some(Placement::new(4, 3..4, true))
         );
-        assert_eq!(n_layer_of(&file(&[arch.clone()])), None);
+        assert_eq!(n_layer_of(&file(std::slice::from_ref(&arch))), None);
         let too_many = ("qwen35.nextn_predict_layers", gguf::Value::U32(9));
         let blocks = ("qwen35.block_count", gguf::Value::U32(5));
         assert_eq!(n_layer_of(&file(&[arch, blocks, too_many])), None);
