@@ -21,6 +21,17 @@ pub use error::BackendError;
 pub use gguf::GgufFile;
 pub use params::{AttentionParams, ColumnCopy, KvType, RecurrentShape, RopeMode, RopeParams, Row};
 
+/// How a backend runs a decode step (see [`Backend::begin_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepMode {
+    /// Ops run as they are called.
+    Eager,
+    /// Ops are recorded (not yet run); `end_step` runs the recording and keeps it.
+    Capture,
+    /// Ops only pass their host inputs; `end_step` replays the recording of this key.
+    Replay,
+}
+
 /// The op set of one device. Implementations: [`cpu::CpuBackend`] (a CUDA one lives in its own
 /// crate).
 pub trait Backend: Send + Sync + Sized {
@@ -42,6 +53,25 @@ pub trait Backend: Send + Sync + Sized {
     /// belong to, `None` once done. A backend that spreads layers over devices (partial
     /// offload) puts each layer's caches and states on that layer's device; others ignore it.
     fn set_layer(&self, _layer: Option<usize>) {}
+
+    /// Starts one decode step identified by `key` (every row is the single new token of its
+    /// own sequence). Equal keys promise the same op calls with the same shapes on the same
+    /// caches and states, differing only in host inputs (token ids, positions), so a backend
+    /// may record the step once and replay it (CUDA graphs). Until [`Backend::end_step`],
+    /// results may not be computed yet: no `download` in between. Default: run eagerly.
+    fn begin_step(&self, _key: u64) -> StepMode {
+        StepMode::Eager
+    }
+
+    /// Ends the step begun by [`Backend::begin_step`] (a recording backend launches the
+    /// recorded work here).
+    fn end_step(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// Ends the step begun by [`Backend::begin_step`] after an op failed: whatever was
+    /// recorded is dropped, nothing is kept for the key.
+    fn abort_step(&self) {}
 
     // ---- memory ------------------------------------------------------------------------
 

@@ -195,7 +195,8 @@ extern "C" __global__ void mo_kv_store(const float* __restrict__ src, int src_co
             blk[0] = dh & 0xFF;
             blk[1] = dh >> 8;
         }
-        blk[2 + threadIdx.x] = (uint8_t)(int8_t)roundf(v * id);
+        const int qi = (int)roundf(v * id);  // in [-127, 127]
+        blk[2 + threadIdx.x] = (uint8_t)(qi & 0xFF);
         return;
     }
     // q4_0: d = (value of largest magnitude) / -8, q = min(15, (int)(x / d + 8.5))
@@ -219,17 +220,26 @@ extern "C" __global__ void mo_kv_store(const float* __restrict__ src, int src_co
 }
 
 #define MO_ATT_MAX_DIM 512
+#define MO_ATT_WARPS 4
 
-// grid (n_rows, n_head), block 32: row rows[r] attends to positions 0..=pos[r] of the cache.
-// One warp per (row, head), online softmax; lane owns dims lane, lane+32, ...
-extern "C" __global__ void mo_attention(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,
-                                        const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* out,
-                                        int n_head, int n_kv_head, int hdk, int hdv, long long k_pos_bytes,
-                                        long long v_pos_bytes, int type, float scale) {
-    const int lane = threadIdx.x;
-    const int r = rows[blockIdx.x], h = blockIdx.y;
+// Split-KV attention (flash-decoding), for decode and prefill rows alike.
+// grid (n_rows, n_head, S), block (32, MO_ATT_WARPS). Row i (batch row rows[i]) attends to
+// positions 0..=pos[i] of the cache; split s takes the s-th of S equal chunks of them. The
+// length is read here, not passed in, so one launch shape serves every step (a CUDA graph
+// replays it at any length; splits past the end exit early). Warps take interleaved positions
+// of the chunk, each with its own online softmax (lane owns dims lane, lane+32, ...), then
+// merge through shared memory. S == 1: the normalized result goes to out; else
+// (max, sum, acc[hdv]) to part[((i * n_head + h) * S + s) * (hdv + 2)] for mo_attention_merge.
+extern "C" __global__ void __launch_bounds__(32 * MO_ATT_WARPS)
+    mo_attention_split(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,
+                       const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* out, float* part,
+                       int n_head, int n_kv_head, int hdk, int hdv, long long k_pos_bytes, long long v_pos_bytes,
+                       int type, float scale) {
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int i = blockIdx.x, h = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int r = rows[i];
     const int kvh = h / (n_head / n_kv_head);
-    const float* qh = q + (long long)r * n_head * hdk + (long long)h * hdk;
+    const float* qh = q + ((long long)r * n_head + h) * hdk;
     float qreg[MO_ATT_MAX_DIM / 32];
     float acc[MO_ATT_MAX_DIM / 32];
 #pragma unroll
@@ -238,21 +248,24 @@ extern "C" __global__ void mo_attention(const float* __restrict__ q, const int* 
         qreg[j] = d < hdk ? qh[d] : 0.0f;
         acc[j] = 0.0f;
     }
+    const int len = pos[i] + 1;
+    const int chunk = (len + S - 1) / S;
+    const int p0 = s * chunk;
+    const int p1 = min(len, p0 + chunk);
     float m = NEG_INF, l = 0.0f;
-    const int last = pos[blockIdx.x];
-    for (int t = 0; t <= last; t++) {
+    for (int t = p0 + warp; t < p1; t += MO_ATT_WARPS) {
         const uint8_t* krow = kc + (long long)t * k_pos_bytes;
         const uint8_t* vrow = vc + (long long)t * v_pos_bytes;
-        float s = 0.0f;
+        float sc = 0.0f;
 #pragma unroll
         for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
             const int d = lane + 32 * j;
-            if (d < hdk) s += qreg[j] * kv_load(krow, kvh * hdk + d, type);
+            if (d < hdk) sc += qreg[j] * kv_load(krow, kvh * hdk + d, type);
         }
-        s = warp_sum(s) * scale;
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new);
-        const float p = expf(s - m_new);
+        sc = warp_sum(sc) * scale;
+        const float m_new = fmaxf(m, sc);
+        const float corr = expf(m - m_new);  // 0 on the warp's first position (m = -inf)
+        const float p = expf(sc - m_new);
         l = l * corr + p;
 #pragma unroll
         for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
@@ -261,8 +274,84 @@ extern "C" __global__ void mo_attention(const float* __restrict__ q, const int* 
         }
         m = m_new;
     }
-    float* o = out + (long long)r * n_head * hdv + (long long)h * hdv;
-    const float inv = 1.0f / l;
+    __shared__ float s_m[MO_ATT_WARPS], s_l[MO_ATT_WARPS];
+    __shared__ float s_acc[MO_ATT_WARPS][MO_ATT_MAX_DIM];
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+        const int d = lane + 32 * j;
+        if (d < hdv) s_acc[warp][d] = acc[j];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float M = NEG_INF;
+    for (int w = 0; w < MO_ATT_WARPS; w++)
+        if (s_l[w] > 0.0f) M = fmaxf(M, s_m[w]);
+    float L = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) acc[j] = 0.0f;
+    for (int w = 0; w < MO_ATT_WARPS; w++) {
+        if (s_l[w] <= 0.0f) continue;
+        const float f = expf(s_m[w] - M);
+        L += s_l[w] * f;
+#pragma unroll
+        for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < hdv) acc[j] += s_acc[w][d] * f;
+        }
+    }
+    if (S == 1) {
+        float* o = out + ((long long)r * n_head + h) * hdv;
+        const float inv = 1.0f / L;
+#pragma unroll
+        for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < hdv) o[d] = acc[j] * inv;
+        }
+        return;
+    }
+    float* pp = part + (((long long)i * n_head + h) * S + s) * (hdv + 2);
+    if (lane == 0) {
+        pp[0] = M;
+        pp[1] = L;
+    }
+#pragma unroll
+    for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+        const int d = lane + 32 * j;
+        if (d < hdv) pp[2 + d] = acc[j];
+    }
+}
+
+// grid (n_rows, n_head), block 32: merges the S partial results of mo_attention_split
+// (splits with no positions have sum 0 and are skipped) into out.
+extern "C" __global__ void mo_attention_merge(const float* __restrict__ part, const int* __restrict__ rows, float* out,
+                                              int n_head, int hdv, int S) {
+    const int lane = threadIdx.x;
+    const int i = blockIdx.x, h = blockIdx.y;
+    const float* base = part + ((long long)i * n_head + h) * S * (hdv + 2);
+    float M = NEG_INF;
+    for (int s = 0; s < S; s++)
+        if (base[s * (hdv + 2) + 1] > 0.0f) M = fmaxf(M, base[s * (hdv + 2)]);
+    float L = 0.0f;
+    float acc[MO_ATT_MAX_DIM / 32];
+#pragma unroll
+    for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) acc[j] = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float* pp = base + s * (hdv + 2);
+        if (pp[1] <= 0.0f) continue;
+        const float f = expf(pp[0] - M);
+        L += pp[1] * f;
+#pragma unroll
+        for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < hdv) acc[j] += pp[2 + d] * f;
+        }
+    }
+    float* o = out + ((long long)rows[i] * n_head + h) * hdv;
+    const float inv = 1.0f / L;
 #pragma unroll
     for (int j = 0; j < MO_ATT_MAX_DIM / 32; j++) {
         const int d = lane + 32 * j;

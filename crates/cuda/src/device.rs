@@ -155,7 +155,13 @@ impl CudaDevice {
         let info = device_info(&ctx, ordinal)?;
         let nvrtc = Nvrtc::load(opts.nvrtc_path.as_deref())?;
         let arch = pick_arch(info.arch(), &nvrtc)?;
-        let stream = ctx.default_stream();
+        // One explicit stream for everything: the legacy NULL stream cannot be captured into a
+        // CUDA graph (crates/cuda/src/backend/step.rs). All work is ordered on this one stream,
+        // so cudarc's per-buffer event tracking is not needed; it is switched off before any
+        // buffer exists because events recorded outside a capture cannot be waited on inside.
+        // SAFETY: no buffer of this context is used on another stream (see above).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
         Ok(CudaDevice {
             ctx,

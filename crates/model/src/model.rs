@@ -450,6 +450,13 @@ impl<B: Backend> ModelOn<B> {
                 s.needs_reset = false;
             }
         }
+        // Small batches of one row per sequence (decode) may be recorded and replayed by the
+        // backend; the guard ends the step before anything is downloaded.
+        let decode = tokens.len() == states.len() && tokens.len() <= MAX_STEP_ROWS;
+        let mut step = StepGuard::begin(
+            b,
+            (decode && !want_hidden).then(|| step_key(states, &batch, out_rows)),
+        );
         let mut x = b.zeros(tokens.len(), c.n_embd);
         b.embed(&self.tok_embd, tokens, &mut x)?;
         match &self.layers {
@@ -471,6 +478,7 @@ impl<B: Backend> ModelOn<B> {
             }
         }
         if out_rows.is_empty() {
+            step.end()?;
             return Ok((Vec::new(), Vec::new()));
         }
         let mut sel = b.zeros(out_rows.len(), c.n_embd);
@@ -478,12 +486,65 @@ impl<B: Backend> ModelOn<B> {
         b.rms_norm_inplace(&mut sel, &self.output_norm, c.rms_eps)?;
         let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         let logits = linear(b, head, &sel)?;
+        step.end()?;
         let hidden = if want_hidden {
             b.download(&sel)
         } else {
             Vec::new()
         };
         Ok((b.download(&logits), hidden))
+    }
+}
+
+/// Most rows of a batch the backend may record as a decode step.
+const MAX_STEP_ROWS: usize = 64;
+
+/// The `Backend::begin_step` key of a step: which state buffers it reads and writes, the
+/// sequence of each row, and which rows give logits (every shape follows from these).
+fn step_key<B: Backend>(states: &[&mut SeqStateOn<B>], batch: &Batch, out_rows: &[usize]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for s in states {
+        s.buffers_id.hash(&mut h);
+    }
+    for r in &batch.rows {
+        r.seq.hash(&mut h);
+    }
+    out_rows.hash(&mut h);
+    h.finish()
+}
+
+/// An open `Backend::begin_step`: `end` closes it; dropped still open (an op failed), it
+/// aborts it.
+struct StepGuard<'a, B: Backend> {
+    b: &'a B,
+    open: bool,
+}
+
+impl<'a, B: Backend> StepGuard<'a, B> {
+    fn begin(b: &'a B, key: Option<u64>) -> Self {
+        if let Some(key) = key {
+            b.begin_step(key);
+        }
+        StepGuard {
+            b,
+            open: key.is_some(),
+        }
+    }
+
+    fn end(&mut self) -> Result<(), ModelError> {
+        if std::mem::take(&mut self.open) {
+            self.b.end_step()?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Drop for StepGuard<'_, B> {
+    fn drop(&mut self) {
+        if self.open {
+            self.b.abort_step();
+        }
     }
 }
 

@@ -7,9 +7,18 @@
 //! (or p = 0, the zero state). Take snapshots where a rollback may be wanted: the end of a
 //! chat turn (prefix reuse), or before verifying draft tokens.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use backend::Backend;
 
 use crate::ModelError;
+
+/// Source of [`SeqStateOn::buffers_id`] values: never reused within a process.
+static NEXT_BUFFERS_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_buffers_id() -> u64 {
+    NEXT_BUFFERS_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 pub(crate) enum LayerState<B: Backend> {
     Kv(B::KvCache),
@@ -32,6 +41,9 @@ pub struct SeqStateOn<B: Backend> {
     /// next forward (zeroing needs the backend).
     pub(crate) needs_reset: bool,
     bytes: usize,
+    /// Names this state's device buffers for recorded decode steps (`Backend::begin_step`
+    /// keys): a new value whenever a layer's buffers are replaced (snapshot restore).
+    pub(crate) buffers_id: u64,
 }
 
 impl<B: Backend> SeqStateOn<B> {
@@ -43,6 +55,7 @@ impl<B: Backend> SeqStateOn<B> {
             snapshots: Vec::new(),
             needs_reset: false,
             bytes,
+            buffers_id: next_buffers_id(),
         }
     }
 
@@ -179,6 +192,7 @@ impl<B: Backend> SeqStateOn<B> {
                     }
                 }
                 self.needs_reset = false;
+                self.buffers_id = next_buffers_id();
             }
         }
         self.snapshots.retain(|s| s.pos <= pos);

@@ -9,8 +9,10 @@
 
 mod dense;
 mod sequence;
+mod step;
 
-use std::sync::{Arc, Mutex};
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use backend::{BackendError, GgufFile};
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -18,6 +20,7 @@ use gguf::GgmlType;
 
 use crate::device::{CudaDevice, CudaOptions};
 use crate::matvec::{self, DeviceMatrix, MatvecScratch};
+use step::{Mode, StepCtl};
 
 pub use sequence::{CudaKvCache, CudaRecurrentState};
 
@@ -27,10 +30,25 @@ const SMALL_TENSOR_ELEMENTS: usize = 1 << 18;
 
 /// f32 activations `[rows, cols]`, row-major, on the device. The buffer may be longer than
 /// `rows * cols` (an empty tensor still owns one element: the driver allocates no 0 bytes).
+/// Inside a decode step the buffer is borrowed from the step arena (see [`step`]) and is not
+/// freed with the tensor.
 pub struct CudaTensor {
-    pub(crate) data: CudaSlice<f32>,
+    pub(crate) data: ManuallyDrop<CudaSlice<f32>>,
     rows: usize,
     cols: usize,
+    /// The buffer belongs to the step arena.
+    borrowed: bool,
+}
+
+impl Drop for CudaTensor {
+    fn drop(&mut self) {
+        // SAFETY: `data` is taken exactly once, here.
+        let data = unsafe { ManuallyDrop::take(&mut self.data) };
+        if self.borrowed {
+            // The arena owns the memory: release the handle without freeing it.
+            data.leak();
+        }
+    }
 }
 
 impl CudaTensor {
@@ -44,6 +62,15 @@ impl CudaTensor {
 
     fn len(&self) -> usize {
         self.rows * self.cols
+    }
+
+    fn owned(data: CudaSlice<f32>, rows: usize, cols: usize) -> CudaTensor {
+        CudaTensor {
+            data: ManuallyDrop::new(data),
+            rows,
+            cols,
+            borrowed: false,
+        }
     }
 }
 
@@ -65,10 +92,19 @@ struct Scratch {
     capacity: usize,
 }
 
-/// The GPU backend. Cheap to share: ops take `&self`; the matvec scratch is behind a mutex.
+/// The GPU backend. Cheap to share: ops take `&self`; the matvec scratch and the decode-step
+/// machinery are behind mutexes.
 pub struct CudaBackend {
     dev: CudaDevice,
     scratch: Mutex<Scratch>,
+    step: Mutex<StepCtl>,
+}
+
+/// Host integers on the device for one launch: a staging slot inside a step, else a buffer
+/// of their own (kept alive until the launch is queued).
+pub(crate) struct HostInts {
+    ptr: u64,
+    _own: Option<CudaSlice<i32>>,
 }
 
 /// Every device failure becomes `BackendError::Device`.
@@ -102,7 +138,80 @@ impl CudaBackend {
                 buf: None,
                 capacity: 0,
             }),
+            step: Mutex::new(StepCtl::new()),
         }
+    }
+
+    /// Turns CUDA-graph recording of decode steps on or off (default on unless
+    /// `REDLINE_CUDA_GRAPHS=0`); off, steps still use the arena and staging.
+    pub fn set_graphs_enabled(&self, on: bool) {
+        let mut st = self.step_ctl();
+        st.forget_graphs();
+        st.set_graphs_enabled(on);
+    }
+
+    /// `(captured, replayed)` decode steps so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        let st = self.step_ctl();
+        (st.captures, st.replays)
+    }
+
+    fn step_ctl(&self) -> MutexGuard<'_, StepCtl> {
+        self.step.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current step mode.
+    fn mode(&self) -> Mode {
+        self.step_ctl().mode
+    }
+
+    /// True while replaying a recorded step: ops only stage their host inputs.
+    fn replaying(&self) -> bool {
+        self.mode() == Mode::Replay
+    }
+
+    /// A tensor `[rows, cols]` whose contents every caller overwrites: from the step arena
+    /// inside a step (no allocation, stable addresses for graphs), else zeroed device memory.
+    fn scratch_tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor, BackendError> {
+        let n = rows * cols;
+        let mut st = self.step_ctl();
+        if st.mode == Mode::Off {
+            drop(st);
+            return Ok(CudaTensor::owned(self.alloc_f32(n)?, rows, cols));
+        }
+        let ptr = st.arena_alloc(n.max(1) * 4)?;
+        // SAFETY: ptr is an arena block of n.max(1) f32 that outlives every step tensor (chunks
+        // are never freed while the backend lives); the handle is leaked, not freed, on drop.
+        let data = unsafe { self.dev.stream().upgrade_device_ptr::<f32>(ptr, n.max(1)) };
+        Ok(CudaTensor {
+            data: ManuallyDrop::new(data),
+            rows,
+            cols,
+            borrowed: true,
+        })
+    }
+
+    /// Host integers for a launch: staged inside a step, uploaded otherwise.
+    fn host_ints(&self, v: &[i32]) -> Result<HostInts, BackendError> {
+        let mut st = self.step_ctl();
+        if st.mode == Mode::Off {
+            drop(st);
+            let own = self.upload_i32(v)?;
+            let ptr = step::dev_ptr(&own, self.dev.stream());
+            return Ok(HostInts {
+                ptr,
+                _own: Some(own),
+            });
+        }
+        let words: &[u32] = bytemuck_i32(v);
+        let ptr = st.stage(words, self.dev.stream())?;
+        Ok(HostInts { ptr, _own: None })
+    }
+
+    /// Host f32 values for a launch, like [`CudaBackend::host_ints`].
+    fn host_floats(&self, v: &[f32]) -> Result<HostInts, BackendError> {
+        let bits: Vec<i32> = v.iter().map(|x| x.to_bits() as i32).collect();
+        self.host_ints(&bits)
     }
 
     pub fn device(&self) -> &CudaDevice {
@@ -151,6 +260,8 @@ impl CudaBackend {
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let need = n_tokens.max(1) * cols.div_ceil(32) * 32;
         if s.buf.is_none() || s.capacity < need {
+            // Recorded steps point at the old scratch.
+            self.step_ctl().forget_graphs();
             s.buf = Some(
                 self.dev
                     .matvec_scratch(n_tokens.max(1), cols)
@@ -160,6 +271,21 @@ impl CudaBackend {
         }
         f(s.buf.as_mut().expect("scratch allocated above"))
     }
+}
+
+/// `i32` words as `u32` (same bits).
+fn bytemuck_i32(v: &[i32]) -> &[u32] {
+    // SAFETY: i32 and u32 have the same size, alignment and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u32, v.len()) }
+}
+
+/// Ops without host inputs do nothing while a recorded step replays.
+macro_rules! skip_in_replay {
+    ($self:ident) => {
+        if $self.replaying() {
+            return Ok(());
+        }
+    };
 }
 
 impl backend::Backend for CudaBackend {
@@ -225,11 +351,23 @@ impl backend::Backend for CudaBackend {
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> CudaTensor {
-        // The trait's `zeros` cannot fail; running out of device memory here is fatal.
-        let data = self
-            .alloc_f32(rows * cols)
-            .unwrap_or_else(|e| panic!("cuda zeros [{rows}, {cols}]: {e}"));
-        CudaTensor { data, rows, cols }
+        // The trait's `zeros` cannot fail; running out of device memory here is fatal. Inside
+        // a decode step the tensor comes from the arena uninitialized: every op overwrites
+        // its whole output, and the model only hands fresh tensors to ops as outputs.
+        self.scratch_tensor(rows, cols)
+            .unwrap_or_else(|e| panic!("cuda zeros [{rows}, {cols}]: {e}"))
+    }
+
+    fn begin_step(&self, key: u64) -> backend::StepMode {
+        self.step_ctl().begin(key, self.dev.stream())
+    }
+
+    fn end_step(&self) -> Result<(), BackendError> {
+        self.step_ctl().end(self.dev.stream())
+    }
+
+    fn abort_step(&self) {
+        self.step_ctl().abort(self.dev.stream())
     }
 
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor, BackendError> {
@@ -239,11 +377,7 @@ impl backend::Backend for CudaBackend {
                 format!("{} values for [{rows}, {cols}]", data.len()),
             ));
         }
-        Ok(CudaTensor {
-            data: self.upload_f32(data)?,
-            rows,
-            cols,
-        })
+        Ok(CudaTensor::owned(self.upload_f32(data)?, rows, cols))
     }
 
     fn download(&self, t: &CudaTensor) -> Vec<f32> {
@@ -251,7 +385,7 @@ impl backend::Backend for CudaBackend {
         let mut v = self
             .dev
             .stream()
-            .clone_dtoh(&t.data)
+            .clone_dtoh(&*t.data)
             .unwrap_or_else(|e| panic!("cuda download: {e}"));
         v.truncate(t.len());
         v
@@ -276,14 +410,17 @@ impl backend::Backend for CudaBackend {
         x: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.matmul_impl(w, x, out)
     }
 
     fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.add_bias_impl(x, bias)
     }
 
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.add_impl(x, y)
     }
 
@@ -294,6 +431,7 @@ impl backend::Backend for CudaBackend {
         eps: f32,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.rms_norm_impl(Some(x), w, None, eps, out)
     }
 
@@ -303,6 +441,7 @@ impl backend::Backend for CudaBackend {
         w: &CudaWeight,
         eps: f32,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.rms_norm_impl(None, w, None, eps, x)
     }
 
@@ -314,6 +453,7 @@ impl backend::Backend for CudaBackend {
         group: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.l2_norm_impl(x, col0, len, group, eps)
     }
 
@@ -333,14 +473,17 @@ impl backend::Backend for CudaBackend {
         up: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.swiglu_impl(gate, up, out)
     }
 
     fn silu(&self, x: &mut CudaTensor) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.unary_impl("mo_silu", x)
     }
 
     fn mul_sigmoid(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.mul_sigmoid_impl(x, gate)
     }
 
@@ -351,6 +494,7 @@ impl backend::Backend for CudaBackend {
         z: &CudaTensor,
         eps: f32,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.rms_norm_impl(None, w, Some(z), eps, x)
     }
 
@@ -360,6 +504,7 @@ impl backend::Backend for CudaBackend {
         dst: &mut CudaTensor,
         c: &backend::ColumnCopy,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.copy_cols_impl(src, dst, c)
     }
 
@@ -433,6 +578,7 @@ impl backend::Backend for CudaBackend {
         dt_bias: &CudaWeight,
         a: &CudaWeight,
     ) -> Result<(), BackendError> {
+        skip_in_replay!(self);
         self.delta_rule_gates_impl(alpha, beta, dt_bias, a)
     }
 

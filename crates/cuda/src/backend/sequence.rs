@@ -5,10 +5,17 @@
 use backend::{AttentionParams, BackendError, KvType, RecurrentShape, Row};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight};
+use super::step::Mode;
+use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
 
 /// Largest head size the attention kernel keeps in registers (MO_ATT_MAX_DIM).
 const MAX_HEAD_DIM: usize = 512;
+/// Warps per attention block (MO_ATT_WARPS).
+const ATT_WARPS: u32 = 4;
+/// Inside a step, attention splits the context into chunks of about this many positions.
+const ATT_SPLIT_POSITIONS: usize = 16;
+/// Most attention splits.
+const MAX_ATT_SPLITS: usize = 32;
 /// Largest conv kernel (MO_CONV_MAX).
 const MAX_D_CONV: usize = 16;
 
@@ -77,6 +84,15 @@ fn check_cols(
 }
 
 impl CudaBackend {
+    /// The raw K and V bytes of a cache, `[n_ctx][n_kv_head * head_dim]` rows in the cache's
+    /// type (ggml block layouts), for tests that compare them with the CPU quantizer.
+    pub fn kv_cache_to_host(&self, c: &CudaKvCache) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
+        let s = self.dev.stream();
+        let k = s.clone_dtoh(&c.k).map_err(dev_err)?;
+        let v = s.clone_dtoh(&c.v).map_err(dev_err)?;
+        Ok((k, v))
+    }
+
     pub(super) fn new_kv_cache_impl(
         &self,
         n_ctx: usize,
@@ -167,8 +183,6 @@ impl CudaBackend {
             }
         }
         let by_seq = rows_by_seq(rows, caches.len())?;
-        let store = self.function("mo_kv_store")?;
-        let attend = self.function("mo_attention")?;
         for (s, idx) in by_seq.iter().enumerate() {
             if idx.is_empty() {
                 continue;
@@ -182,68 +196,140 @@ impl CudaBackend {
             }
             let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
             let pos: Vec<i32> = idx.iter().map(|&i| rows[i].pos as i32).collect();
-            let row_ids = self.upload_i32(&row_ids)?;
-            let pos = self.upload_i32(&pos)?;
-            let ty: i32 = match cache.kv_type {
-                KvType::F32 => 0,
-                KvType::F16 => 1,
-                KvType::Q8_0 => 2,
-                KvType::Q4_0 => 3,
-            };
-            // Store this sequence's new K and V rows first: row r then attends 0..=pos[r].
-            for (src, buf, pos_bytes) in [
-                (k, &mut cache.k, cache.k_pos_bytes),
-                (v, &mut cache.v, cache.v_pos_bytes),
-            ] {
-                let width = src.cols;
-                let cfg = LaunchConfig {
-                    grid_dim: (idx.len() as u32, width.div_ceil(32) as u32, 1),
-                    block_dim: (32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let (src_cols, col0, width_i, pb) =
-                    (src.cols as i32, 0i32, width as i32, pos_bytes as i64);
-                let mut b = self.dev.stream().launch_builder(&store);
-                b.arg(&src.data)
-                    .arg(&src_cols)
-                    .arg(&col0)
-                    .arg(&row_ids)
-                    .arg(&pos)
-                    .arg(buf)
-                    .arg(&width_i)
-                    .arg(&pb)
-                    .arg(&ty);
-                // SAFETY: matches mo_kv_store(src, src_cols, col0, rows, pos, cache, width,
-                // pos_bytes, type); rows < n, pos < n_ctx (checked), the cache holds n_ctx
-                // rows of pos_bytes; block types have width % 32 == 0 (checked at creation).
-                unsafe { b.launch(cfg) }.map_err(dev_err)?;
-            }
+            let row_ids = self.host_ints(&row_ids)?;
+            let pos = self.host_ints(&pos)?;
+            let max_len = idx.iter().map(|&i| rows[i].pos + 1).max().unwrap_or(1);
+            self.attend_one_sequence(q, k, v, cache, &row_ids, &pos, idx.len(), max_len, p, out)?;
+        }
+        Ok(())
+    }
+
+    /// Stores the new K/V rows of one sequence, then runs split-KV attention for its rows.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_one_sequence(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        cache: &mut CudaKvCache,
+        row_ids: &HostInts,
+        pos: &HostInts,
+        n_rows: usize,
+        max_len: usize,
+        p: &AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let mode = self.mode();
+        // Splits: inside a step a fixed count from n_ctx (the launch must not depend on the
+        // length, graphs replay it); otherwise from the longest row, and one split for long
+        // batches (prefill rows already fill the card, and partials would cost memory).
+        let splits = if mode != Mode::Off {
+            cache.n_ctx.div_ceil(ATT_SPLIT_POSITIONS)
+        } else if n_rows <= 4 {
+            max_len.div_ceil(8)
+        } else {
+            1
+        }
+        .clamp(1, MAX_ATT_SPLITS);
+        let part_len = if splits > 1 {
+            n_rows * p.n_head * splits * (p.head_dim_v + 2)
+        } else {
+            0
+        };
+        // Taken before the replay check: a replayed step must take the same arena blocks.
+        let (part_ptr, _part_own) = if part_len == 0 {
+            (0u64, None)
+        } else if mode == Mode::Off {
+            let own = self.alloc_f32(part_len)?;
+            (super::step::dev_ptr(&own, self.dev.stream()), Some(own))
+        } else {
+            (self.step_ctl().shared_scratch(part_len)?, None)
+        };
+        if mode == Mode::Replay {
+            return Ok(());
+        }
+        let ty: i32 = match cache.kv_type {
+            KvType::F32 => 0,
+            KvType::F16 => 1,
+            KvType::Q8_0 => 2,
+            KvType::Q4_0 => 3,
+        };
+        // Store this sequence's new K and V rows first: row r then attends 0..=pos[r].
+        let store = self.function("mo_kv_store")?;
+        for (src, buf, pos_bytes) in [
+            (k, &mut cache.k, cache.k_pos_bytes),
+            (v, &mut cache.v, cache.v_pos_bytes),
+        ] {
+            let width = src.cols;
             let cfg = LaunchConfig {
-                grid_dim: (idx.len() as u32, p.n_head as u32, 1),
+                grid_dim: (n_rows as u32, width.div_ceil(32) as u32, 1),
                 block_dim: (32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let ints = [
-                p.n_head as i32,
-                p.n_kv_head as i32,
-                p.head_dim_k as i32,
-                p.head_dim_v as i32,
-            ];
-            let (kpb, vpb) = (cache.k_pos_bytes as i64, cache.v_pos_bytes as i64);
-            let mut b = self.dev.stream().launch_builder(&attend);
-            b.arg(&q.data)
-                .arg(&row_ids)
-                .arg(&pos)
-                .arg(&cache.k)
-                .arg(&cache.v)
-                .arg(&mut out.data);
-            for i in &ints {
-                b.arg(i);
-            }
-            b.arg(&kpb).arg(&vpb).arg(&ty).arg(&p.scale);
-            // SAFETY: matches mo_attention(q, rows, pos, kc, vc, out, n_head, n_kv_head, hdk,
-            // hdv, k_pos_bytes, v_pos_bytes, type, scale); head sizes <= 512 (checked at
-            // cache creation), positions < n_ctx.
+            let (src_cols, col0, width_i, pb) =
+                (src.cols as i32, 0i32, width as i32, pos_bytes as i64);
+            let mut b = self.dev.stream().launch_builder(&store);
+            b.arg(&*src.data)
+                .arg(&src_cols)
+                .arg(&col0)
+                .arg(&row_ids.ptr)
+                .arg(&pos.ptr)
+                .arg(buf)
+                .arg(&width_i)
+                .arg(&pb)
+                .arg(&ty);
+            // SAFETY: matches mo_kv_store(src, src_cols, col0, rows, pos, cache, width,
+            // pos_bytes, type); rows < n, pos < n_ctx (checked), the cache holds n_ctx
+            // rows of pos_bytes; block types have width % 32 == 0 (checked at creation).
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        let attend = self.function("mo_attention_split")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n_rows as u32, p.n_head as u32, splits as u32),
+            block_dim: (32, ATT_WARPS, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [
+            p.n_head as i32,
+            p.n_kv_head as i32,
+            p.head_dim_k as i32,
+            p.head_dim_v as i32,
+        ];
+        let (kpb, vpb) = (cache.k_pos_bytes as i64, cache.v_pos_bytes as i64);
+        let mut b = self.dev.stream().launch_builder(&attend);
+        b.arg(&*q.data)
+            .arg(&row_ids.ptr)
+            .arg(&pos.ptr)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&mut *out.data)
+            .arg(&part_ptr);
+        for i in &ints {
+            b.arg(i);
+        }
+        b.arg(&kpb).arg(&vpb).arg(&ty).arg(&p.scale);
+        // SAFETY: matches mo_attention_split(q, rows, pos, kc, vc, out, part, n_head,
+        // n_kv_head, hdk, hdv, k_pos_bytes, v_pos_bytes, type, scale); head sizes <= 512
+        // (checked at cache creation), positions < n_ctx, part holds n_rows * n_head *
+        // splits * (hdv + 2) values when splits > 1 (unused otherwise).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        if splits > 1 {
+            let merge = self.function("mo_attention_merge")?;
+            let cfg = LaunchConfig {
+                grid_dim: (n_rows as u32, p.n_head as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (nh, hdv, sp) = (p.n_head as i32, p.head_dim_v as i32, splits as i32);
+            let mut b = self.dev.stream().launch_builder(&merge);
+            b.arg(&part_ptr)
+                .arg(&row_ids.ptr)
+                .arg(&mut *out.data)
+                .arg(&nh)
+                .arg(&hdv)
+                .arg(&sp);
+            // SAFETY: matches mo_attention_merge(part, rows, out, n_head, hdv, S); part was
+            // filled by the launch above, rows < n.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
         Ok(())
@@ -314,7 +400,10 @@ impl CudaBackend {
                 continue;
             }
             let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
-            let row_ids = self.upload_i32(&row_ids)?;
+            let row_ids = self.host_ints(&row_ids)?;
+            if self.replaying() {
+                continue;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (ch.div_ceil(128) as u32, 1, 1),
                 block_dim: (128, 1, 1),
@@ -322,12 +411,12 @@ impl CudaBackend {
             };
             let ints = [idx.len() as i32, ch as i32, d_conv as i32];
             let mut b = self.dev.stream().launch_builder(&f);
-            b.arg(&x.data)
+            b.arg(&*x.data)
                 .arg(wd)
-                .arg(&row_ids)
+                .arg(&row_ids.ptr)
                 .arg(&ints[0])
                 .arg(&mut states[s].conv)
-                .arg(&mut out.data)
+                .arg(&mut *out.data)
                 .arg(&ints[1])
                 .arg(&ints[2]);
             // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv); w is
@@ -371,8 +460,8 @@ impl CudaBackend {
         let f = self.function("mo_delta_gates")?;
         let (n_i, h_i) = (n as i64, h as i32);
         let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&mut alpha.data)
-            .arg(&mut beta.data)
+        b.arg(&mut *alpha.data)
+            .arg(&mut *beta.data)
             .arg(dt)
             .arg(av)
             .arg(&n_i)
@@ -419,7 +508,10 @@ impl CudaBackend {
                 continue;
             }
             let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
-            let row_ids = self.upload_i32(&row_ids)?;
+            let row_ids = self.host_ints(&row_ids)?;
+            if self.replaying() {
+                continue;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (sh.n_v_heads as u32, 1, 1),
                 block_dim: (threads, 1, 1),
@@ -433,15 +525,15 @@ impl CudaBackend {
                 sh.d_v as i32,
             ];
             let mut b = self.dev.stream().launch_builder(&f);
-            b.arg(&q.data)
-                .arg(&k.data)
-                .arg(&v.data)
-                .arg(&g.data)
-                .arg(&beta.data)
-                .arg(&row_ids)
+            b.arg(&*q.data)
+                .arg(&*k.data)
+                .arg(&*v.data)
+                .arg(&*g.data)
+                .arg(&*beta.data)
+                .arg(&row_ids.ptr)
                 .arg(&ints[0])
                 .arg(&mut states[s].s)
-                .arg(&mut out.data);
+                .arg(&mut *out.data);
             for i in &ints[1..] {
                 b.arg(i);
             }

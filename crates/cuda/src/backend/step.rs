@@ -1,0 +1,424 @@
+//! Decode steps without gaps: per-step temporaries from a bump arena, host inputs through one
+//! pinned staging buffer, and the whole step recorded once as a CUDA graph and replayed.
+//!
+//! `Backend::begin_step(key)` opens a step. Per key:
+//! 1. first time: **eager** — ops run as called, but tensors come from the arena (reset every
+//!    step, never freed while graphs may point into it) and host integers go through the
+//!    staging buffer (pinned host words + a device mirror, one async copy per op). This warms
+//!    everything a capture cannot do: kernel compilation, scratch and arena growth.
+//! 2. second time: **capture** — the stream is recorded into a graph whose first node copies
+//!    the staging words the warm step used to the device; ops record their launches and write
+//!    their host inputs into the same pinned slots. `end_step` instantiates and launches it.
+//! 3. later: **replay** — ops launch nothing and only write their host inputs into the same
+//!    slots (the model's host code runs the same op sequence, so slots and arena addresses
+//!    repeat); `end_step` launches the graph: one H2D copy + every kernel of the step.
+//!
+//! Kernels in a step never take a size that changes between steps with one key from the host:
+//! positions and lengths are read on the device (attention splits are sized from `n_ctx`).
+//! `REDLINE_CUDA_GRAPHS=0` keeps steps eager (for debugging).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use backend::{BackendError, StepMode};
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{result, CudaGraph, CudaSlice, CudaStream};
+
+use super::dev_err;
+
+/// Arena chunks are at least this big (bytes).
+const ARENA_CHUNK_BYTES: usize = 64 << 20;
+/// Arena and staging allocations are aligned to this many bytes.
+const ALIGN_BYTES: usize = 256;
+/// Staging words (4 bytes each) for the host inputs of one step.
+const STAGING_WORDS: usize = 1 << 20;
+/// Most recorded graphs kept; the least recently used one is dropped beyond this.
+const MAX_GRAPHS: usize = 64;
+
+/// What the ops of the current step do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// No step open: ops allocate and upload as they go (prefill, tests).
+    Off,
+    /// Arena + staging, launches run now.
+    Eager,
+    /// Arena + staging, launches are recorded.
+    Capture,
+    /// Arena + staging, nothing is launched.
+    Replay,
+}
+
+/// Device memory from `cuMemAlloc` (not stream-ordered, so it may grow during a capture).
+struct Chunk {
+    ptr: CUdeviceptr,
+    bytes: usize,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from malloc_sync and is freed once; no graph that reads it is
+        // launched after the arena is dropped (graphs are dropped first, see StepCtl).
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Bump allocator for a step's temporaries, reset at every step. Chunks are only added, so
+/// addresses recorded in a graph stay valid while the arena lives.
+struct Arena {
+    chunks: Vec<Chunk>,
+    chunk: usize,
+    offset: usize,
+    /// Bytes handed out in this step: equal op sequences hand out equal amounts.
+    handed: usize,
+}
+
+impl Arena {
+    fn reset(&mut self) {
+        self.chunk = 0;
+        self.offset = 0;
+        self.handed = 0;
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<CUdeviceptr, BackendError> {
+        let bytes = bytes.max(1).div_ceil(ALIGN_BYTES) * ALIGN_BYTES;
+        self.handed += bytes;
+        loop {
+            match self.chunks.get(self.chunk) {
+                Some(c) if self.offset + bytes <= c.bytes => {
+                    let p = c.ptr + self.offset as u64;
+                    self.offset += bytes;
+                    return Ok(p);
+                }
+                Some(_) => {
+                    self.chunk += 1;
+                    self.offset = 0;
+                }
+                None => {
+                    let size = bytes.max(ARENA_CHUNK_BYTES);
+                    // SAFETY: a plain device allocation of `size` bytes, owned by Chunk.
+                    let ptr =
+                        unsafe { result::malloc_sync(size) }.map_err(|_| BackendError::Alloc {
+                            what: "step arena",
+                            bytes: size as u128,
+                        })?;
+                    self.chunks.push(Chunk { ptr, bytes: size });
+                }
+            }
+        }
+    }
+}
+
+/// Pinned host words and their device mirror: the host inputs of one step.
+struct Staging {
+    host: *mut u32,
+    dev: CudaSlice<u32>,
+    /// Words handed out in this step.
+    used: usize,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: host came from malloc_host and is freed once, after the graphs that read it.
+        let _ = unsafe { result::free_host(self.host as *mut std::ffi::c_void) };
+    }
+}
+
+/// Staging words and arena bytes one step used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Usage {
+    staging_words: usize,
+    arena_bytes: usize,
+}
+
+/// A recorded step and when it was last used.
+struct Recorded {
+    graph: CudaGraph,
+    last_use: u64,
+}
+
+/// The step machinery of one `CudaBackend` (behind its mutex).
+pub(super) struct StepCtl {
+    pub(super) mode: Mode,
+    key: u64,
+    /// Recorded steps first (they point into the arena and staging, dropped after them).
+    graphs: HashMap<u64, Recorded>,
+    /// Keys run eagerly once, with the staging words and arena bytes they used: a recording
+    /// is kept and replayed only while its steps use exactly the same (so every slot and
+    /// tensor, the downloaded logits included, sits where the graph has it).
+    warmed: HashMap<u64, Usage>,
+    /// Keys whose capture failed: they stay eager.
+    failed: HashSet<u64>,
+    arena: Arena,
+    staging: Option<Staging>,
+    /// This step's shared scratch (attention partials): arena address and f32 capacity.
+    shared_scratch: Option<(CUdeviceptr, usize)>,
+    tick: u64,
+    graphs_enabled: bool,
+    /// Steps captured and replayed so far (for tests and logs).
+    pub(super) captures: u64,
+    pub(super) replays: u64,
+}
+
+// SAFETY: the raw pinned pointer and the graph handles are only used while the backend's
+// mutex is held, on the backend's one stream.
+unsafe impl Send for StepCtl {}
+
+impl StepCtl {
+    pub(super) fn new() -> StepCtl {
+        let graphs_enabled = std::env::var("REDLINE_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        StepCtl {
+            mode: Mode::Off,
+            key: 0,
+            graphs: HashMap::new(),
+            warmed: HashMap::new(),
+            failed: HashSet::new(),
+            arena: Arena {
+                chunks: Vec::new(),
+                chunk: 0,
+                offset: 0,
+                handed: 0,
+            },
+            staging: None,
+            shared_scratch: None,
+            tick: 0,
+            graphs_enabled,
+            captures: 0,
+            replays: 0,
+        }
+    }
+
+    pub(super) fn set_graphs_enabled(&mut self, on: bool) {
+        self.graphs_enabled = on;
+    }
+
+    /// Drops every recorded graph (a buffer they point to is about to go away or move).
+    pub(super) fn forget_graphs(&mut self) {
+        self.graphs.clear();
+        self.warmed.clear();
+    }
+
+    fn staging(&mut self, stream: &Arc<CudaStream>) -> Result<&mut Staging, BackendError> {
+        if self.staging.is_none() {
+            // SAFETY: pinned host memory of STAGING_WORDS words, owned by Staging.
+            let host = unsafe { result::malloc_host(STAGING_WORDS * 4, 0) }.map_err(dev_err)?;
+            let dev = stream.alloc_zeros::<u32>(STAGING_WORDS).map_err(dev_err)?;
+            self.staging = Some(Staging {
+                host: host as *mut u32,
+                dev,
+                used: 0,
+            });
+        }
+        Ok(self.staging.as_mut().expect("created above"))
+    }
+
+    /// Opens a step (see the module notes). An unfinished step is aborted first.
+    pub(super) fn begin(&mut self, key: u64, stream: &Arc<CudaStream>) -> StepMode {
+        if self.mode != Mode::Off {
+            self.abort(stream);
+        }
+        self.tick += 1;
+        self.key = key;
+        self.arena.reset();
+        self.shared_scratch = None;
+        // The previous step's graph may still read the pinned words we are about to rewrite.
+        // (A failed sync means a lost device: the next op reports it.)
+        let _ = stream.synchronize();
+        let mode = match self.open(key, stream) {
+            Ok(m) => m,
+            Err(e) => {
+                // Recording is an optimization: say why it is off for this key, run eagerly.
+                eprintln!("cuda: decode step not recorded ({e}); running it eagerly");
+                self.failed.insert(key);
+                Mode::Eager
+            }
+        };
+        self.mode = mode;
+        match mode {
+            Mode::Capture => StepMode::Capture,
+            Mode::Replay => StepMode::Replay,
+            Mode::Eager | Mode::Off => StepMode::Eager,
+        }
+    }
+
+    fn open(&mut self, key: u64, stream: &Arc<CudaStream>) -> Result<Mode, BackendError> {
+        let tick = self.tick;
+        let enabled = self.graphs_enabled;
+        let st = self.staging(stream)?;
+        st.used = 0;
+        if !enabled || self.failed.contains(&key) {
+            return Ok(Mode::Eager);
+        }
+        if let Some(g) = self.graphs.get_mut(&key) {
+            g.last_use = tick;
+            return Ok(Mode::Replay);
+        }
+        let Some(&Usage {
+            staging_words: words,
+            ..
+        }) = self.warmed.get(&key)
+        else {
+            return Ok(Mode::Eager);
+        };
+        let st = self.staging.as_ref().expect("created above");
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(dev_err)?;
+        if words > 0 {
+            let dst = dev_ptr(&st.dev, stream);
+            // SAFETY: the first node of the graph copies the first `words` pinned words (which
+            // the ops of every replay rewrite before the launch) to the device mirror.
+            let r = unsafe {
+                let src = std::slice::from_raw_parts(st.host, words);
+                result::memcpy_htod_async(dst, src, stream.cu_stream())
+            };
+            if let Err(e) = r {
+                let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                return Err(dev_err(e));
+            }
+        }
+        Ok(Mode::Capture)
+    }
+
+    /// Closes the step: records the warm step's staging use, or instantiates and launches
+    /// the capture, or replays.
+    pub(super) fn end(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        let mode = std::mem::replace(&mut self.mode, Mode::Off);
+        let used = Usage {
+            staging_words: self.staging.as_ref().map_or(0, |s| s.used),
+            arena_bytes: self.arena.handed,
+        };
+        match mode {
+            Mode::Off => Ok(()),
+            Mode::Eager => {
+                if self.graphs_enabled {
+                    self.warmed.insert(self.key, used);
+                }
+                Ok(())
+            }
+            Mode::Capture => {
+                let graph = match stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
+                    Ok(Some(g)) => g,
+                    other => {
+                        // Something in the step cannot be recorded: keep this key eager. The
+                        // step itself did not run.
+                        self.failed.insert(self.key);
+                        self.warmed.remove(&self.key);
+                        return Err(dev_err(format!("stream capture failed: {:?}", other.err())));
+                    }
+                };
+                if self.warmed.get(&self.key) != Some(&used) {
+                    // Not the warm step's op sequence: never replay it. Run it this once.
+                    graph.launch().map_err(dev_err)?;
+                    self.warmed.remove(&self.key);
+                    return Ok(());
+                }
+                graph.launch().map_err(dev_err)?;
+                self.captures += 1;
+                if self.graphs.len() >= MAX_GRAPHS {
+                    if let Some(&old) = self
+                        .graphs
+                        .iter()
+                        .min_by_key(|(_, g)| g.last_use)
+                        .map(|(k, _)| k)
+                    {
+                        self.graphs.remove(&old);
+                    }
+                }
+                self.graphs.insert(
+                    self.key,
+                    Recorded {
+                        graph,
+                        last_use: self.tick,
+                    },
+                );
+                Ok(())
+            }
+            Mode::Replay => {
+                let g = self
+                    .graphs
+                    .get(&self.key)
+                    .ok_or_else(|| dev_err("replayed step has no graph"))?;
+                if self.warmed.get(&self.key) != Some(&used) {
+                    // A different op sequence under a known key: the host inputs did not land
+                    // where the graph reads them. Drop it; the step's results are lost.
+                    self.graphs.remove(&self.key);
+                    self.warmed.remove(&self.key);
+                    return Err(dev_err(
+                        "decode step differs from its recording (same key, other ops)",
+                    ));
+                }
+                g.graph.launch().map_err(dev_err)?;
+                self.replays += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Closes a failed step: a capture is ended and dropped, nothing is kept for the key.
+    pub(super) fn abort(&mut self, stream: &Arc<CudaStream>) {
+        if self.mode == Mode::Capture {
+            let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            // A failed capture fails again: keep this key eager.
+            self.failed.insert(self.key);
+        }
+        self.warmed.remove(&self.key);
+        self.graphs.remove(&self.key);
+        self.mode = Mode::Off;
+    }
+
+    /// A step temporary of `bytes` (contents unspecified).
+    pub(super) fn arena_alloc(&mut self, bytes: usize) -> Result<CUdeviceptr, BackendError> {
+        self.arena.alloc(bytes)
+    }
+
+    /// Scratch of `n` f32 that one op uses and drops before the next op needs it again
+    /// (attention partials): one arena block per step, grown when a later op needs more.
+    pub(super) fn shared_scratch(&mut self, n: usize) -> Result<CUdeviceptr, BackendError> {
+        match self.shared_scratch {
+            Some((p, cap)) if cap >= n => Ok(p),
+            _ => {
+                let p = self.arena.alloc(n * 4)?;
+                self.shared_scratch = Some((p, n));
+                Ok(p)
+            }
+        }
+    }
+
+    /// Puts `words` into the next staging slot and returns the slot's device address; in an
+    /// eager step also copies the slot to the device now (ordered before the next launch).
+    pub(super) fn stage(
+        &mut self,
+        words: &[u32],
+        stream: &Arc<CudaStream>,
+    ) -> Result<CUdeviceptr, BackendError> {
+        let mode = self.mode;
+        let st = self.staging(stream)?;
+        let start = st.used.div_ceil(ALIGN_BYTES / 4) * (ALIGN_BYTES / 4);
+        let end = start + words.len().max(1);
+        if end > STAGING_WORDS {
+            return Err(BackendError::Alloc {
+                what: "step staging",
+                bytes: (end * 4) as u128,
+            });
+        }
+        // SAFETY: [start, end) lies inside the pinned buffer; no copy reads it right now (the
+        // stream was synchronized when the step opened and each slot is written once a step).
+        let slot = unsafe { std::slice::from_raw_parts_mut(st.host.add(start), words.len()) };
+        slot.copy_from_slice(words);
+        st.used = end;
+        let dst = dev_ptr(&st.dev, stream) + (start * 4) as u64;
+        if mode == Mode::Eager && !words.is_empty() {
+            // SAFETY: pinned source of words.len() words, device slot of the same size.
+            unsafe { result::memcpy_htod_async(dst, &*slot, stream.cu_stream()) }
+                .map_err(dev_err)?;
+        }
+        Ok(dst)
+    }
+}
+
+/// The raw device address of a buffer (event tracking is off: nothing to wait for).
+pub(super) fn dev_ptr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> CUdeviceptr {
+    use cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}

@@ -1,0 +1,347 @@
+//! Decode steps on the GPU (crates/cuda/src/backend/step.rs): CUDA-graph replay against eager
+//! steps (logits within 1e-5 for 20 steps) and greedy tokens against the CPU backend, for every
+//! fixture model and stories260K, single and batched, every KV type; the KV cache bytes against
+//! the CPU quantizer; the backend conformance suite. With `REDLINE_DECODE_BENCH=1`, eager vs
+//! graph decode speed on a synthetic Qwen2.5-1.5B Q4_K_M. Skipped (with a message) when no CUDA
+//! device is present.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use backend::{Backend, KvType, Row};
+use cuda::backend::CudaBackend;
+use cuda::CudaOptions;
+use model::{LoadOptions, ModelOn};
+
+fn data(path: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data")).join(path)
+}
+
+fn fixture(arch: &str, file: &str) -> PathBuf {
+    data("fixtures").join(arch).join(file)
+}
+
+#[path = "../../../tests/support/fixture_reference.rs"]
+#[allow(dead_code)]
+mod fixture_reference;
+use fixture_reference::{argmax, reference};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(&CudaOptions::default()) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn opts() -> LoadOptions {
+    LoadOptions {
+        n_threads: 2,
+        ubatch_size: 512,
+    }
+}
+
+fn load_gpu(path: &std::path::Path, graphs: bool) -> Option<ModelOn<CudaBackend>> {
+    let b = gpu()?;
+    b.set_graphs_enabled(graphs);
+    let file = gguf::GgufFile::open(path).unwrap();
+    Some(ModelOn::load_on(b, Arc::new(file), &opts()).unwrap())
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            if x.is_nan() || y.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+// The backend conformance suite (every op against f64 host code; attention over f32, f16,
+// q8_0 and q4_0 caches), one test per part so a failure names its op.
+#[test]
+fn conformance_attention_every_kv_type() {
+    let Some(b) = gpu() else { return };
+    backend::conformance::attention(&b).unwrap();
+}
+
+#[test]
+fn conformance_rope() {
+    let Some(b) = gpu() else { return };
+    backend::conformance::rope(&b).unwrap();
+}
+
+#[test]
+fn conformance_norms_and_activations() {
+    let Some(b) = gpu() else { return };
+    backend::conformance::norms_and_activations(&b).unwrap();
+}
+
+#[test]
+fn conformance_delta_net() {
+    let Some(b) = gpu() else { return };
+    backend::conformance::delta_net(&b).unwrap();
+}
+
+#[test]
+fn conformance_matmul_and_embed() {
+    let Some(b) = gpu() else { return };
+    backend::conformance::matmul_and_embed(&b).unwrap();
+}
+
+/// One new K/V row stored through `attention`: the cache bytes equal the CPU quantizer's
+/// (q8_0, q4_0: ggml's reference rounding) or conversion (f16, f32) of that row.
+#[test]
+fn kv_cache_bytes_match_cpu_quantizer() {
+    let Some(b) = gpu() else { return };
+    let (n_kv, hd) = (2usize, 64usize);
+    let p = backend::AttentionParams {
+        n_head: 4,
+        n_kv_head: n_kv,
+        head_dim_k: hd,
+        head_dim_v: hd,
+        scale: 0.125,
+    };
+    let mut g = backend::conformance::Lcg(7);
+    for kv in [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        let mut c = b.new_kv_cache(4, n_kv, hd, hd, kv).unwrap();
+        let (k, v) = (g.vec(n_kv * hd), g.vec(n_kv * hd));
+        let q = g.vec(4 * hd);
+        let mut out = b.zeros(1, 4 * hd);
+        b.attention(
+            &b.upload(&q, 1, 4 * hd).unwrap(),
+            &b.upload(&k, 1, n_kv * hd).unwrap(),
+            &b.upload(&v, 1, n_kv * hd).unwrap(),
+            &[Row { seq: 0, pos: 2 }],
+            &mut [&mut c],
+            &p,
+            &mut out,
+        )
+        .unwrap();
+        let (kc, vc) = b.kv_cache_to_host(&c).unwrap();
+        let row = kv.row_bytes(n_kv * hd).unwrap();
+        for (name, src, got) in [("K", &k, &kc), ("V", &v, &vc)] {
+            let mut want = vec![0u8; row];
+            quant::quantize_row(kv.ggml_type(), src, &mut want).unwrap();
+            let got = &got[2 * row..3 * row];
+            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                bad, 0,
+                "{kv} {name}: {bad} of {row} cache bytes differ from the CPU quantizer\n got {:?}\nwant {:?}",
+                &got[..row.min(40)],
+                &want[..row.min(40)]
+            );
+        }
+    }
+}
+
+/// Decodes `steps` tokens greedily from `prompt` on the graph model, feeding the same tokens to
+/// the eager model and comparing logits each step; returns the tokens.
+fn graph_vs_eager(
+    name: &str,
+    graph: &ModelOn<CudaBackend>,
+    eager: &ModelOn<CudaBackend>,
+    prompt: &[u32],
+    kv: KvType,
+    steps: usize,
+) -> Vec<u32> {
+    let mut sg = graph.new_state(128, kv).unwrap();
+    let mut se = eager.new_state(128, kv).unwrap();
+    let lg = graph.forward(&mut sg, prompt, false).unwrap();
+    let le = eager.forward(&mut se, prompt, false).unwrap();
+    assert!(
+        max_abs_diff(&lg, &le) <= 1e-5,
+        "{name} {kv}: prefill logits differ"
+    );
+    let mut next = argmax(&lg);
+    let mut toks = vec![next];
+    let mut worst = 0f32;
+    for step in 0..steps {
+        let lg = graph.forward(&mut sg, &[next], false).unwrap();
+        let le = eager.forward(&mut se, &[next], false).unwrap();
+        let d = max_abs_diff(&lg, &le);
+        worst = worst.max(d);
+        assert!(
+            d <= 1e-5,
+            "{name} {kv}: decode step {step}: graph vs eager logits differ by {d}"
+        );
+        next = argmax(&lg);
+        toks.push(next);
+    }
+    println!("{name} {kv}: {steps} decode steps, graph vs eager max |diff| {worst:.2e}");
+    toks
+}
+
+fn cpu_greedy(path: &std::path::Path, prompt: &[u32], kv: KvType, steps: usize) -> Vec<u32> {
+    let m = model::Model::load(path, &opts()).unwrap();
+    let mut s = m.new_state(128, kv).unwrap();
+    let mut next = argmax(&m.forward(&mut s, prompt, false).unwrap());
+    let mut toks = vec![next];
+    for _ in 0..steps {
+        next = argmax(&m.forward(&mut s, &[next], false).unwrap());
+        toks.push(next);
+    }
+    toks
+}
+
+fn check_model(name: &str, path: &std::path::Path, prompt: &[u32]) {
+    let (Some(graph), Some(eager)) = (load_gpu(path, true), load_gpu(path, false)) else {
+        return;
+    };
+    const STEPS: usize = 20;
+    for kv in [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        if graph.new_state(8, kv).is_err() {
+            println!("{name}: KV {kv} does not fit the head size, skipped");
+            continue;
+        }
+        let toks = graph_vs_eager(name, &graph, &eager, prompt, kv, STEPS);
+        if matches!(kv, KvType::F32 | KvType::F16) {
+            let cpu = cpu_greedy(path, prompt, kv, STEPS);
+            assert_eq!(toks, cpu, "{name} {kv}: greedy tokens, GPU graphs vs CPU");
+        }
+    }
+    let (captures, replays) = graph.backend().graph_counts();
+    println!("{name}: {captures} steps captured, {replays} replayed");
+    assert!(captures >= 1 && replays >= 16, "{name}: graphs not used");
+    assert_eq!(eager.backend().graph_counts(), (0, 0));
+    // Batched decode: three sequences of different lengths in one step, graph vs eager.
+    let mut sg: Vec<_> = (0..3)
+        .map(|_| graph.new_state(128, KvType::F16).unwrap())
+        .collect();
+    let mut se: Vec<_> = (0..3)
+        .map(|_| eager.new_state(128, KvType::F16).unwrap())
+        .collect();
+    for (i, (a, b)) in sg.iter_mut().zip(se.iter_mut()).enumerate() {
+        let p = &prompt[..prompt.len() - i];
+        graph.forward(a, p, false).unwrap();
+        eager.forward(b, p, false).unwrap();
+    }
+    let mut toks = vec![prompt[0]; 3];
+    for step in 0..STEPS {
+        let mut rg: Vec<&mut _> = sg.iter_mut().collect();
+        let mut re: Vec<&mut _> = se.iter_mut().collect();
+        let lg = graph.forward_batch(&mut rg, &toks).unwrap();
+        let le = eager.forward_batch(&mut re, &toks).unwrap();
+        let d = max_abs_diff(&lg, &le);
+        assert!(
+            d <= 1e-5,
+            "{name}: batched step {step}: graph vs eager differ by {d}"
+        );
+        let nv = graph.config().n_vocab;
+        toks = (0..3).map(|i| argmax(&lg[i * nv..(i + 1) * nv])).collect();
+    }
+    println!("{name}: {STEPS} batched (3 sequences) steps, graph == eager");
+}
+
+#[test]
+fn fixtures_graph_replay_matches_eager_and_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    for arch in ["llama", "qwen2", "qwen3", "qwen35"] {
+        let r = reference(arch);
+        check_model(arch, &fixture(arch, "model-f32.gguf"), &r.prompt_ids);
+    }
+}
+
+#[test]
+fn stories260k_graph_replay_matches_eager_and_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let path = data("../../models/stories260K.gguf");
+    check_model("stories260K", &path, &[1, 432, 383, 286, 261, 376]);
+}
+
+/// Hybrid model: rolling back to a snapshot replaces the recurrent buffers, so the recorded
+/// steps of the old buffers must not be replayed; the redone steps give the same logits.
+#[test]
+fn qwen35_snapshot_restore_with_graphs() {
+    let Some(m) = load_gpu(&fixture("qwen35", "model-f32.gguf"), true) else {
+        return;
+    };
+    let r = reference("qwen35");
+    let mut s = m.new_state(128, KvType::F16).unwrap();
+    m.forward(&mut s, &r.prompt_ids, false).unwrap();
+    let p0 = s.len();
+    // Warm and capture this state's step before the snapshot.
+    for t in [5u32, 6, 7] {
+        m.forward(&mut s, &[t], false).unwrap();
+    }
+    s.snapshot();
+    let feed = [11u32, 12, 13, 14, 15];
+    let first: Vec<Vec<f32>> = feed
+        .iter()
+        .map(|&t| m.forward(&mut s, &[t], false).unwrap())
+        .collect();
+    s.truncate(p0 + 3).unwrap();
+    for (i, &t) in feed.iter().enumerate() {
+        let again = m.forward(&mut s, &[t], false).unwrap();
+        let d = max_abs_diff(&again, &first[i]);
+        assert!(d <= 1e-5, "step {i} after restore differs by {d}");
+    }
+}
+
+/// Eager vs graph decode speed (tokens/s) on synthetic Q4_K_M models of real shapes: set
+/// `REDLINE_DECODE_BENCH=1`; `REDLINE_DECODE_BENCH_SHAPES` lists `redline synth` presets
+/// (default `qwen2.5-1.5b`). Files are written to the temp dir once and reused.
+#[test]
+fn decode_speed_eager_vs_graph() {
+    if std::env::var("REDLINE_DECODE_BENCH").is_err() {
+        eprintln!("skipped: set REDLINE_DECODE_BENCH=1 to measure decode speed");
+        return;
+    }
+    if gpu().is_none() {
+        return;
+    }
+    let shapes =
+        std::env::var("REDLINE_DECODE_BENCH_SHAPES").unwrap_or_else(|_| "qwen2.5-1.5b".into());
+    for name in shapes.split(',') {
+        let shape = model::synth::Shape::preset(name).expect("a synth preset name");
+        let path = std::env::temp_dir().join(format!("redline-decode-bench-{name}-q4km.gguf"));
+        if !path.exists() {
+            let t = Instant::now();
+            let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
+            let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+            plan.write(f, 42, |_| {}).unwrap();
+            println!(
+                "synthesized {} in {:.1} s",
+                path.display(),
+                t.elapsed().as_secs_f64()
+            );
+        }
+        let file_gb = std::fs::metadata(&path).unwrap().len() as f64 / 1e9;
+        for graphs in [false, true, false, true] {
+            let m = load_gpu(&path, graphs).unwrap();
+            let mut s = m.new_state(1024, KvType::F16).unwrap();
+            let prompt: Vec<u32> = (0..16).map(|i| 100 + i).collect();
+            m.forward(&mut s, &prompt, false).unwrap();
+            let mut next = 7u32;
+            for _ in 0..4 {
+                next = argmax(&m.forward(&mut s, &[next], false).unwrap());
+            }
+            let n = 128;
+            let t = Instant::now();
+            for _ in 0..n {
+                next = argmax(&m.forward(&mut s, &[next], false).unwrap());
+            }
+            let secs = t.elapsed().as_secs_f64();
+            println!(
+                "decode {name} Q4_K_M ({file_gb:.2} GB file), {}: {n} tokens in {:.3} s = {:.1} tok/s ({:.3} ms/token, file bytes / time = {:.0} GB/s)",
+                if graphs { "graph" } else { "eager" },
+                secs,
+                n as f64 / secs,
+                secs * 1e3 / n as f64,
+                file_gb * n as f64 / secs
+            );
+        }
+    }
+}
