@@ -41,9 +41,11 @@ use crate::matvec::DeviceMatrix;
 use crate::sources::Program;
 
 /// Fewest tokens for which `try_matmul_gemm` takes the GEMM path (below it the matvec kernels,
-/// which read the weights once per 8 tokens, win). Set from the H200 measurement in
-/// BENCHMARKS.md ("prefill GEMM"); tunable per device with `set_gemm_min_tokens`.
-pub const DEFAULT_GEMM_MIN_TOKENS: usize = 16;
+/// which read the weights once per 8 tokens, win). H200 (BENCHMARKS.md, "prefill GEMM"): at
+/// n = 8 the matvec is faster for every 32B matrix (39 vs 51 µs for 5120x5120 q4_K), at n = 12
+/// the GEMM is for all but q6_K 5120x27648 (224 vs 236 µs), at 16 for all. Tunable per device
+/// with `set_gemm_min_tokens`.
+pub const DEFAULT_GEMM_MIN_TOKENS: usize = 12;
 /// Largest f16 weight scratch. 512 MiB holds every matrix of a 70B-class layer (28672 x 8192 =
 /// 448 MiB); bigger ones (output heads with all logits) are done in chunks of rows.
 pub const GEMM_MAX_SCRATCH_BYTES: usize = 512 << 20;

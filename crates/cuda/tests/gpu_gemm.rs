@@ -447,27 +447,35 @@ fn prefill_bench_32b_q4_k_m() {
             ubatch_size: n,
         };
         let m = model::ModelOn::load_on(b, Arc::new(file), &opts).unwrap();
-        let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 7919) % 150000).collect();
-        let mut runs = Vec::new();
-        for i in 0..4 {
-            let mut st = m.new_state(n + 16, model::KvType::F16).unwrap();
-            let t = Instant::now();
-            m.forward(&mut st, &tokens, false).unwrap();
-            if i > 0 {
-                runs.push(t.elapsed().as_secs_f64()); // the first run compiles and allocates
+        // n/2 first: per-layer time growing ~linearly with n is the matmuls, ~quadratically
+        // the attention.
+        for len in [n / 2, n] {
+            let tokens: Vec<u32> = (0..len as u32).map(|i| (i * 7919) % 150000).collect();
+            let mut runs = Vec::new();
+            for i in 0..4 {
+                let mut st = m.new_state(n + 16, model::KvType::F16).unwrap();
+                let t = Instant::now();
+                m.forward(&mut st, &tokens, false).unwrap();
+                if i > 0 {
+                    runs.push(t.elapsed().as_secs_f64()); // the first run compiles and allocates
+                }
             }
+            let mean = runs.iter().sum::<f64>() / runs.len() as f64;
+            println!(
+                "{layers} layers: pp{len} {:.1} ms ({:.0} tok/s), runs {:?} ms",
+                mean * 1e3,
+                len as f64 / mean,
+                runs.iter()
+                    .map(|t| (t * 1e4).round() / 10.0)
+                    .collect::<Vec<_>>()
+            );
+            times.push(mean);
         }
-        let mean = runs.iter().sum::<f64>() / runs.len() as f64;
-        println!(
-            "{layers} layers: pp{n} {:.1} ms ({:.0} tok/s), runs {:?} ms",
-            mean * 1e3,
-            n as f64 / mean,
-            runs.iter()
-                .map(|t| (t * 1e4).round() / 10.0)
-                .collect::<Vec<_>>()
-        );
-        times.push(mean);
     }
+    // times: [2 layers n/2, 2 layers n, 6 layers n/2, 6 layers n]
+    let half_per_layer = (times[2] - times[0]) / 4.0;
+    println!("per layer at pp{}: {:.3} ms", n / 2, half_per_layer * 1e3);
+    let times = [times[1], times[3]];
     let per_layer = (times[1] - times[0]) / 4.0;
     let full = times[0] + 62.0 * per_layer;
     println!(
