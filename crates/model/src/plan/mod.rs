@@ -26,6 +26,7 @@
 //! ```
 
 pub mod buffers;
+pub mod draft;
 pub mod fit;
 pub mod gpus;
 pub mod model_memory;
