@@ -216,14 +216,6 @@ fn load(
         placed.device_name,
         t0.elapsed().as_secs_f64()
     );
-    let (on_gpu, total) = placed.offload();
-    tracing::info!("offloaded {on_gpu}/{total} layers to GPU");
-    if on_gpu < total && on_gpu > 0 {
-        tracing::warn!(
-            "{} layers run on the CPU: decode is bounded by host memory bandwidth",
-            total - on_gpu
-        );
-    }
     tracing::info!(
         "KV cache + state per slot {} ({} tokens, {kv_type}); allocated when a slot is first used",
         human_bytes((c.ledger.kv_cache + c.ledger.recurrent_state) / args.parallel as u64),
