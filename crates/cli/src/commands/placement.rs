@@ -291,18 +291,20 @@ pub fn load_placed(
             .ok()
             .map(|(free, total)| (free as u64, total as u64))
     });
-    let (free_at_open, total) = mem_info().context("reading the GPU's free memory")?;
     let info = dev.info().clone();
     let device_name = format!("cuda:{} ({})", info.ordinal, info.name);
     let bandwidth_gbs = if req.measure_bandwidth {
-        let bytes = (1usize << 30).min(free_at_open as usize / 4);
-        Some(
-            cuda::bandwidth::measure_read_bandwidth(&dev, bytes, 20)
-                .context("measuring the read bandwidth")?,
-        )
+        let (free, _) = mem_info().context("reading the GPU's free memory")?;
+        let bytes = (1usize << 30).min(free as usize / 4);
+        let gbs = cuda::bandwidth::measure_read_bandwidth(&dev, bytes, 20)
+            .context("measuring the read bandwidth")?;
+        // Its buffer is freed on the stream: let that finish before the baseline is read.
+        dev.synchronize().context("synchronizing the GPU")?;
+        Some(gbs)
     } else {
         None
     };
+    let (free_at_open, total) = mem_info().context("reading the GPU's free memory")?;
     // Already in use: our context, and whatever other processes hold.
     let runtime = total.saturating_sub(free_at_open);
     let usable = pargs.vram_limit.map_or(total, |l| l.min(total));
