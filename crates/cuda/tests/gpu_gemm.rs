@@ -264,9 +264,12 @@ fn load(path: &PathBuf) -> model::ModelOn<cuda::backend::CudaBackend> {
     model::ModelOn::load_on(b, Arc::new(file), &opts).unwrap()
 }
 
-/// Every fixture with every matmul (prefill and decode) forced through the GEMM path: the f32
-/// models (exact SGEMM) still meet transformers' logits at 1e-3 relative L2 and its greedy
-/// tokens; the q8_0 models agree with the matvec path (x quantized to q8_1 there, f16 here).
+/// Every fixture with every matmul forced through the GEMM path (threshold 1; recorded decode
+/// steps keep the matvec, see backend/dense.rs): the f32 models (exact SGEMM) still meet
+/// transformers' logits at 1e-3 relative L2 and its greedy tokens; the q8_0 models meet the
+/// rule of the q8_0 fixture tests (backend_models.rs): top-1 equal to transformers' wherever
+/// its top-2 margin is >= 0.05, logits within 0.25 relative L2. The gap to the matvec path
+/// (whose x is quantized to q8_1, ~100x coarser than f16) is printed with both paths' errors.
 #[test]
 fn fixture_models_through_gemm() {
     if device().is_none() {
@@ -304,24 +307,29 @@ fn fixture_models_through_gemm() {
             m.forward(&mut s, &r.prompt_ids, true).unwrap()
         };
         let (via_gemm, via_matvec) = (run(1), run(usize::MAX));
-        let mut worst_q = 0f64;
-        for p in 0..r.prompt_ids.len() {
-            let (a, b) = (
-                &via_gemm[p * n_vocab..(p + 1) * n_vocab],
-                &via_matvec[p * n_vocab..(p + 1) * n_vocab],
-            );
-            let b64: Vec<f64> = b.iter().map(|&v| v as f64).collect();
-            let e = rel_l2(a, &b64);
-            worst_q = worst_q.max(e);
-            // The matvec path's q8_1 activations (~0.2-0.4 % per product) dominate the gap.
+        let (mut gap, mut err_gemm, mut err_matvec) = (0f64, 0f64, 0f64);
+        for (p, want) in r.logits.iter().enumerate() {
+            let row = &via_gemm[p * n_vocab..(p + 1) * n_vocab];
+            let row_mv = &via_matvec[p * n_vocab..(p + 1) * n_vocab];
+            let want32: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+            let mut sorted = want32.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let margin = sorted[0] - sorted[1];
             assert!(
-                e <= 0.05,
-                "{arch} q8_0: position {p}: GEMM vs matvec rel L2 {e:.3e}"
+                argmax(row) == argmax(&want32) || margin < 0.05,
+                "{arch} q8_0 via GEMM: top-1 differs at position {p} (reference margin {margin})"
             );
+            let e = rel_l2(row, want);
+            assert!(e < 0.25, "{arch} q8_0 via GEMM: position {p}: rel L2 {e}");
+            err_gemm = err_gemm.max(e);
+            err_matvec = err_matvec.max(rel_l2(row_mv, want));
+            let mv64: Vec<f64> = row_mv.iter().map(|&v| v as f64).collect();
+            gap = gap.max(rel_l2(row, &mv64));
         }
         println!(
-            "{arch}: f32 via GEMM worst rel L2 {worst:.2e} vs transformers, greedy equal; \
-             q8_0 GEMM vs matvec worst rel L2 {worst_q:.2e}"
+            "{arch}: f32 via GEMM worst rel L2 {worst:.2e} vs transformers, greedy equal; q8_0 \
+             worst rel L2 vs transformers: GEMM {err_gemm:.3e}, matvec {err_matvec:.3e}; \
+             GEMM vs matvec {gap:.2e}"
         );
     }
 }
