@@ -51,7 +51,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tok = Tokenizer::from_gguf(model.gguf().metadata())?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let tokens = tok.encode(&text, false, false)?;
+    // As llama-perplexity: the whole text is tokenized with the model's special tokens (BOS
+    // when it adds one), so the chunks cover the same tokens as llama.cpp's.
+    let tokens = tok.encode(&text, true, false)?;
     // llama.cpp puts BOS at the start of each chunk when the model adds one.
     let bos = if tok.encode("", true, false)?.is_empty() {
         None
