@@ -17,7 +17,7 @@ tensor (type and bytes) and computes the weight error of each against the F32 in
 
 Both engines chunk the text the same way (llama.cpp's perplexity: chunks of -c tokens, the
 second half of each scored). llama.cpp runs with an F32 KV cache (-ctk f32 -ctv f32) because
-redline's perplexity keeps its cache in F32.
+redline's perplexity keeps its cache in F32; --flash-attn off also makes its attention f32.
 
 Usage (from the repository root, after `cargo build --release -p redline` and building
 llama.cpp's llama-quantize and llama-perplexity):
@@ -25,7 +25,7 @@ llama.cpp's llama-quantize and llama-perplexity):
   python3 scripts/quality-table.py --llama-cpp-bin LLAMA_CPP/build/bin \
       [--model tests/data/fixtures/qwen35/model-f32.gguf] \
       [--text /usr/share/common-licenses/GPL-3] [--ctx 256] [--threads 2] \
-      [--work /tmp/redline-quality] [--types Q8_0,Q4_K_M,...]
+      [--work /tmp/redline-quality] [--types Q8_0,Q4_K_M,...] [--flash-attn auto|on|off]
 
 Prints markdown tables (for BENCHMARKS.md) and writes WORK/quality.json with every number.
 """
@@ -70,7 +70,7 @@ def llama_perplexity(args, model, base, compare, log_path):
     """
     exe = os.path.join(args.llama_cpp_bin, "llama-perplexity")
     cmd = ["nice", "-n", "10", exe, "-m", model, "-f", args.text, "-c", str(args.ctx),
-           "-t", str(args.threads), "-ctk", "f32", "-ctv", "f32",
+           "-t", str(args.threads), "-ctk", "f32", "-ctv", "f32", "-fa", args.flash_attn,
            "--kl-divergence-base", base, "--log-file", log_path + ".logfile"]
     if compare:
         cmd.append("--kl-divergence")
@@ -179,6 +179,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default="/tmp/redline-quality")
     ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
+                    help="llama-perplexity -fa (its CPU flash attention computes in f16 even "
+                         "with an f32 cache; off makes its attention plain f32 like redline's)")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
     os.makedirs(args.work, exist_ok=True)
@@ -193,6 +196,7 @@ def main():
     lcp_base = W("lcp-base.kld")
     results = {
         "model": args.model, "text": args.text, "text_sha256": text_sha, "ctx": args.ctx,
+        "flash_attn": args.flash_attn,
         "base": {
             "redline": redline_perplexity(args, args.model, rl_base, False, W("rl-base.log")),
             "llama.cpp": llama_perplexity(args, args.model, lcp_base, False, W("lcp-base.log")),
