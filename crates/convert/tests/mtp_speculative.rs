@@ -165,7 +165,9 @@ fn mtp_drafter_cache_equals_an_offline_pass() {
         seq.extend(&[t, x, y][..keep]);
         seq.push(z);
         let mut s = m.new_state(64, KvType::F32).unwrap();
-        let (_, hidden) = m.forward_hidden(&mut s, &seq[..seq.len() - 1]).unwrap();
+        let (_, hidden) = m
+            .forward_hidden(&mut s, &seq[..seq.len() - 1], false)
+            .unwrap();
         let mut mtp = m.new_mtp_state(64, KvType::F32).unwrap();
         let offline = m.mtp_forward(&mut mtp, &seq[1..], &hidden, false).unwrap();
         let err = online

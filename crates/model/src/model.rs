@@ -202,13 +202,14 @@ impl<B: Backend> ModelOn<B> {
         )
     }
 
-    /// Like [`ModelOn::forward`] with `all_logits`, also returning the final hidden state of
-    /// every token (after `output_norm`, what the head reads): `(logits [n, n_vocab],
-    /// hidden [n, n_embd])`. The MTP draft step consumes these.
+    /// Like [`ModelOn::forward`], also returning the final hidden state of every token (after
+    /// `output_norm`, what the head reads): `(logits [1 or n, n_vocab], hidden [n, n_embd])`.
+    /// The MTP draft step consumes these.
     pub fn forward_hidden(
         &self,
         state: &mut SeqStateOn<B>,
         tokens: &[u32],
+        all_logits: bool,
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
@@ -216,9 +217,11 @@ impl<B: Backend> ModelOn<B> {
         self.check_state(state, tokens.len())?;
         self.check_tokens(tokens)?;
         let n = tokens.len();
-        let mut logits = Vec::with_capacity(n * self.config.n_vocab);
+        let n_out = if all_logits { n } else { 1 };
+        let mut logits = Vec::with_capacity(n_out * self.config.n_vocab);
         let mut hidden = Vec::with_capacity(n * self.config.n_embd);
-        for chunk in tokens.chunks(self.ubatch_size) {
+        let n_chunks = n.div_ceil(self.ubatch_size);
+        for (ci, chunk) in tokens.chunks(self.ubatch_size).enumerate() {
             let start = state.len;
             let rows: Vec<Row> = (0..chunk.len())
                 .map(|i| Row {
@@ -226,7 +229,13 @@ impl<B: Backend> ModelOn<B> {
                     pos: start + i,
                 })
                 .collect();
-            let out_rows: Vec<usize> = (0..chunk.len()).collect();
+            let out_rows: Vec<usize> = if all_logits {
+                (0..chunk.len()).collect()
+            } else if ci + 1 == n_chunks {
+                vec![chunk.len() - 1]
+            } else {
+                Vec::new()
+            };
             let mut states = [&mut *state];
             let (l, h) =
                 self.run_with_hidden(&mut states, chunk, Batch::new(rows), &out_rows, true)?;
@@ -428,8 +437,8 @@ impl<B: Backend> ModelOn<B> {
             .0)
     }
 
-    /// [`Self::run`], also returning the normed hidden state of `out_rows` when `want_hidden`
-    /// (`[out_rows.len(), n_embd]`, else empty).
+    /// [`Self::run`], also returning the normed hidden state of every row when `want_hidden`
+    /// (`[tokens.len(), n_embd]`, else empty).
     fn run_with_hidden(
         &self,
         states: &mut [&mut SeqStateOn<B>],
@@ -477,6 +486,22 @@ impl<B: Backend> ModelOn<B> {
                 }
             }
         }
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
+        if want_hidden {
+            // Every row after the final norm (the MTP drafter reads them); logits of out_rows.
+            let mut xn = b.zeros(tokens.len(), c.n_embd);
+            b.rms_norm(&x, &self.output_norm, c.rms_eps, &mut xn)?;
+            let logits = if out_rows.is_empty() {
+                None
+            } else {
+                let mut sel = b.zeros(out_rows.len(), c.n_embd);
+                b.get_rows(&xn, out_rows, &mut sel)?;
+                Some(linear(b, head, &sel)?)
+            };
+            step.end()?;
+            let logits = logits.map(|l| b.download(&l)).unwrap_or_default();
+            return Ok((logits, b.download(&xn)));
+        }
         if out_rows.is_empty() {
             step.end()?;
             return Ok((Vec::new(), Vec::new()));
@@ -484,15 +509,9 @@ impl<B: Backend> ModelOn<B> {
         let mut sel = b.zeros(out_rows.len(), c.n_embd);
         b.get_rows(&x, out_rows, &mut sel)?;
         b.rms_norm_inplace(&mut sel, &self.output_norm, c.rms_eps)?;
-        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         let logits = linear(b, head, &sel)?;
         step.end()?;
-        let hidden = if want_hidden {
-            b.download(&sel)
-        } else {
-            Vec::new()
-        };
-        Ok((b.download(&logits), hidden))
+        Ok((b.download(&logits), Vec::new()))
     }
 }
 

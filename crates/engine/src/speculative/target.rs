@@ -47,10 +47,9 @@ impl<'m, B: Backend> TargetSession<'m, B> {
         if !self.keep_hidden {
             return Ok(self.model.forward(&mut self.state, prompt, false)?);
         }
-        let (logits, hidden) = self.model.forward_hidden(&mut self.state, prompt)?;
+        let (logits, hidden) = self.model.forward_hidden(&mut self.state, prompt, false)?;
         self.hidden = hidden;
-        let v = self.n_vocab();
-        Ok(logits[logits.len() - v..].to_vec())
+        Ok(logits)
     }
 
     fn settle_check(&self) -> Result<(), SpecError> {
@@ -72,7 +71,7 @@ impl<'m, B: Backend> TargetSession<'m, B> {
         }
         let logits = if self.keep_hidden {
             self.model
-                .forward_hidden(&mut self.state, tokens)
+                .forward_hidden(&mut self.state, tokens, true)
                 .map(|(logits, hidden)| {
                     self.hidden = hidden;
                     logits
