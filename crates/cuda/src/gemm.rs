@@ -445,7 +445,9 @@ impl CudaDevice {
         n_tokens: usize,
         y: &mut CudaSlice<f32>,
     ) -> Result<bool> {
-        if n_tokens < self.gemm_min_tokens() || !supports(w.ty) {
+        // cols % 32: the kernels convert x 4 and dequantize 8 values at a time (every block
+        // format has it; an odd-width F32/F16 matrix stays on the matvec).
+        if n_tokens < self.gemm_min_tokens() || !supports(w.ty) || !w.n_cols.is_multiple_of(32) {
             return Ok(false);
         }
         {

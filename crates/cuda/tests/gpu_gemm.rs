@@ -235,6 +235,10 @@ fn threshold_selects_the_path() {
     dev.set_gemm_min_tokens(32);
     assert!(!dev.try_matmul_gemm(&w, &x, 31, &mut y).unwrap());
     assert!(dev.try_matmul_gemm(&w, &x, 32, &mut y).unwrap());
+    // An F32 matrix 40 wide (not a multiple of 32) stays on the matvec instead of failing.
+    let wf = random_matrix(GgmlType::F32, 64, 40, 7);
+    let wf = dev.upload_matrix(GgmlType::F32, 64, 40, &wf).unwrap();
+    assert!(!dev.try_matmul_gemm(&wf, &x, 32, &mut y).unwrap());
     dev.set_gemm_min_tokens(cuda::gemm::DEFAULT_GEMM_MIN_TOKENS);
 }
 
