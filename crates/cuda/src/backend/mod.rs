@@ -6,6 +6,12 @@
 //! Activations are device-resident f32 tensors; KV caches and recurrent states live on the
 //! device ([`sequence`]). Everything runs on the device's one stream, in order; only `download`
 //! waits for it. The remaining ops are simple kernels in kernels/model_ops.cu.
+//!
+//! Decode steps (`Backend::begin_step` .. `end_step`, opened by the model for batches of one
+//! token per sequence) take their temporaries from an arena and their host inputs from pinned
+//! staging, and are recorded once as a CUDA graph and replayed ([`step`]; off with
+//! `REDLINE_CUDA_GRAPHS=0` or [`CudaBackend::set_graphs_enabled`]). A step must not overlap ops
+//! of another thread on the same backend: a capture records everything on the stream.
 
 mod dense;
 mod sequence;

@@ -34,6 +34,9 @@ const ALIGN_BYTES: usize = 256;
 const STAGING_WORDS: usize = 1 << 20;
 /// Most recorded graphs kept; the least recently used one is dropped beyond this.
 const MAX_GRAPHS: usize = 64;
+/// Most keys remembered as warmed or failed (a server sees a new key per batch composition);
+/// beyond this the sets start over.
+const MAX_KEYS: usize = 4096;
 
 /// What the ops of the current step do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,6 +294,12 @@ impl StepCtl {
             Mode::Off => Ok(()),
             Mode::Eager => {
                 if self.graphs_enabled {
+                    if self.warmed.len() >= MAX_KEYS {
+                        self.warmed.retain(|k, _| self.graphs.contains_key(k));
+                    }
+                    if self.failed.len() >= MAX_KEYS {
+                        self.failed.clear();
+                    }
                     self.warmed.insert(self.key, used);
                 }
                 Ok(())
