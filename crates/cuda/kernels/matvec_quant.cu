@@ -7,12 +7,16 @@
 // - W: [nrows, ncols] in GGUF block layout, uploaded byte-for-byte (rows of row_bytes bytes;
 //   the allocation has >= 16 bytes of padding after the last row). Blocks of odd sizes
 //   (18, 22, 34, 110, 210 bytes) are not 16-byte aligned, so each warp stages a group of
-//   blocks (2048 weights) through shared memory with aligned, coalesced 16-byte loads (the
-//   group's byte range rounded out to 16 bytes), then each lane decodes two 32-element units
-//   from there (see quant_formats.cuh `decode2`). Two groups are in flight per warp: the
-//   loads of group g+2 are issued before group g is decoded.
-// - One warp per row, WARPS rows per block; the weights are read once for all n_tokens <= NT
-//   tokens (small-batch decode), so a step costs one pass over W.
+//   blocks (2048 weights of a row) through shared memory with aligned, coalesced 16-byte loads
+//   (the group's byte range rounded out to 16 bytes), then each lane decodes one "task" (two
+//   32-element units, see quant_formats.cuh `Decode2`) from there.
+// - One warp computes R rows at once (v3): per group it loads the R rows' bytes (R groups in
+//   flight), loads this lane's x (q8_1 int8 + scales, XT tokens at a time) into registers once,
+//   and dots it with each row's decoded task. v2 (R = 1) re-read x from L1 for every row: x is
+//   1.25 bytes per weight against 0.56 for Q4_K, and the L1/shared pipe (128 B/clk/SM), not
+//   DRAM, was the limit. The loads of group g+1 are issued right after group g is stored to
+//   shared memory, so they are in flight while group g is computed.
+// - The weights are read once for all n_tokens <= NT tokens (small-batch decode).
 // y: [n_tokens, nrows] f32.
 #include "quant_formats.cuh"
 
@@ -94,62 +98,54 @@ static __device__ __forceinline__ void mv_store_group(const Staged<L>& s, u32x4*
     }
 }
 
-// Decodes this lane's task of the staged group (first block g0 of the row, nb blocks) and
-// accumulates its dot products for every token.
-template <typename F, int NT>
-static __device__ __forceinline__ void mv_compute_group(const uint8_t* sbytes, int off, int g0, int nb, int blk, int task,
-                                                        const int8_t* __restrict__ xq, const float* __restrict__ xds,
-                                                        int ncols, int n_tokens, float acc[NT]) {
-    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
-    if (blk >= nb) return;
-    const int n_units_x = ncols / 32;
-    Task tk;
-    Decode2<F>::run(sbytes + off + blk * F::BLOCK_BYTES, task, tk);
+// This lane's x for one task (two 32-element units) and XT tokens, in registers.
+template <int XT>
+struct TaskX {
+    int q[XT][2][8];
+    float d[XT][2], s[XT][2];
+};
+
+template <typename F>
+static __device__ __forceinline__ float task_dot(const Task& tk, const int q[2][8], const float d[2], const float s[2],
+                                                 bool second_ok) {
+    float r = 0.0f;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        // the second block of a 32-wide task may lie past the row's end
-        if (BLOCKS_PER_TASK == 1 || blk + j < nb) {
-            const int xunit = (g0 + blk) * F::UNITS + tk.unit[j];  // unit index in the row
+        if (j == 0 || second_ok) {
+            int sumi0 = 0, sumi1 = 0;
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t < n_tokens) {
-                    const u32x4* xp = (const u32x4*)(xq + (long long)t * ncols + 32 * xunit);
-                    const u32x4 xa = xp[0], xb = xp[1];
-                    const int xv[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
-                                       (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
-                    int sumi0 = 0, sumi1 = 0;
+            for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], q[j][i], sumi0);
 #pragma unroll
-                    for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], xv[i], sumi0);
-#pragma unroll
-                    for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], xv[i], sumi1);
-                    const float2v ds = ((const float2v*)xds)[(long long)t * n_units_x + xunit];
-                    float r_t;
-                    if constexpr (F::SPLIT) {
-                        r_t = ds.x * (tk.s0[j] * (float)sumi0 + tk.s1[j] * (float)sumi1);
-                    } else {
-                        r_t = ds.x * tk.s0[j] * (float)(sumi0 + sumi1);
-                    }
-                    if constexpr (F::HAS_MIN) r_t += tk.m0[j] * ds.y;
-                    if constexpr (F::HALF_MIN) {
-                        int sx0 = 0, sx1 = 0;
-#pragma unroll
-                        for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, xv[i], sx0);
-#pragma unroll
-                        for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, xv[i], sx1);
-                        r_t += ds.x * (tk.m0[j] * (float)sx0 + tk.m1[j] * (float)sx1);
-                    }
-                    acc[t] += r_t;
-                }
+            for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], q[j][i], sumi1);
+            float r_j;
+            if constexpr (F::SPLIT) {
+                r_j = d[j] * (tk.s0[j] * (float)sumi0 + tk.s1[j] * (float)sumi1);
+            } else {
+                r_j = d[j] * tk.s0[j] * (float)(sumi0 + sumi1);
             }
+            if constexpr (F::HAS_MIN) r_j += tk.m0[j] * s[j];
+            if constexpr (F::HALF_MIN) {
+                int sx0 = 0, sx1 = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, q[j][i], sx0);
+#pragma unroll
+                for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, q[j][i], sx1);
+                r_j += d[j] * (tk.m0[j] * (float)sx0 + tk.m1[j] * (float)sx1);
+            }
+            r += r_j;
         }
     }
+    return r;
 }
 
-template <typename F, int NT>
-static __device__ __forceinline__ void mv_quant_row(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
-                                                    const float* __restrict__ xds, float* __restrict__ y, int nrows,
-                                                    int ncols, long long row_bytes, int n_tokens, int load_mode,
-                                                    int row) {
+// This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
+// are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
+// of the rows. Only __syncwarp inside.
+template <typename F, int NT, int R>
+static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                     const float* __restrict__ xds, int nrows, int ncols,
+                                                     long long row_bytes, int n_tokens, int load_mode, int row0,
+                                                     int g_first, int g_step, float (&acc)[R][NT]) {
     // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
     // 256-wide super-block. A staged group is 32 tasks (2048 weights), one per lane.
     constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
@@ -158,99 +154,150 @@ static __device__ __forceinline__ void mv_quant_row(const uint8_t* __restrict__ 
     constexpr int BLOCK_ELEMS = 32 * F::UNITS;
     // 16-byte vectors per lane to cover a group plus up to 30 bytes of alignment slack
     constexpr int L = ((G * F::BLOCK_BYTES + 30 + 15) / 16 + 31) / 32;
-    // Two groups in flight per warp (A and B alternate): loads of group g+2 are issued before
-    // group g is decoded, so ~2 groups of bytes per warp are always outstanding.
-    __shared__ u32x4 stage[MV_WARPS][32 * L];
+    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
+    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
+    // one staging buffer per row, plus one vector of slack for ldw_a2's over-read
+    constexpr int SV = 32 * L + 1;
+    __shared__ u32x4 stage[MV_WARPS][R * SV];
     const int lane = threadIdx.x;
     u32x4* sbuf = stage[threadIdx.y];
     const uint8_t* sbytes = (const uint8_t*)sbuf;
     const int nblocks = ncols / BLOCK_ELEMS;
     const int ngroups = (nblocks + G - 1) / G;
-    const long long row_start = row * row_bytes;
+    const int n_units_x = ncols / 32;
     const int blk = (lane / TASKS_PER_BLOCK) * BLOCKS_PER_TASK;  // this lane's block in the group
     const int task = lane % TASKS_PER_BLOCK;
-    auto group_start = [&](int g) { return row_start + (long long)g * G * F::BLOCK_BYTES; };
+    int tu[2];
+    Decode2<F>::units(task, tu);
+    long long row_start[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) row_start[r] = (long long)min(row0 + r, nrows - 1) * row_bytes;
+
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+
     auto group_len = [&](int g) { return min(G, nblocks - g * G) * F::BLOCK_BYTES; };
-
-    float acc[NT];
+    Staged<L> st[R];
+    if (g_first < ngroups) {
+        const long long gofs = (long long)g_first * G * F::BLOCK_BYTES;
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-
-    Staged<L> a, b;
-    mv_load_group(W, group_start(0), group_len(0), lane, a, load_mode);
-    if (ngroups > 1) mv_load_group(W, group_start(1), group_len(1), lane, b, load_mode);
-    for (int g = 0; g < ngroups; g += 2) {
-        mv_store_group(a, sbuf, lane);
-        __syncwarp();
-        int off = a.off;
-        if (g + 2 < ngroups) mv_load_group(W, group_start(g + 2), group_len(g + 2), lane, a, load_mode);
-        mv_compute_group<F, NT>(sbytes, off, g * G, min(G, nblocks - g * G), blk, task, xq, xds, ncols, n_tokens, acc);
-        __syncwarp();
-        if (g + 1 < ngroups) {
-            mv_store_group(b, sbuf, lane);
-            __syncwarp();
-            off = b.off;
-            if (g + 3 < ngroups) mv_load_group(W, group_start(g + 3), group_len(g + 3), lane, b, load_mode);
-            mv_compute_group<F, NT>(sbytes, off, (g + 1) * G, min(G, nblocks - (g + 1) * G), blk, task, xq, xds, ncols,
-                                    n_tokens, acc);
-            __syncwarp();
-        }
+        for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
     }
+    for (int g = g_first; g < ngroups; g += g_step) {
+        const int nb = min(G, nblocks - g * G);
+        int off[R];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < n_tokens) y[(long long)t * nrows + row] = s;
+        for (int r = 0; r < R; r++) {
+            mv_store_group(st[r], sbuf + r * SV, lane);
+            off[r] = st[r].off + r * SV * 16;
+        }
+        __syncwarp();
+        if (g + g_step < ngroups) {
+            const long long gofs = (long long)(g + g_step) * G * F::BLOCK_BYTES;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
+        }
+        if (blk < nb) {
+            // the second block of a 32-wide task may lie past the row's end
+            const bool second_ok = BLOCKS_PER_TASK == 1 || blk + 1 < nb;
+            const int xu0 = (g * G + blk) * F::UNITS;  // first unit of this lane's block in the row
+#pragma unroll
+            for (int tp = 0; tp < NT; tp += XT) {
+                if (tp < n_tokens) {
+                    TaskX<XT> xr;
+#pragma unroll
+                    for (int t = 0; t < XT; t++) {
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const int tt = min(tp + t, n_tokens - 1);
+                            const int xu = xu0 + (j == 1 && !second_ok ? 0 : tu[j]);
+                            const u32x4* xp = (const u32x4*)(xq + (long long)tt * ncols + 32 * xu);
+                            const u32x4 xa = xp[0], xb = xp[1];
+                            xr.q[t][j][0] = (int)xa.x; xr.q[t][j][1] = (int)xa.y;
+                            xr.q[t][j][2] = (int)xa.z; xr.q[t][j][3] = (int)xa.w;
+                            xr.q[t][j][4] = (int)xb.x; xr.q[t][j][5] = (int)xb.y;
+                            xr.q[t][j][6] = (int)xb.z; xr.q[t][j][7] = (int)xb.w;
+                            const float2v ds = ((const float2v*)xds)[(long long)tt * n_units_x + xu];
+                            xr.d[t][j] = ds.x;
+                            xr.s[t][j] = ds.y;
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        Task tk;
+                        Decode2<F>::run(sbytes + off[r] + blk * F::BLOCK_BYTES, task, tk);
+#pragma unroll
+                        for (int t = 0; t < XT; t++) {
+                            if (tp + t < n_tokens) acc[r][tp + t] += task_dot<F>(tk, xr.q[t], xr.d[t], xr.s[t], second_ok);
+                        }
+                    }
+                }
+            }
+        }
+        __syncwarp();
     }
 }
 
-template <typename F, int NT>
+// Block of MV_WARPS warps = MV_WARPS / ksplit row sets of R rows; the ksplit warps of a set
+// split its rows' groups (g = k, k + ksplit, ...) and their partial sums meet in shared
+// memory. ksplit > 1 shortens each warp's chain of dependent load rounds (a 5120-wide Q4_K
+// row is 3 groups, a 27648-wide one 14); measured on the H200 it loses 5-40 % almost
+// everywhere, so the host uses 1 and keeps 2 / 4 as a benchmark knob.
+template <typename F, int NT, int R>
 static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                 const float* __restrict__ xds, float* __restrict__ y, int nrows,
-                                                int ncols, long long row_bytes, int n_tokens, int load_mode) {
-    const int row = blockIdx.x * MV_WARPS + threadIdx.y;
-    if (row >= nrows) return;  // whole warp leaves together: only __syncwarp inside
-    mv_quant_row<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, load_mode, row);
-}
-
-// Single-token variant with x in shared memory: persistent blocks (grid ~ a few per SM) copy
-// x (ncols int8 + ncols/32 (d, s) pairs, dynamic shared memory) once, then loop over rows, so
-// x is never re-read from L1/L2 per weight group.
-template <typename F>
-static __device__ __forceinline__ void mv_quant_xsmem(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
-                                                      const float* __restrict__ xds, float* __restrict__ y, int nrows,
-                                                      int ncols, long long row_bytes, int load_mode) {
-    extern __shared__ u32x4 xs_dyn[];
-    const int tid = threadIdx.y * 32 + threadIdx.x;
-    const int nq = ncols / 16;      // xq vectors
-    const int nd = ncols / 32 / 2;  // xds vectors (two (d, s) pairs each)
-    const u32x4* gq = (const u32x4*)xq;
-    const u32x4* gd = (const u32x4*)xds;
-    for (int i = tid; i < nq + nd; i += 32 * MV_WARPS) xs_dyn[i] = i < nq ? gq[i] : gd[i - nq];
+                                                int ncols, long long row_bytes, int n_tokens, int load_mode,
+                                                int ksplit) {
+    const int lane = threadIdx.x, wid = threadIdx.y;
+    const int set = wid / ksplit, k = wid % ksplit;
+    const int row0 = (blockIdx.x * (MV_WARPS / ksplit) + set) * R;
+    float acc[R][NT];
+    // a row set past the last row computes nothing (with ksplit > 1 it must still meet the
+    // barrier below; with ksplit == 1 there is none and the warp leaves)
+    if (ksplit == 1 && row0 >= nrows) return;
+    const int g_first = row0 < nrows ? k : 1 << 30;
+    mv_quant_rows<F, NT, R>(W, xq, xds, nrows, ncols, row_bytes, n_tokens, load_mode, min(row0, nrows - 1), g_first,
+                            ksplit, acc);
+    __shared__ float red[MV_WARPS][R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (ksplit == 1) {
+                if (lane == 0 && t < n_tokens && row0 + r < nrows) y[(long long)t * nrows + row0 + r] = s;
+            } else if (lane == 0) {
+                red[wid][r][t] = s;
+            }
+        }
+    }
+    if (ksplit == 1) return;
     __syncthreads();
-    const int8_t* sq = (const int8_t*)xs_dyn;
-    const float* sd = (const float*)(xs_dyn + nq);
-    for (int row = blockIdx.x * MV_WARPS + threadIdx.y; row < nrows; row += gridDim.x * MV_WARPS) {
-        mv_quant_row<F, 1>(W, sq, sd, y, nrows, ncols, row_bytes, 1, load_mode, row);
+    if (k == 0 && lane < R * NT) {
+        const int r = lane / NT, t = lane % NT;
+        float s = 0.0f;
+        for (int j = 0; j < ksplit; j++) s += red[wid + j][r][t];
+        if (t < n_tokens && row0 + r < nrows) y[(long long)t * nrows + row0 + r] = s;
     }
 }
 
-// One kernel per (format, NT); n_tokens <= NT tokens are computed, the weights read once.
-#define MV_KERNEL(name, F, NT)                                                                          \
+// One kernel per (format, NT, R); n_tokens <= NT tokens are computed, the weights read once,
+// R rows per warp, ksplit (1, 2 or 4) warps per row set.
+#define MV_KERNEL(name, F, NT, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
-        mv_##name##_n##NT(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,               \
-                          const float* __restrict__ xds, float* __restrict__ y, int nrows, int ncols,  \
-                          long long row_bytes, int n_tokens, int load_mode) {                          \
-        mv_quant<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, load_mode);                 \
+        mv_##name##_n##NT##_r##R(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,        \
+                                 const float* __restrict__ xds, float* __restrict__ y, int nrows,      \
+                                 int ncols, long long row_bytes, int n_tokens, int load_mode,          \
+                                 int ksplit) {                                                         \
+        mv_quant<F, NT, R>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, load_mode, ksplit);      \
     }
-#define MV_XS_KERNEL(name, F)                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
-        mvx_##name##_n1(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,                 \
-                        const float* __restrict__ xds, float* __restrict__ y, int nrows, int ncols,    \
-                        long long row_bytes, int n_tokens, int load_mode) {                            \
-        mv_quant_xsmem<F>(W, xq, xds, y, nrows, ncols, row_bytes, load_mode);                         \
-    }
-#define MV_FORMAT(name, F) \
-    MV_KERNEL(name, F, 1) MV_KERNEL(name, F, 2) MV_KERNEL(name, F, 4) MV_KERNEL(name, F, 8) MV_XS_KERNEL(name, F)
+#define MV_FORMAT(name, F)                                                                              \
+    MV_KERNEL(name, F, 1, 2) MV_KERNEL(name, F, 1, 4)                                                   \
+    MV_KERNEL(name, F, 2, 2) MV_KERNEL(name, F, 2, 4) MV_KERNEL(name, F, 4, 2) MV_KERNEL(name, F, 4, 4)  \
+    MV_KERNEL(name, F, 8, 2) MV_KERNEL(name, F, 8, 4)
 
 MV_FORMAT(q4_0, FmtQ4_0)
 MV_FORMAT(q4_1, FmtQ4_1)

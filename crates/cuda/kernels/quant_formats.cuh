@@ -37,6 +37,25 @@ static __device__ __forceinline__ uint32_t iq4nl_lookup4(uint32_t idx) {
     return (lo & ~m) | (hi & m);
 }
 
+// Eight 4-bit kvalues_iq4nl indices packed in w (byte i: low nibble = element i, high nibble =
+// element i + 16 of a 32-element unit, ggml block_iq4_nl / iq4_xs layout) -> int8 values:
+// lo = elements 0..3 (bytes' low nibbles), hi = elements 16..19. 7 prmt instead of ~28 ops of
+// iq4nl_lookup4 x 2: the packed nibbles are the prmt selectors directly (bit 3 masked off,
+// since a set selector bit 3 means sign replication), bit 3 picks the 8..15 half afterwards.
+static __device__ __forceinline__ void iq4nl_lookup8(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    uint32_t r[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t s = w >> (16 * h);  // nibbles lo(2h), hi(2h), lo(2h+1), hi(2h+1)
+        const uint32_t sel = s & 0x7777u;
+        const uint32_t a = prmt(IQ4NL_T0, IQ4NL_T1, sel);
+        const uint32_t b = prmt(IQ4NL_T2, IQ4NL_T3, sel);
+        r[h] = prmt(a, b, 0x3210u | ((s & 0x8888u) >> 1));
+    }
+    lo = prmt(r[0], r[1], 0x6420u);
+    hi = prmt(r[0], r[1], 0x7531u);
+}
+
 // Spreads bits 0..3 of hb into bit 4 of bytes 0..3 (Q5_0 / Q5_1 fifth bits).
 static __device__ __forceinline__ uint32_t spread_bits_to_bit4(uint32_t hb) {
     return ((hb << 4) & 0x10u) | ((hb << 11) & 0x1000u) | ((hb << 18) & 0x100000u) | ((hb << 25) & 0x10000000u);
@@ -281,6 +300,28 @@ struct FmtQ6_K {  // block_q6_K: ql[128], qh[64], scales[16] int8, d f16; x = d*
     }
 };
 
+// (hi:lo) >> sh, low 32 bits (sh in 0..31): extracts a word at a byte offset across two words.
+static __device__ __forceinline__ uint32_t funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+    uint32_t r;
+    asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(lo), "r"(hi), "r"(sh));
+    return r;
+}
+
+// N little-endian u32 from a 2-byte-aligned p: N + 1 aligned word loads and N funnel shifts
+// (instead of 2N 16-bit loads: half the shared-memory wavefronts). May read the aligned word
+// that holds bytes p + 4N .. p + 4N + 1, so the buffer needs 4 bytes of slack after the data.
+template <int N>
+static __device__ __forceinline__ void ldw_a2(const uint8_t* p, uint32_t w[N]) {
+    const unsigned long long a = (unsigned long long)p;
+    const uint32_t* q = (const uint32_t*)(a & ~3ull);
+    const uint32_t sh = (uint32_t)(a & 2ull) * 8u;
+    uint32_t x[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) x[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) w[i] = funnel_r(x[i], x[i + 1], sh);
+}
+
 // Eight little-endian u32 from p, with p aligned to A bytes (16: two vector loads).
 template <int A>
 static __device__ __forceinline__ void ld8(const uint8_t* p, uint32_t w[8]) {
@@ -289,9 +330,35 @@ static __device__ __forceinline__ void ld8(const uint8_t* p, uint32_t w[8]) {
         const v4 a = ((const v4*)p)[0], b = ((const v4*)p)[1];
         w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
         w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-    } else {
+    } else if constexpr (A >= 8) {
+        struct alignas(8) v2 { uint32_t x, y; };
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = ld32<(A >= 4)>(p + 4 * i);
+        for (int i = 0; i < 4; i++) {
+            const v2 a = ((const v2*)p)[i];
+            w[2 * i] = a.x;
+            w[2 * i + 1] = a.y;
+        }
+    } else if constexpr (A >= 4) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = ld32<true>(p + 4 * i);
+    } else {
+        ldw_a2<8>(p, w);
+    }
+}
+
+// Q4_K / Q5_K 6-bit scale and min of sub-blocks 2k and 2k+1 (k = 0..3) from the 12 packed
+// bytes at q (4-byte aligned), branch-free (ggml get_scale_min_k4: j < 4 takes the low 6 bits
+// of q[j], q[j + 4]; j >= 4 combines q[j + 4] nibbles with the top 2 bits of q[j - 4], q[j]).
+static __device__ __forceinline__ void scale_min_k4_pair(int k, const uint8_t* q, int sc[2], int m[2]) {
+    const uint32_t s0 = ld32<true>(q), s1 = ld32<true>(q + 4), s2 = ld32<true>(q + 8);
+    const uint32_t sh = 16 * (k & 1);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const uint32_t a = (s0 >> (sh + 8 * j)) & 0xFF, b = (s1 >> (sh + 8 * j)) & 0xFF;
+        const uint32_t c = (s2 >> (sh + 8 * j)) & 0xFF;
+        const bool lo = k < 2;
+        sc[j] = lo ? (int)(a & 63) : (int)((c & 0xF) | ((a >> 6) << 4));
+        m[j] = lo ? (int)(b & 63) : (int)((c >> 4) | ((b >> 6) << 4));
     }
 }
 
@@ -322,12 +389,12 @@ static __device__ __forceinline__ void decode2_q4_k(const uint8_t* b, int k, Tas
         t.v[0][i] = w[i] & 0x0F0F0F0F;
         t.v[1][i] = (w[i] >> 4) & 0x0F0F0F0F;
     }
+    int sc[2], m[2];
+    scale_min_k4_pair(k, b + 4, sc, m);
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        int sc, m;
-        scale_min_k4(2 * k + j, b + 4, sc, m);
-        t.s0[j] = t.s1[j] = d * (float)sc;
-        t.m0[j] = -dmin * (float)m;
+        t.s0[j] = t.s1[j] = d * (float)sc[j];
+        t.m0[j] = -dmin * (float)m[j];
         t.m1[j] = 0.0f;
         t.unit[j] = 2 * k + j;
     }
@@ -345,12 +412,12 @@ static __device__ __forceinline__ void decode2_q5_k(const uint8_t* b, int k, Tas
         t.v[0][i] = (w[i] & 0x0F0F0F0F) | (((h[i] >> (2 * k)) & 0x01010101) << 4);
         t.v[1][i] = ((w[i] >> 4) & 0x0F0F0F0F) | (((h[i] >> (2 * k + 1)) & 0x01010101) << 4);
     }
+    int sc[2], m[2];
+    scale_min_k4_pair(k, b + 4, sc, m);
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        int sc, m;
-        scale_min_k4(2 * k + j, b + 4, sc, m);
-        t.s0[j] = t.s1[j] = d * (float)sc;
-        t.m0[j] = -dmin * (float)m;
+        t.s0[j] = t.s1[j] = d * (float)sc[j];
+        t.m0[j] = -dmin * (float)m[j];
         t.m1[j] = 0.0f;
         t.unit[j] = 2 * k + j;
     }
@@ -446,8 +513,10 @@ static __device__ __forceinline__ void decode2_iq4_xs(const uint8_t* b, int k, T
     for (int j = 0; j < 2; j++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            t.v[j][i] = iq4nl_lookup4(w[4 * j + i] & 0x0F0F0F0F);
-            t.v[j][4 + i] = iq4nl_lookup4((w[4 * j + i] >> 4) & 0x0F0F0F0F);
+            uint32_t lo, hi;
+            iq4nl_lookup8(w[4 * j + i], lo, hi);
+            t.v[j][i] = (int)lo;
+            t.v[j][4 + i] = (int)hi;
         }
         const int ls = ((sl >> (4 * j)) & 0xF) | (((sh >> (4 * k + 2 * j)) & 3) << 4);
         t.s0[j] = t.s1[j] = d * (float)(ls - 32);
@@ -456,25 +525,99 @@ static __device__ __forceinline__ void decode2_iq4_xs(const uint8_t* b, int k, T
     }
 }
 
+// Two consecutive 2-byte-aligned 32-wide blocks (Q4_0, IQ4_NL, Q5_0, Q8_0) read with aligned
+// word loads + funnel shifts (ldw_a2): d f16 at the block start, the payload from byte 2.
+template <typename F>
+static __device__ __forceinline__ void decode2_a2(const uint8_t* b, Task& t) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const uint8_t* bj = b + j * F::BLOCK_BYTES;
+        const float d = f16_to_f32(ld_u16(bj));
+        if constexpr (F::BLOCK_BYTES == 34) {  // Q8_0: qs[32] int8
+            uint32_t w[8];
+            ldw_a2<8>(bj + 2, w);
+#pragma unroll
+            for (int i = 0; i < 8; i++) t.v[j][i] = (int)w[i];
+            t.m0[j] = 0.0f;
+        } else if constexpr (F::BLOCK_BYTES == 22) {  // Q5_0: qh[4], qs[16]
+            uint32_t w[5];
+            ldw_a2<5>(bj + 2, w);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                t.v[j][i] = (int)((w[1 + i] & 0x0F0F0F0F) | spread_bits_to_bit4(w[0] >> (4 * i)));
+                t.v[j][4 + i] = (int)(((w[1 + i] >> 4) & 0x0F0F0F0F) | spread_bits_to_bit4(w[0] >> (16 + 4 * i)));
+            }
+            t.m0[j] = -16.0f * d;
+        } else {  // Q4_0 / IQ4_NL: qs[16] nibbles, low = elements 0..15, high = 16..31
+            uint32_t w[4];
+            ldw_a2<4>(bj + 2, w);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t lo = w[i] & 0x0F0F0F0F, hi = (w[i] >> 4) & 0x0F0F0F0F;
+                if constexpr (F::HAS_MIN) {  // Q4_0: q - 8 through the min term
+                    t.v[j][i] = (int)lo;
+                    t.v[j][4 + i] = (int)hi;
+                } else {
+                    uint32_t vl, vh;
+                    iq4nl_lookup8(w[i], vl, vh);
+                    t.v[j][i] = (int)vl;
+                    t.v[j][4 + i] = (int)vh;
+                }
+            }
+            t.m0[j] = F::HAS_MIN ? -8.0f * d : 0.0f;
+        }
+        t.s0[j] = t.s1[j] = d;
+        t.m1[j] = 0.0f;
+        t.unit[j] = j;
+    }
+}
+
 // decode2 dispatch per format (formats with UNITS == 1 take two consecutive blocks).
+// `units(k, u)` gives the two unit indices of task k without decoding (for loading x first);
+// it must agree with the `unit` fields `run` fills in.
 template <typename F> struct Decode2 {
+    static __device__ __forceinline__ void units(int, int u[2]) { u[0] = 0; u[1] = 1; }
     static __device__ __forceinline__ void run(const uint8_t* b, int, Task& t) { decode2_blocks<F>(b, t); }
 };
+#define DECODE2_A2(F)                                                                               \
+    template <> struct Decode2<F> {                                                                 \
+        static __device__ __forceinline__ void units(int, int u[2]) { u[0] = 0; u[1] = 1; }         \
+        static __device__ __forceinline__ void run(const uint8_t* b, int, Task& t) { decode2_a2<F>(b, t); } \
+    };
+DECODE2_A2(FmtQ4_0)
+DECODE2_A2(FmtIQ4_NL)
+DECODE2_A2(FmtQ5_0)
+DECODE2_A2(FmtQ8_0)
 template <> struct Decode2<FmtQ4_K> {
+    static __device__ __forceinline__ void units(int k, int u[2]) { u[0] = 2 * k; u[1] = 2 * k + 1; }
     static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q4_k(b, k, t); }
 };
 template <> struct Decode2<FmtQ5_K> {
+    static __device__ __forceinline__ void units(int k, int u[2]) { u[0] = 2 * k; u[1] = 2 * k + 1; }
     static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q5_k(b, k, t); }
 };
 template <> struct Decode2<FmtQ6_K> {
+    static __device__ __forceinline__ void units(int k, int u[2]) {
+        u[0] = 4 * (k >> 1) + (k & 1);
+        u[1] = u[0] + 2;
+    }
     static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q6_k(b, k, t); }
 };
 template <> struct Decode2<FmtQ2_K> {
+    static __device__ __forceinline__ void units(int k, int u[2]) {
+        u[0] = 4 * (k >> 1) + 2 * (k & 1);
+        u[1] = u[0] + 1;
+    }
     static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q2_k(b, k, t); }
 };
 template <> struct Decode2<FmtQ3_K> {
+    static __device__ __forceinline__ void units(int k, int u[2]) {
+        u[0] = 4 * (k >> 1) + 2 * (k & 1);
+        u[1] = u[0] + 1;
+    }
     static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_q3_k(b, k, t); }
 };
 template <> struct Decode2<FmtIQ4_XS> {
+    static __device__ __forceinline__ void units(int k, int u[2]) { u[0] = 2 * k; u[1] = 2 * k + 1; }
     static __device__ __forceinline__ void run(const uint8_t* b, int k, Task& t) { decode2_iq4_xs(b, k, t); }
 };

@@ -7,16 +7,86 @@ use crate::error::{CudaError, Result};
 use crate::sources::Program;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use gguf::GgmlType;
+use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Rows per thread block (one warp each); must match MV_WARPS / MVF_WARPS in the kernels.
-const ROWS_PER_BLOCK: u32 = 4;
-/// Tokens per launch at most (the kernels are instantiated for 1, 2, 4 and 8).
+/// Warps per thread block; must match MV_WARPS / MVF_WARPS in the kernels.
+const WARPS_PER_BLOCK: u32 = 4;
+/// Tokens per launch at most (the kernels are instantiated for 1, 2, 4 and 8 tokens, each
+/// with 2 and 4 rows per warp).
 pub const MAX_TOKENS_PER_LAUNCH: usize = 8;
-/// Largest x staged in shared memory by the single-token kernels (dynamic shared memory
-/// beyond 48 KiB needs an opt-in; the static staging buffers take up to 10 KiB).
-const X_SMEM_MAX_BYTES: usize = 38 * 1024;
 /// Bytes after the last row: the staged 16-byte loads may read up to 15 bytes past it.
 const PAD_BYTES: usize = 16;
+/// Forced rows per warp of the block-format kernels (benchmark knob); 0 = per-shape choice.
+static ROWS_PER_WARP_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forced warps per row set of the block-format kernels (benchmark knob); 0 = the default, 1.
+static KSPLIT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the rows per warp of block-format matvecs (2 or 4) for every device of this
+/// process; 0 restores the per-shape choice. For benchmarks and tests.
+pub fn set_rows_per_warp_override(r: u32) {
+    ROWS_PER_WARP_OVERRIDE.store(r, Ordering::Relaxed);
+}
+
+/// Forces how many warps split one row set's columns (1, 2 or 4) for every device of this
+/// process; 0 restores the default (1). For benchmarks and tests.
+pub fn set_ksplit_override(k: u32) {
+    KSPLIT_OVERRIDE.store(k, Ordering::Relaxed);
+}
+
+/// Rows per warp of a block-format matvec of `n_rows` x `n_cols` for `n` tokens (n <= 8,
+/// a power of two): one warp reads R rows at once and shares its x registers between them
+/// (kernels/matvec_quant.cu), so a larger R reads x from L1 fewer times and has more bytes in
+/// flight per warp, but takes more registers (fewer warps per SM), fewer warps for the grid,
+/// and with 4 rows at n >= 4 decodes each row more than once (x of only 2 tokens fits in
+/// registers beside 4 rows).
+/// The rule is the H200 sweep's winner per case (BENCHMARKS.md, matvec v3), within ~5 %.
+pub fn rows_per_warp(ty: GgmlType, n_rows: usize, n_cols: usize, n: usize) -> u32 {
+    let forced = ROWS_PER_WARP_OVERRIDE.load(Ordering::Relaxed);
+    if forced == 4 || forced == 2 {
+        return forced;
+    }
+    use GgmlType::*;
+    // formats whose decode is a few shifts and masks (no table lookups, no split scales)
+    let light = matches!(ty, Q4K | Q4_0 | Q4_1 | Q5K | Q5_0 | Q5_1);
+    let tall = n_rows >= 12288;
+    let head = n_rows >= 100_000;
+    // ~6144 rows: 2 rows per warp spill into a second wave of blocks, 4 do not
+    let one_wave_at_4 = (5500..8000).contains(&n_rows);
+    let four = match n {
+        // few rows (k/v projections): keep the warps
+        _ if n_rows < 4096 => false,
+        1 => match ty {
+            // the most bytes per row: x reuse pays everywhere
+            Q5K => true,
+            Q8_0 => n_rows < 12000 || n_cols >= 16384,
+            Q6K => head || n_cols >= 16384,
+            _ if light => tall || one_wave_at_4,
+            _ => head || one_wave_at_4,
+        },
+        2 => ty != Q8_0,
+        4 => light,
+        _ => tall && matches!(ty, Q4K | Q4_0 | Q8_0),
+    };
+    if four {
+        4
+    } else {
+        2
+    }
+}
+
+/// Warps that split the column groups of one row set (1, 2 or 4; a benchmark knob, 1 by
+/// default): splitting shortens each warp's chain of dependent load rounds, but on the H200
+/// sweep it lost 5-40 % almost everywhere (the per-block reduction and idle warps cost more
+/// than the shorter chains save; BENCHMARKS.md, matvec v3).
+pub fn ksplit() -> u32 {
+    let forced = KSPLIT_OVERRIDE.load(Ordering::Relaxed);
+    if forced == 2 || forced == 4 {
+        forced
+    } else {
+        1
+    }
+}
 
 /// Kernel name stem of a weight type, and whether x is quantized to q8_1 for it.
 fn kernel_stem(ty: GgmlType) -> Option<(&'static str, bool)> {
@@ -221,51 +291,24 @@ impl CudaDevice {
                 y.len()
             )));
         }
-        let grid = (rows as u32).div_ceil(ROWS_PER_BLOCK);
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (32, ROWS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
         let load_mode = self.matvec_load_mode();
-        // x int8 + (d, s) per 32: must fit the 48 KiB of dynamic shared memory every card has.
-        let x_smem_bytes = cols + cols / 4;
-        if n_tokens == 1
-            && self.matvec_x_in_smem()
-            && cols.is_multiple_of(64)
-            && x_smem_bytes <= X_SMEM_MAX_BYTES
-        {
-            let f = self.function(Program::MatvecQuant, &format!("mvx_{stem}_n1"))?;
-            let blocks = (rows as u32)
-                .div_ceil(ROWS_PER_BLOCK)
-                .min(self.info().sm_count.max(1) as u32 * 4);
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (32, ROWS_PER_BLOCK, 1),
-                shared_mem_bytes: x_smem_bytes as u32,
-            };
-            let n_i = 1i32;
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(&w.data).arg(&xq.xq).arg(&xq.xds).arg(y);
-            b.arg(&rows_i)
-                .arg(&cols_i)
-                .arg(&row_bytes)
-                .arg(&n_i)
-                .arg(&load_mode);
-            // SAFETY: matches mvx_<fmt>_n1(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens,
-            // load_mode); dynamic shared memory holds x (cols % 64 == 0 checked).
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
-        }
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
             let n_i = n as i32;
-            let f = self.function(
-                Program::MatvecQuant,
-                &format!("mv_{stem}_n{}", n.next_power_of_two()),
-            )?;
+            let nt = n.next_power_of_two();
+            let r = rows_per_warp(w.ty, rows, cols, nt);
+            let ks = ksplit();
+            let ks_i = ks as i32;
+            let f = self.function(Program::MatvecQuant, &format!("mv_{stem}_n{nt}_r{r}"))?;
+            // WARPS_PER_BLOCK warps per block: WARPS_PER_BLOCK / ks row sets of r rows
+            let rows_per_block = r * WARPS_PER_BLOCK / ks;
+            let cfg = LaunchConfig {
+                grid_dim: ((rows as u32).div_ceil(rows_per_block), 1, 1),
+                block_dim: (32, WARPS_PER_BLOCK, 1),
+                shared_mem_bytes: 0,
+            };
             let xqs = xq.xq.slice(t0 * cols..(t0 + n) * cols);
             let xds = xq.xds.slice(t0 * cols / 16..(t0 + n) * cols / 16);
             let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
@@ -275,9 +318,11 @@ impl CudaDevice {
                 .arg(&cols_i)
                 .arg(&row_bytes)
                 .arg(&n_i)
-                .arg(&load_mode);
-            // SAFETY: argument list matches mv_<fmt>_n<NT>(W, xq, xds, y, nrows, ncols,
-            // row_bytes, n_tokens, load_mode); n <= NT tokens; buffer sizes were checked above.
+                .arg(&load_mode)
+                .arg(&ks_i);
+            // SAFETY: argument list matches mv_<fmt>_n<NT>_r<R>(W, xq, xds, y, nrows, ncols,
+            // row_bytes, n_tokens, load_mode, ksplit); n <= NT tokens; ksplit divides the
+            // block's warps; buffer sizes were checked above.
             unsafe { b.launch(cfg) }?;
             t0 += n;
         }
@@ -300,10 +345,10 @@ impl CudaDevice {
                 y.len()
             )));
         }
-        let grid = (rows as u32).div_ceil(ROWS_PER_BLOCK);
+        let grid = (rows as u32).div_ceil(WARPS_PER_BLOCK);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
-            block_dim: (32, ROWS_PER_BLOCK, 1),
+            block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes: 0,
         };
         let (rows_i, cols_i) = (rows as i32, cols as i32);

@@ -142,29 +142,42 @@ fn matvec_matches_cpu_reference_for_every_format() {
             shapes.push((9, 1000));
         } else {
             shapes.push((3, 33 * bs));
+            // many groups per row (ksplit strides, partial last group), and a taller matrix
+            // whose row sets end mid-block
+            shapes.push((7, 77 * bs));
+            shapes.push((523, 10 * bs));
         }
         for &(rows, cols) in &shapes {
             for tokens in [1, 2, 3, 8, 11] {
-                seed += 1;
-                // cycle the weight-load cache policies; single-token runs alternate between
-                // x staged in shared memory and x read through L1
-                dev.set_matvec_load_mode((seed % 3) as i32);
-                dev.set_matvec_x_in_smem(seed.is_multiple_of(2));
-                if let Err(e) = check(
-                    &dev,
-                    &Case {
-                        ty,
-                        rows,
-                        cols,
-                        tokens,
-                    },
-                    seed,
-                ) {
-                    failures.push(e);
+                // every rows-per-warp kernel, and the per-shape choice (0)
+                let quantized = cuda::matvec::quantizes_activations(ty);
+                let rpws: &[u32] = if quantized { &[0, 2, 4] } else { &[0] };
+                for &rpw in rpws {
+                    seed += 1;
+                    // cycle the weight-load cache policies and the warps per row set (1, 2,
+                    // 4) independently: every shape sees each
+                    dev.set_matvec_load_mode((seed % 3) as i32);
+                    let ks = [1, 2, 4][(seed / 3 % 3) as usize];
+                    cuda::matvec::set_rows_per_warp_override(rpw);
+                    cuda::matvec::set_ksplit_override(ks);
+                    if let Err(e) = check(
+                        &dev,
+                        &Case {
+                            ty,
+                            rows,
+                            cols,
+                            tokens,
+                        },
+                        seed,
+                    ) {
+                        failures.push(format!("{e} (rows/warp {rpw}, ksplit {ks})"));
+                    }
                 }
             }
         }
     }
+    cuda::matvec::set_rows_per_warp_override(0);
+    cuda::matvec::set_ksplit_override(0);
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
