@@ -1,7 +1,8 @@
 //! `redline selftest`: checks this machine's GPU path end to end. Finds the CUDA driver and
 //! NVRTC (12.x or 13.x), compiles the kernels for the card (or loads them from the disk cache),
 //! measures device read bandwidth, and checks a matvec of every weight format against the CPU
-//! reference (quant::dequantize_row, f64). With no GPU it says so and exits successfully: the
+//! reference (quant::dequantize_row, f64), then the backend conformance suite (every op of
+//! `run`/`serve`, KV caches of every type). With no GPU it says so and exits successfully: the
 //! CPU backend is then what `run` and `serve` use.
 
 use anyhow::{bail, Context};
@@ -106,9 +107,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             failed.push(ty.name());
         }
     }
+    // The backend op set that `run` and `serve` use, against the f64 host code of
+    // backend::conformance (attention over every KV cache type included).
+    let gpu = cuda::backend::CudaBackend::new(&opts).context("opening the CUDA backend")?;
+    type Check = fn(&cuda::backend::CudaBackend) -> Result<(), String>;
+    let parts: [(&'static str, Check); 5] = [
+        ("matmul + embed", backend::conformance::matmul_and_embed),
+        (
+            "norms + activations",
+            backend::conformance::norms_and_activations,
+        ),
+        ("rope", backend::conformance::rope),
+        (
+            "attention, KV f32/f16/q8_0/q4_0",
+            backend::conformance::attention,
+        ),
+        ("delta net", backend::conformance::delta_net),
+    ];
+    for (name, check) in parts {
+        match check(&gpu) {
+            Ok(()) => println!("ops {name}: ok"),
+            Err(e) => {
+                println!("ops {name}: FAIL ({e})");
+                failed.push(name);
+            }
+        }
+    }
     if !failed.is_empty() {
         bail!(
-            "GPU matvec disagrees with the CPU reference for {}",
+            "GPU disagrees with the CPU reference for {}",
             failed.join(", ")
         );
     }
