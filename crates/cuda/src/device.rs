@@ -16,10 +16,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
-/// Plain weight loads: the configuration verified on the H200 so far (BENCHMARKS.md); modes 1
-/// and 2 (evict-first, L1 no-allocate) are being measured against it.
-pub const DEFAULT_MATVEC_LOAD_MODE: i32 = 0;
-/// x read through L1 (verified); staging x in shared memory is being measured against it.
+/// Weights loaded with ld.global.nc.L1::no_allocate: 2-8 % faster than plain loads on every
+/// type and shape of the H200 sweep (BENCHMARKS.md, matvec v3).
+pub const DEFAULT_MATVEC_LOAD_MODE: i32 = 2;
+/// Unused since matvec v3 (x in shared memory lost to x in registers shared by R rows).
 pub const DEFAULT_MATVEC_X_IN_SMEM: bool = false;
 
 /// What the driver reports about one GPU.
