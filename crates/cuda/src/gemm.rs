@@ -13,6 +13,10 @@
 //! 3. `cublasGemmEx` (f16 x f16, f32 accumulate, f32 out, alpha = 2^e read from the device)
 //!    writes y [n, rows].
 //!
+//! `CudaBackend::matmul` calls it only outside recorded decode steps: with cuBLAS captured in
+//! a CUDA graph, replayed steps gave wrong tokens on the H200 (not yet understood), so batched
+//! decode of >= 12 sequences still takes the matvec there.
+//!
 //! The dequantized copy costs one write and one read of 2 bytes per weight; at n = 512 the
 //! GEMM does 512 multiply-adds per weight, so that traffic is small next to the compute.
 //!
