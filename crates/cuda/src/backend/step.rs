@@ -316,10 +316,14 @@ impl StepCtl {
                     }
                 };
                 if self.warmed.get(&self.key) != Some(&used) {
-                    // Not the warm step's op sequence: never replay it. Run it this once.
-                    graph.launch().map_err(dev_err)?;
-                    self.warmed.remove(&self.key);
-                    return Ok(());
+                    // Not the warm step's op sequence (the model's host code is deterministic
+                    // per key, so this means a bug): the graph's staging copy and the logits
+                    // tensor may not be where the ops put them. Keep the key eager.
+                    self.failed.insert(self.key);
+                    let warm = self.warmed.remove(&self.key);
+                    return Err(dev_err(format!(
+                        "captured decode step used {used:?}, its warm step {warm:?}"
+                    )));
                 }
                 graph.launch().map_err(dev_err)?;
                 self.captures += 1;
