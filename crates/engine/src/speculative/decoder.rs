@@ -24,6 +24,9 @@ pub struct SpeculativeDecoder<'a, S: SpecModel> {
     first_logits: Option<Vec<f32>>,
     /// The last decided token: already emitted, not yet run through the target.
     last: Option<u32>,
+    /// Tokens that may be decided: the first `n_use` of each logits row (a model may pad its
+    /// output head past the tokenizer's vocabulary).
+    n_use: usize,
 }
 
 /// A draft token and the drafter's distribution it was drawn from (`None`: greedy).
@@ -35,6 +38,7 @@ struct Draft {
 impl<'a, S: SpecModel> SpeculativeDecoder<'a, S> {
     pub fn new(model: &'a mut S, sampler: &'a mut Sampler, opts: SpecOptions) -> Self {
         let seed = sampler.config().seed;
+        let n_use = model.n_vocab();
         let mut draft_config = sampler.config().clone();
         draft_config.seed = seed ^ 0x5eed_d4af;
         SpeculativeDecoder {
@@ -47,7 +51,14 @@ impl<'a, S: SpecModel> SpeculativeDecoder<'a, S> {
             stats: SpecStats::default(),
             first_logits: None,
             last: None,
+            n_use,
         }
+    }
+
+    /// Decides only among the first `n` token ids (the tokenizer's vocabulary), as the plain
+    /// loop does with padded output heads.
+    pub fn limit_vocab(&mut self, n: usize) {
+        self.n_use = n.clamp(1, self.model.n_vocab());
     }
 
     pub fn stats(&self) -> SpecStats {
@@ -93,7 +104,7 @@ impl<'a, S: SpecModel> SpeculativeDecoder<'a, S> {
     /// accepted drafts plus the target's own token. Needs `target_len() < n_ctx()`.
     pub fn next_tokens(&mut self, budget: usize) -> Result<Vec<u32>, SpecError> {
         if let Some(logits) = self.first_logits.take() {
-            let t = self.sampler.sample(&logits);
+            let t = self.sampler.sample(&logits[..self.n_use]);
             self.decided(t);
             self.last = Some(t);
             return Ok(vec![t]);
@@ -136,11 +147,12 @@ impl<'a, S: SpecModel> SpeculativeDecoder<'a, S> {
         while drafts.len() < k_max {
             let logits = self.model.draft_step(cur)?;
             self.check_logits(logits.len(), 1)?;
+            let logits = &logits[..self.n_use];
             let (d, confidence) = if greedy {
-                let d = self.draft_sampler.sample(&logits);
-                (Draft { token: d, q: None }, softmax_at(&logits, d as usize))
+                let d = self.draft_sampler.sample(logits);
+                (Draft { token: d, q: None }, softmax_at(logits, d as usize))
             } else {
-                let q = dense(self.draft_sampler.probabilities(&logits), logits.len());
+                let q = dense(self.draft_sampler.probabilities(logits), logits.len());
                 let u: f32 = self.draft_rng.random();
                 let d = draw_dense(&q, u);
                 let c = q[d as usize];
@@ -166,6 +178,7 @@ impl<'a, S: SpecModel> SpeculativeDecoder<'a, S> {
         let n_vocab = self.model.n_vocab();
         let mut out = Vec::with_capacity(drafts.len() + 1);
         for (j, row) in logits.chunks_exact(n_vocab).enumerate() {
+            let row = &row[..self.n_use];
             let draft = drafts.get(j);
             if self.greedy() {
                 let tgt = self.sampler.sample(row);
@@ -176,7 +189,7 @@ impl<'a, S: SpecModel> SpeculativeDecoder<'a, S> {
                 }
                 return Ok(out);
             }
-            let p = dense(self.sampler.probabilities(row), n_vocab);
+            let p = dense(self.sampler.probabilities(row), self.n_use);
             let Some(d) = draft else {
                 // Every draft kept: the bonus token comes from the target alone.
                 let u: f32 = self.rng.random();

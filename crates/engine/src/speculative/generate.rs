@@ -50,6 +50,7 @@ pub fn generate_speculative<S: SpecModel>(
         ..Timings::default()
     };
     let mut dec = SpeculativeDecoder::new(model, sampler, opts.clone());
+    dec.limit_vocab(n_vocab);
     let t0 = Instant::now();
     dec.prefill(prompt).map_err(model_err)?;
     timings.prompt_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -328,3 +328,35 @@ fn dense(sparse: Vec<(u32, f32)>, n: usize) -> Vec<f32> {
     }
     v
 }
+
+/// With the vocabulary limited (a padded output head), no draft, correction or bonus token
+/// comes from past the limit, greedy or sampled.
+#[test]
+fn padded_head_tokens_are_never_decided() {
+    for temperature in [0.0, 1.5] {
+        for seed in 0..300u64 {
+            let mut fake = Fake::new();
+            let mut sampler = Sampler::new(SamplerConfig {
+                temperature,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed,
+                ..SamplerConfig::default()
+            });
+            let opts = SpecOptions {
+                draft_max: 3,
+                draft_min: 0,
+                p_min: 0.0,
+            };
+            let mut dec = SpeculativeDecoder::new(&mut fake, &mut sampler, opts);
+            dec.limit_vocab(V - 1);
+            dec.prefill(&PROMPT).unwrap();
+            let mut out = Vec::new();
+            while out.len() < 12 {
+                out.extend(dec.next_tokens(12 - out.len()).unwrap());
+            }
+            assert!(out.iter().all(|&t| (t as usize) < V - 1), "{out:?}");
+        }
+    }
+}
