@@ -606,4 +606,30 @@ mod tests {
         send_sync::<Model>();
         send::<SeqState>();
     }
+
+    /// Decode-step keys name the state buffers and the batch structure, never positions; a
+    /// snapshot restore (new recurrent buffers) gives a new key.
+    #[test]
+    fn step_keys_follow_state_buffers_not_positions() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/data/fixtures/qwen35/model-f32.gguf"
+        );
+        let m = Model::load(path.as_ref(), &LoadOptions::default()).unwrap();
+        let mut a = m.new_state(64, KvType::F32).unwrap();
+        let mut b = m.new_state(64, KvType::F32).unwrap();
+        let one = |pos| Batch::new(vec![Row { seq: 0, pos }]);
+        let ka = step_key(&[&mut a], &one(0), &[0]);
+        m.forward(&mut a, &[1, 2, 3], false).unwrap();
+        assert_eq!(step_key(&[&mut a], &one(3), &[0]), ka);
+        assert_ne!(step_key(&[&mut b], &one(3), &[0]), ka);
+        a.snapshot();
+        m.forward(&mut a, &[4], false).unwrap();
+        a.truncate(3).unwrap();
+        assert_ne!(step_key(&[&mut a], &one(3), &[0]), ka);
+        let two = |s0, s1| Batch::new(vec![Row { seq: s0, pos: 3 }, Row { seq: s1, pos: 3 }]);
+        let kab = step_key(&[&mut a, &mut b], &two(0, 1), &[0, 1]);
+        assert_ne!(step_key(&[&mut b, &mut a], &two(0, 1), &[0, 1]), kab);
+        assert_ne!(step_key(&[&mut a, &mut b], &two(0, 1), &[1]), kab);
+    }
 }
