@@ -158,34 +158,15 @@ fn bench_on<B: Backend>(
             .map_err(|e| anyhow::anyhow!("rewinding to depth {depth}: {e}"))
     };
 
+    // Decode first: its numbers are on stderr even if a long prefill is cut off.
     let mut results = Vec::new();
-    if args.n_prompt > 0 {
-        let tokens = random_tokens(args.n_prompt);
-        let mut rates = Vec::new();
-        for rep in 0..=args.repetitions {
-            rewind(&mut state)?;
-            let t = Instant::now();
-            model
-                .forward(&mut state, &tokens, false)
-                .context("prefill")?;
-            let s = t.elapsed().as_secs_f64();
-            if rep > 0 {
-                rates.push(args.n_prompt as f64 / s);
-            }
-        }
-        results.push(TestResult {
-            name: format!("pp{}{suffix}", args.n_prompt),
-            n_tokens: args.n_prompt,
-            rates,
-            roofline: None,
-        });
-    }
     if args.n_gen > 0 {
         let tokens = random_tokens(args.n_gen);
         let mut rates = Vec::new();
         for rep in 0..=args.repetitions {
             rewind(&mut state)?;
             let s = decode_run(model, &mut state, &tokens)?;
+            progress(&format!("tg{}{suffix}", args.n_gen), rep, args.n_gen, s);
             if rep > 0 {
                 rates.push(args.n_gen as f64 / s);
             }
@@ -210,6 +191,35 @@ fn bench_on<B: Backend>(
             roofline,
         });
     }
+    if args.n_prompt > 0 {
+        let tokens = random_tokens(args.n_prompt);
+        let mut rates = Vec::new();
+        for rep in 0..=args.repetitions {
+            rewind(&mut state)?;
+            let t = Instant::now();
+            model
+                .forward(&mut state, &tokens, false)
+                .context("prefill")?;
+            let s = t.elapsed().as_secs_f64();
+            progress(
+                &format!("pp{}{suffix}", args.n_prompt),
+                rep,
+                args.n_prompt,
+                s,
+            );
+            if rep > 0 {
+                rates.push(args.n_prompt as f64 / s);
+            }
+        }
+        results.push(TestResult {
+            name: format!("pp{}{suffix}", args.n_prompt),
+            n_tokens: args.n_prompt,
+            rates,
+            roofline: None,
+        });
+    }
+    // Shown in llama-bench's order: pp, then tg.
+    results.sort_by_key(|r| !r.name.starts_with("pp"));
     Ok(results)
 }
 
@@ -276,6 +286,12 @@ fn print_results(args: &Args, placed: &Placed, results: &[TestResult]) -> anyhow
                 roof
             );
         }
+        if ngl < n_layers && ngl > 0 {
+            println!(
+                "\npartial offload {ngl}/{n_layers}: the plan predicted {:.1} tok/s for this split ({:.1} with every layer on the GPU)",
+                placed.plan.expected_tok_s, placed.plan.ceiling_tok_s
+            );
+        }
         if let (Some(bw), Some((bytes, _))) = (
             placed.bandwidth_gbs,
             results.iter().find_map(|r| r.roofline),
@@ -288,6 +304,20 @@ fn print_results(args: &Args, placed: &Placed, results: &[TestResult]) -> anyhow
         }
     }
     Ok(())
+}
+
+/// One line per repetition on stderr, so a slow or cut-off run shows where the time went.
+fn progress(test: &str, rep: usize, n_tokens: usize, secs: f64) {
+    let what = if rep == 0 {
+        "warm-up".to_owned()
+    } else {
+        format!("rep {rep}")
+    };
+    eprintln!(
+        "  {test} {what}: {:.3} s, {:.1} tok/s",
+        secs,
+        n_tokens as f64 / secs
+    );
 }
 
 /// Seconds for `tokens.len()` single-token forwards.
