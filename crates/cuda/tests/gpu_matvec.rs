@@ -124,9 +124,17 @@ fn matvec_matches_cpu_reference_for_every_format() {
     let types = [
         Q4K, Q6K, Q4_0, Q8_0, IQ4XS, Q5K, Q4_1, Q5_0, Q5_1, IQ4NL, Q2K, Q3K, F32, F16, BF16,
     ];
+    // compile (or load from the disk cache) up front, timed, so a slow first compile is told
+    // apart from a slow or stuck kernel
+    let t = std::time::Instant::now();
+    for p in [cuda::Program::MatvecQuant, cuda::Program::MatvecFloat] {
+        dev.module(p).expect("matvec kernels compile");
+    }
+    eprintln!("matvec kernels ready in {:.1} s", t.elapsed().as_secs_f64());
     let mut failures = Vec::new();
     let mut seed = 1u64;
     for ty in types {
+        eprintln!("checking {}", ty.name());
         let bs = ty.block_size();
         // odd row counts (not multiples of the 4 rows per block), 1 block, odd block counts,
         // groups not filling the 32 lanes, and a long row; F32/F16/BF16 also get an odd column
