@@ -369,7 +369,11 @@ pub fn load_placed(
         };
         f.plan = plan_placement(&mem, Some(&gpu), &opts);
         if f.plan.layers_on_gpu == 0 {
-            log.warn("not even the output head fits on the GPU: running every layer on the CPU");
+            log.warn(if pargs.n_gpu_layers == Some(0) {
+                "-ngl 0: running every layer on the CPU"
+            } else {
+                "not even the output head fits on the GPU: running every layer on the CPU"
+            });
             drop(dev);
             return load_cpu(file, &mem, &fit_req, &load_opts, log);
         }
