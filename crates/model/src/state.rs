@@ -187,7 +187,9 @@ impl<B: Backend> SeqStateOn<B> {
                 for l in &mut self.layers {
                     if let LayerState::Recurrent(s) = l {
                         if let Some(saved) = it.next() {
-                            *s = saved.clone();
+                            // clone_from: a backend can copy into the live buffers (keeping
+                            // their addresses for recorded decode steps) instead of replacing.
+                            s.clone_from(saved);
                         }
                     }
                 }
