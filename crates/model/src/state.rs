@@ -37,6 +37,9 @@ pub struct SeqStateOn<B: Backend> {
     pub(crate) len: usize,
     pub(crate) layers: Vec<LayerState<B>>,
     snapshots: Vec<Snapshot<B>>,
+    /// The buffers of the last dropped snapshot, reused by the next one (a speculative step
+    /// takes and drops one per verify pass).
+    spare: Option<Vec<B::RecurrentState>>,
     /// Set by `truncate(0)` on a hybrid model: the recurrent states must be zeroed before the
     /// next forward (zeroing needs the backend).
     pub(crate) needs_reset: bool,
@@ -53,6 +56,7 @@ impl<B: Backend> SeqStateOn<B> {
             len: 0,
             layers,
             snapshots: Vec::new(),
+            spare: None,
             needs_reset: false,
             bytes,
             buffers_id: next_buffers_id(),
@@ -91,14 +95,20 @@ impl<B: Backend> SeqStateOn<B> {
         if !self.is_recurrent() {
             return;
         }
-        let states: Vec<B::RecurrentState> = self
-            .layers
-            .iter()
-            .filter_map(|l| match l {
-                LayerState::Recurrent(s) => Some(s.clone()),
-                LayerState::Kv(_) => None,
-            })
-            .collect();
+        let live = self.layers.iter().filter_map(|l| match l {
+            LayerState::Recurrent(s) => Some(s),
+            LayerState::Kv(_) => None,
+        });
+        let states: Vec<B::RecurrentState> = match self.spare.take() {
+            // clone_from lets a backend copy into the spare buffers instead of allocating.
+            Some(mut spare) => {
+                for (dst, src) in spare.iter_mut().zip(live) {
+                    dst.clone_from(src);
+                }
+                spare
+            }
+            None => live.cloned().collect(),
+        };
         let pos = self.len;
         self.snapshots.retain(|s| s.pos != pos);
         self.snapshots.push(Snapshot { pos, states });
@@ -114,7 +124,9 @@ impl<B: Backend> SeqStateOn<B> {
     /// Drops the snapshot at `pos`, if any (a speculative verify pass takes one per step and
     /// drops it once the step is settled, so they do not pile up).
     pub fn drop_snapshot(&mut self, pos: usize) {
-        self.snapshots.retain(|s| s.pos != pos);
+        if let Some(i) = self.snapshots.iter().position(|s| s.pos == pos) {
+            self.spare = Some(self.snapshots.swap_remove(i).states);
+        }
     }
 
     /// Drops every snapshot.
