@@ -199,3 +199,36 @@ fn draft_with_another_vocabulary_is_refused() {
     .expect("different vocabularies");
     assert!(err.to_string().contains("vocabulary"), "{err}");
 }
+
+/// Sampling on the hybrid fixture: every step leaves the target holding exactly the decided
+/// tokens but the last (rollbacks included), and the drafts are partly accepted.
+#[test]
+fn qwen35_sampling_keeps_the_target_in_step() {
+    let dir = Path::new(DATA).join("fixtures/qwen35");
+    let target = load(&dir.join("model-f32.gguf"));
+    let draft = load(&dir.join("model-q8_0.gguf"));
+    let prompt = [1u32, 42, 7, 300, 9, 11];
+    let mut spec = DraftModelSpec::new(
+        &target,
+        target.new_state(256, KvType::F32).unwrap(),
+        &draft,
+        draft.new_state(256, KvType::F32).unwrap(),
+    )
+    .unwrap();
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: 0.7,
+        seed: 3,
+        ..SamplerConfig::default()
+    });
+    let mut dec = SpeculativeDecoder::new(&mut spec, &mut sampler, eager());
+    dec.prefill(&prompt).unwrap();
+    let mut out = Vec::new();
+    while out.len() < 60 {
+        out.extend(dec.next_tokens(60 - out.len()).unwrap());
+        assert_eq!(dec.model().target_len(), prompt.len() + out.len() - 1);
+    }
+    let stats = dec.stats();
+    eprintln!("qwen35 sampled, q8_0 draft: {stats:?}");
+    assert_eq!(out.len(), 60);
+    assert!(stats.accepted > 0 && stats.rollbacks > 0, "{stats:?}");
+}
