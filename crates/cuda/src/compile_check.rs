@@ -13,8 +13,8 @@ pub struct CompileOutcome {
     pub program: Program,
     pub arch: u32,
     pub elapsed: Duration,
-    /// Ok(cubin size and NVRTC's log), or the error with NVRTC's log.
-    pub result: Result<(usize, String)>,
+    /// Ok(the cubin and NVRTC's log), or the error with NVRTC's log.
+    pub result: Result<(Vec<u8>, String)>,
 }
 
 /// Compiles every program for every arch; never stops at the first failure.
@@ -25,7 +25,7 @@ pub fn compile_all(nvrtc: &Nvrtc, archs: &[u32]) -> Vec<CompileOutcome> {
             let t = std::time::Instant::now();
             let result = nvrtc
                 .compile(&program.program_source(), arch, &[])
-                .map(|c| (c.cubin.len(), without_deprecation_notice(&c.log)));
+                .map(|c| (c.cubin, without_deprecation_notice(&c.log)));
             out.push(CompileOutcome {
                 program,
                 arch,

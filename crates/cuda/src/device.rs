@@ -235,8 +235,26 @@ impl CudaDevice {
         let module = match self.cache.get(&key).map(load) {
             Some(Ok(m)) => m,
             _ => {
-                // Not cached, or a stale/corrupt entry: compile and replace it.
+                // Not cached, or a stale/corrupt entry: compile and replace it. A large program
+                // takes a minute or more, so say what is happening (once per program and card).
+                let (maj, min) = self.nvrtc.version();
+                eprintln!(
+                    "redline: compiling CUDA kernels {} for sm_{} with NVRTC {maj}.{min} (first use \
+                     on this card and version; cached{})",
+                    program.file_name(),
+                    self.arch,
+                    match self.cache.dir() {
+                        Some(d) => format!(" in {}", d.display()),
+                        None => " nowhere: set XDG_CACHE_HOME or HOME".to_string(),
+                    }
+                );
+                let t0 = std::time::Instant::now();
                 let compiled = self.nvrtc.compile(&src, self.arch, &options)?;
+                eprintln!(
+                    "redline: compiled {} in {:.1} s",
+                    program.file_name(),
+                    t0.elapsed().as_secs_f64()
+                );
                 let m = load(compiled.cubin.clone())?;
                 // A cache we cannot write is not fatal: we just compile again next run.
                 let _ = self.cache.put(&key, &compiled.cubin);

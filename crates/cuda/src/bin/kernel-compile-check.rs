@@ -2,8 +2,13 @@
 //!
 //! Compiles every CUDA kernel of this crate with NVRTC for each architecture and exits non-zero
 //! on any error or warning. Needs no GPU. CI passes the NVRTC from the PyPI wheel explicitly.
+//!
+//! `--write-cache DIR` also stores each cubin where redline looks for it at run time
+//! (`DIR/redline/kernels/<key>.cubin`, DIR playing `$XDG_CACHE_HOME`), so a machine with the same
+//! NVRTC version and card starts without compiling (first use otherwise takes a minute or more).
 
 use cuda::compile_check::{compile_all, CI_ARCHS};
+use cuda::kernel_cache::{cache_key, KernelCache};
 use cuda::nvrtc::Nvrtc;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,6 +17,7 @@ fn main() -> ExitCode {
     let mut nvrtc_path: Option<PathBuf> = None;
     let mut archs: Vec<u32> = CI_ARCHS.to_vec();
     let mut resource_usage = false;
+    let mut write_cache: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -31,6 +37,7 @@ fn main() -> ExitCode {
             }
             // ptxas register / shared memory / spill report per kernel (printed, not a failure)
             "--resource-usage" => resource_usage = true,
+            "--write-cache" => write_cache = args.next().map(PathBuf::from),
             "-h" | "--help" => return usage(""),
             other => return usage(&format!("unknown argument {other}")),
         }
@@ -55,18 +62,27 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    let cache = write_cache.map(|d| KernelCache::new(Some(d.join("redline").join("kernels"))));
     let mut failed = 0;
     for o in compile_all(&nvrtc, &archs) {
         let ms = o.elapsed.as_secs_f64() * 1e3;
         match o.result {
-            Ok((size, log)) if log.is_empty() => {
+            Ok((cubin, log)) if log.is_empty() => {
                 println!(
                     "ok    sm_{} {:<18} {:>8} bytes  {:>7.0} ms",
                     o.arch,
                     o.program.file_name(),
-                    size,
+                    cubin.len(),
                     ms
-                )
+                );
+                if let Some(c) = &cache {
+                    // The same key (and no extra options) as CudaDevice::module uses.
+                    let key = cache_key(&o.program.program_source(), o.arch, (maj, min), &[]);
+                    if let Err(e) = c.put(&key, &cubin) {
+                        failed += 1;
+                        println!("FAIL  writing the cache entry {key}: {e}");
+                    }
+                }
             }
             Ok((_, log)) => {
                 failed += 1;
@@ -93,7 +109,7 @@ fn usage(err: &str) -> ExitCode {
     if !err.is_empty() {
         eprintln!("kernel-compile-check: {err}");
     }
-    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage]");
+    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage] [--write-cache DIR]");
     if err.is_empty() {
         ExitCode::SUCCESS
     } else {
