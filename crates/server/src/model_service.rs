@@ -1,6 +1,6 @@
 //! [`InferenceService`] over a loaded model: tokenizer, chat template, and the slot
-//! scheduler driving `ModelOn::forward` (prefill) and `ModelOn::forward_batch` (decode) on
-//! any backend.
+//! scheduler driving `ModelOn::forward_multi` (each step: running slots' decode tokens plus
+//! prompt chunks, in one pass over the weights) on any backend.
 
 use std::sync::Arc;
 
@@ -79,6 +79,16 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
     ) -> Result<Vec<f32>, String> {
         self.model
             .forward_batch(states, tokens)
+            .map_err(|e| e.to_string())
+    }
+
+    fn forward_multi(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<f32>, String> {
+        self.model
+            .forward_multi(states, tokens)
             .map_err(|e| e.to_string())
     }
 }

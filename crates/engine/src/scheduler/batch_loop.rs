@@ -1,4 +1,5 @@
-//! The scheduler thread: admit, cancel, prefill one chunk, decode one batched step, repeat.
+//! The scheduler thread: admit, cancel, run one mixed step (every running slot's next token
+//! plus a bounded chunk of waiting prompts) through `forward_multi`, repeat.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -115,97 +116,99 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             }
         }
 
-        // 3. Prefill one chunk of the oldest prefilling request.
-        let prefilling = slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                s.active
-                    .as_ref()
-                    .filter(|a| a.pending.is_none())
-                    .map(|a| (a.seq, i))
-            })
-            .min();
-        let mut prefill_stats = (0u64, 0f64);
-        if let Some((_, i)) = prefilling {
-            let slot = &mut slots[i];
-            if let (Some(active), Some(state)) = (slot.active.as_mut(), slot.state.as_mut()) {
-                let prompt = &active.request.prompt;
-                let end = (active.prompt_pos + config.prefill_chunk).min(prompt.len());
-                let chunk = &prompt[active.prompt_pos..end];
-                let t0 = Instant::now();
-                let result = guarded(|| model.prefill(state, chunk));
-                prefill_stats = (chunk.len() as u64, t0.elapsed().as_secs_f64());
-                match result {
-                    Ok(mut logits) => {
-                        slot.cached.extend_from_slice(chunk);
-                        active.prompt_pos = end;
-                        if end == prompt.len() {
-                            model.checkpoint(state);
-                            on_logits(slot, &mut logits, &config, clock, &mut tally);
+        // 3. One mixed step: the pending token of every decoding slot plus prompt chunks of
+        // the oldest prefilling slots (at most `prefill_chunk` prompt tokens in all), in one
+        // `forward_multi` call. A running stream gets a token every step; a long prompt
+        // only makes each step up to one chunk larger.
+        let plan = plan_step(&slots, config.prefill_chunk);
+        let (mut prefill_stats, mut decode_stats) = ((0u64, 0f64), (0u64, 0f64));
+        if !plan.is_empty() {
+            let inputs: Vec<Vec<u32>> = plan
+                .iter()
+                .map(|p| match p.kind {
+                    RowKind::Decode(t) => vec![t],
+                    RowKind::Prefill { from, to } => slots[p.slot]
+                        .active
+                        .as_ref()
+                        .map_or_else(Vec::new, |a| a.request.prompt[from..to].to_vec()),
+                })
+                .collect();
+            let n_prefill: usize = plan
+                .iter()
+                .map(|p| match p.kind {
+                    RowKind::Prefill { from, to } => to - from,
+                    RowKind::Decode(_) => 0,
+                })
+                .sum();
+            let n_decode =
+                plan.len() as u64 - plan.iter().filter(|p| p.is_prefill()).count() as u64;
+            let t0 = Instant::now();
+            let result = {
+                // `plan` is in slot order and names each slot once.
+                let mut states: Vec<&mut M::State> = Vec::with_capacity(plan.len());
+                let mut want = plan.iter().map(|p| p.slot).peekable();
+                for (i, slot) in slots.iter_mut().enumerate() {
+                    if want.peek() == Some(&i) {
+                        want.next();
+                        if let Some(st) = slot.state.as_mut() {
+                            states.push(st);
                         }
                     }
-                    Err(e) => fail(slot, e, clock, &mut tally),
                 }
-            }
-        }
-
-        // 4. One batched decode step over every slot with a pending token.
-        let decoding: Vec<usize> = (0..slots.len())
-            .filter(|&i| {
-                slots[i]
-                    .active
-                    .as_ref()
-                    .is_some_and(|a| a.pending.is_some())
-                    && slots[i].state.is_some()
-            })
-            .collect();
-        let mut decode_stats = (0u64, 0f64);
-        if !decoding.is_empty() {
-            let tokens: Vec<u32> = decoding
-                .iter()
-                .filter_map(|&i| slots[i].active.as_ref().and_then(|a| a.pending))
-                .collect();
-            let mut states: Vec<&mut M::State> = slots
-                .iter_mut()
-                .filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_some()))
-                .filter_map(|s| s.state.as_mut())
-                .collect();
-            let t0 = Instant::now();
-            let result = guarded(|| {
-                let logits = model.decode_batch(&mut states, &tokens)?;
-                let n_vocab = model.n_vocab();
-                if logits.len() != tokens.len() * n_vocab {
-                    return Err(format!(
-                        "decode_batch returned {} logits, expected {}",
-                        logits.len(),
-                        tokens.len() * n_vocab
-                    ));
-                }
-                Ok(logits)
-            });
-            decode_stats = (tokens.len() as u64, t0.elapsed().as_secs_f64());
-            drop(states);
+                let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+                guarded(|| {
+                    if states.len() != refs.len() {
+                        return Err("a planned slot has no state".to_string());
+                    }
+                    let logits = model.forward_multi(&mut states, &refs)?;
+                    let expected = refs.len() * model.n_vocab();
+                    if logits.len() != expected {
+                        return Err(format!(
+                            "forward_multi returned {} logits, expected {expected}",
+                            logits.len()
+                        ));
+                    }
+                    Ok(logits)
+                })
+            };
+            // Mixed steps: time split by token count (metrics report tok/s of each kind).
+            let secs = t0.elapsed().as_secs_f64();
+            let total = (n_prefill as u64 + n_decode).max(1) as f64;
+            prefill_stats = (n_prefill as u64, secs * n_prefill as f64 / total);
+            decode_stats = (n_decode, secs * n_decode as f64 / total);
             match result {
                 Ok(mut logits) => {
                     let n_vocab = model.n_vocab();
-                    for (row, &i) in decoding.iter().enumerate() {
-                        let slot = &mut slots[i];
-                        if let Some(t) = slot.active.as_mut().and_then(|a| a.pending.take()) {
-                            slot.cached.push(t);
+                    for (row, p) in plan.iter().enumerate() {
+                        let slot = &mut slots[p.slot];
+                        let row_logits = &mut logits[row * n_vocab..(row + 1) * n_vocab];
+                        match p.kind {
+                            RowKind::Decode(t) => {
+                                if let Some(a) = slot.active.as_mut() {
+                                    a.pending = None;
+                                }
+                                slot.cached.push(t);
+                                on_logits(slot, row_logits, &config, clock, &mut tally);
+                            }
+                            RowKind::Prefill { from, to } => {
+                                let Some(a) = slot.active.as_mut() else {
+                                    continue;
+                                };
+                                slot.cached.extend_from_slice(&a.request.prompt[from..to]);
+                                a.prompt_pos = to;
+                                if to == a.request.prompt.len() {
+                                    if let Some(state) = slot.state.as_mut() {
+                                        model.checkpoint(state);
+                                    }
+                                    on_logits(slot, row_logits, &config, clock, &mut tally);
+                                }
+                            }
                         }
-                        on_logits(
-                            slot,
-                            &mut logits[row * n_vocab..(row + 1) * n_vocab],
-                            &config,
-                            clock,
-                            &mut tally,
-                        );
                     }
                 }
                 Err(e) => {
-                    for &i in &decoding {
-                        fail(&mut slots[i], e.clone(), clock, &mut tally);
+                    for p in &plan {
+                        fail(&mut slots[p.slot], e.clone(), clock, &mut tally);
                     }
                 }
             }
@@ -225,6 +228,66 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             let _ = to.send(event);
         }
     }
+}
+
+/// What one slot contributes to a step.
+#[derive(Clone, Copy, Debug)]
+enum RowKind {
+    /// The token sampled last step, fed to get the next one.
+    Decode(u32),
+    /// Prompt tokens `from..to`.
+    Prefill { from: usize, to: usize },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PlannedRow {
+    slot: usize,
+    kind: RowKind,
+}
+
+impl PlannedRow {
+    fn is_prefill(&self) -> bool {
+        matches!(self.kind, RowKind::Prefill { .. })
+    }
+}
+
+/// The rows of the next step, in slot order: every slot with a pending token decodes it;
+/// prefilling slots, oldest admission first, share a budget of `prefill_chunk` prompt tokens.
+fn plan_step<S>(slots: &[Slot<S>], prefill_chunk: usize) -> Vec<PlannedRow> {
+    let mut rows = Vec::new();
+    let mut prefilling = Vec::new();
+    for (i, slot) in slots.iter().enumerate() {
+        let Some(a) = slot.active.as_ref().filter(|_| slot.state.is_some()) else {
+            continue;
+        };
+        match a.pending {
+            Some(t) => rows.push(PlannedRow {
+                slot: i,
+                kind: RowKind::Decode(t),
+            }),
+            None if a.prompt_pos < a.request.prompt.len() => prefilling.push((a.seq, i)),
+            None => {}
+        }
+    }
+    prefilling.sort_unstable();
+    let mut budget = prefill_chunk;
+    for (_, i) in prefilling {
+        if budget == 0 {
+            break;
+        }
+        let Some(a) = slots[i].active.as_ref() else {
+            continue;
+        };
+        let from = a.prompt_pos;
+        let to = (from + budget).min(a.request.prompt.len());
+        budget -= to - from;
+        rows.push(PlannedRow {
+            slot: i,
+            kind: RowKind::Prefill { from, to },
+        });
+    }
+    rows.sort_by_key(|r| r.slot);
+    rows
 }
 
 /// Puts `job` into the free slot sharing the longest prefix with its prompt

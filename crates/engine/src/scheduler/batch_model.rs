@@ -1,5 +1,6 @@
 //! The narrow view of a model that the scheduler needs: per-sequence state, prefill of one
-//! sequence, and one batched decode step over many sequences.
+//! sequence, one batched decode step over many sequences, and the mixed step the scheduler
+//! actually runs (decode tokens of some sequences plus prompt chunks of others in one pass).
 //!
 //! `model::Model` implements it in `model_adapter.rs`; tests use a small deterministic fake.
 
@@ -29,4 +30,75 @@ pub trait BatchModel: Send + Sync + 'static {
         states: &mut [&mut Self::State],
         tokens: &[u32],
     ) -> Result<Vec<f32>, String>;
+    /// One step over a mixed batch: appends `tokens[i]` (one token for a decoding sequence,
+    /// a prompt chunk for a prefilling one; never empty) to `states[i]`. Returns the logits
+    /// of each sequence's last token, `[states.len(), n_vocab]` row-major.
+    ///
+    /// A model that can should run them all in the same passes over the weights
+    /// (`ModelOn::forward_multi`), so a prefilling prompt costs running streams one slightly
+    /// larger step instead of a separate one. This default runs `prefill` per multi-token
+    /// sequence and one `decode_batch` over the rest.
+    fn forward_multi(
+        &self,
+        states: &mut [&mut Self::State],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<f32>, String> {
+        forward_multi_by_parts(self, states, tokens)
+    }
+}
+
+/// [`BatchModel::forward_multi`] built from `prefill` (each multi-token sequence alone) and
+/// one `decode_batch` over the single-token ones.
+pub fn forward_multi_by_parts<M: BatchModel + ?Sized>(
+    model: &M,
+    states: &mut [&mut M::State],
+    tokens: &[&[u32]],
+) -> Result<Vec<f32>, String> {
+    if states.len() != tokens.len() {
+        return Err(format!(
+            "{} states but {} token lists",
+            states.len(),
+            tokens.len()
+        ));
+    }
+    let n_vocab = model.n_vocab();
+    let mut out = vec![0f32; states.len() * n_vocab];
+    let mut decode_rows = Vec::new();
+    let mut decode_states = Vec::new();
+    let mut decode_tokens = Vec::new();
+    for (i, (state, toks)) in states.iter_mut().zip(tokens).enumerate() {
+        match toks {
+            [] => return Err(format!("sequence {i} has no tokens")),
+            [t] => {
+                decode_rows.push(i);
+                decode_states.push(&mut **state);
+                decode_tokens.push(*t);
+            }
+            _ => {
+                let logits = model.prefill(state, toks)?;
+                if logits.len() != n_vocab {
+                    return Err(format!(
+                        "prefill returned {} logits, expected {n_vocab}",
+                        logits.len()
+                    ));
+                }
+                out[i * n_vocab..(i + 1) * n_vocab].copy_from_slice(&logits);
+            }
+        }
+    }
+    if !decode_rows.is_empty() {
+        let logits = model.decode_batch(&mut decode_states, &decode_tokens)?;
+        if logits.len() != decode_rows.len() * n_vocab {
+            return Err(format!(
+                "decode_batch returned {} logits, expected {}",
+                logits.len(),
+                decode_rows.len() * n_vocab
+            ));
+        }
+        for (row, &i) in decode_rows.iter().enumerate() {
+            out[i * n_vocab..(i + 1) * n_vocab]
+                .copy_from_slice(&logits[row * n_vocab..(row + 1) * n_vocab]);
+        }
+    }
+    Ok(out)
 }

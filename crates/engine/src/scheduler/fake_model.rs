@@ -2,9 +2,10 @@
 //! whole sequence so far, so a wrong cache (bad prefix reuse, mixed-up batch rows) shows.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use super::BatchModel;
+use super::{forward_multi_by_parts, BatchModel};
 
 pub struct FakeModel {
     pub n_vocab: usize,
@@ -15,6 +16,14 @@ pub struct FakeModel {
     pub max_batch: AtomicUsize,
     /// Truncate only to checkpoints, as a model with recurrent state does.
     pub restore_points: bool,
+    /// `forward_multi` runs as one call (as `ModelOn::forward_multi`); false: the trait's
+    /// by-parts fallback (prefill calls + one decode_batch).
+    pub native_multi: bool,
+    /// Every token appended to any state, by any call.
+    pub tokens_fed: AtomicUsize,
+    /// One entry per `forward_multi` call: (state id, tokens appended) per sequence.
+    pub steps: Mutex<Vec<Vec<(usize, usize)>>>,
+    next_state_id: AtomicUsize,
 }
 
 impl FakeModel {
@@ -26,6 +35,10 @@ impl FakeModel {
             decode_calls: AtomicUsize::new(0),
             max_batch: AtomicUsize::new(0),
             restore_points: false,
+            native_multi: true,
+            tokens_fed: AtomicUsize::new(0),
+            steps: Mutex::new(Vec::new()),
+            next_state_id: AtomicUsize::new(0),
         }
     }
 
@@ -45,6 +58,8 @@ impl FakeModel {
 }
 
 pub struct FakeState {
+    /// Creation order, for the step log.
+    pub id: usize,
     tokens: Vec<u32>,
     n_ctx: usize,
     checkpoints: Vec<usize>,
@@ -59,6 +74,7 @@ impl BatchModel for FakeModel {
 
     fn new_state(&self, n_ctx: usize) -> Result<FakeState, String> {
         Ok(FakeState {
+            id: self.next_state_id.fetch_add(1, Ordering::SeqCst),
             tokens: Vec::new(),
             n_ctx,
             checkpoints: Vec::new(),
@@ -100,6 +116,7 @@ impl BatchModel for FakeModel {
         }
         self.prefill_tokens
             .fetch_add(tokens.len(), Ordering::SeqCst);
+        self.tokens_fed.fetch_add(tokens.len(), Ordering::SeqCst);
         state.tokens.extend_from_slice(tokens);
         Ok(self.logits(&state.tokens))
     }
@@ -119,6 +136,44 @@ impl BatchModel for FakeModel {
                 return Err("context overflow".into());
             }
             s.tokens.push(t);
+            self.tokens_fed.fetch_add(1, Ordering::SeqCst);
+            out.extend(self.logits(&s.tokens));
+        }
+        Ok(out)
+    }
+
+    fn forward_multi(
+        &self,
+        states: &mut [&mut FakeState],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<f32>, String> {
+        let log: Vec<(usize, usize)> = states
+            .iter()
+            .zip(tokens)
+            .map(|(s, t)| (s.id, t.len()))
+            .collect();
+        self.steps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(log);
+        if !self.native_multi {
+            return forward_multi_by_parts(self, states, tokens);
+        }
+        std::thread::sleep(self.delay);
+        assert_eq!(states.len(), tokens.len());
+        // Checked before anything runs, as the real model does.
+        if states
+            .iter()
+            .zip(tokens)
+            .any(|(s, t)| t.is_empty() || s.tokens.len() + t.len() > s.n_ctx)
+        {
+            return Err("empty input or context overflow".into());
+        }
+        self.max_batch.fetch_max(tokens.len(), Ordering::SeqCst);
+        let mut out = Vec::with_capacity(tokens.len() * self.n_vocab);
+        for (s, t) in states.iter_mut().zip(tokens) {
+            s.tokens.extend_from_slice(t);
+            self.tokens_fed.fetch_add(t.len(), Ordering::SeqCst);
             out.extend(self.logits(&s.tokens));
         }
         Ok(out)

@@ -4,10 +4,11 @@
 //! 1. admit queued requests into free slots, choosing the slot whose cached tokens share
 //!    the longest prefix with the prompt (so a new chat turn prefills only its new tokens);
 //! 2. drop requests whose receiver was dropped (client gone) and free their slots;
-//! 3. prefill one chunk of at most `prefill_chunk` prompt tokens of one slot, so a long
-//!    prompt never stalls running streams for more than one chunk;
-//! 4. decode one token for every generating slot in a single `decode_batch` call
-//!    (the weights are read once for all of them).
+//! 3. run one mixed step through `BatchModel::forward_multi`: the next token of every
+//!    generating slot plus prompt chunks of the oldest waiting prompts, at most
+//!    `prefill_chunk` prompt tokens in all (the weights are read once for all of them), so a
+//!    running stream gets a token every step and a long prompt only makes each step up to
+//!    one chunk larger.
 //!
 //! Callers talk to it through [`Scheduler::submit`] and a channel of [`GenerationEvent`]s.
 
@@ -18,7 +19,7 @@ mod fake_model;
 mod request;
 mod sampling;
 
-pub use batch_model::BatchModel;
+pub use batch_model::{forward_multi_by_parts, BatchModel};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams,
     TokenConstraint, TokenLogprob, Usage,
@@ -40,7 +41,8 @@ pub struct SchedulerConfig {
     pub n_ctx_per_slot: usize,
     /// Requests waiting for a slot beyond which `submit` answers `QueueFull`.
     pub max_queue: usize,
-    /// Prompt tokens computed per scheduler step.
+    /// Prompt tokens computed per scheduler step (shared by the waiting prompts, oldest
+    /// first), on top of one decode token per running slot.
     pub prefill_chunk: usize,
     /// End-of-generation token ids (eos, eot, im_end …).
     pub eog_tokens: Vec<u32>,

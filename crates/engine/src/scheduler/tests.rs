@@ -92,7 +92,8 @@ fn generates_the_models_greedy_sequence_with_chunked_prefill() {
         }
         e => panic!("{e:?}"),
     }
-    assert_eq!(model.prefill_tokens.load(Ordering::SeqCst), 10);
+    // Every prompt token computed once, then every generated token but the last fed once.
+    assert_eq!(model.tokens_fed.load(Ordering::SeqCst), 10 + 6);
 }
 
 #[test]
@@ -150,7 +151,7 @@ fn next_turn_reuses_the_cached_prefix() {
     let s = start(&model, 2, 64);
     let turn1 = vec![1, 2, 3, 4];
     let (out1, _) = collect(s.submit(request(turn1.clone(), 5)).unwrap());
-    let before = model.prefill_tokens.load(Ordering::SeqCst);
+    let before = model.tokens_fed.load(Ordering::SeqCst);
     // The next turn repeats the conversation so far and adds two tokens.
     let mut turn2 = turn1.clone();
     turn2.extend(&out1);
@@ -158,8 +159,9 @@ fn next_turn_reuses_the_cached_prefix() {
     let (out2, end) = collect(s.submit(request(turn2.clone(), 5)).unwrap());
     assert_eq!(out2, reference(&model, &turn2, 5, &[]));
     // The last generated token was never fed, so it is computed again with the new ones.
-    let computed = model.prefill_tokens.load(Ordering::SeqCst) - before;
-    assert_eq!(computed, 3);
+    // (plus the 4 generated tokens fed back).
+    let computed = model.tokens_fed.load(Ordering::SeqCst) - before;
+    assert_eq!(computed, 3 + 4);
     match end {
         GenerationEvent::Done { usage, .. } => assert_eq!(usage.cached_tokens, turn2.len() - 3),
         e => panic!("{e:?}"),
@@ -325,5 +327,112 @@ fn recurrent_style_models_reuse_up_to_the_last_restore_point() {
     match end {
         GenerationEvent::Done { usage, .. } => assert_eq!(usage.cached_tokens, turn1.len()),
         e => panic!("{e:?}"),
+    }
+}
+
+/// Runs `a` (short prompt, long generation) and, once `a` streams, `b` (long prompt) on two
+/// slots; returns both outputs and the step log.
+#[allow(clippy::type_complexity)]
+fn long_prompt_while_streaming(
+    model: &Arc<FakeModel>,
+    a: &[u32],
+    b: &[u32],
+    chunk: usize,
+) -> (Vec<u32>, Vec<u32>, Vec<Vec<(usize, usize)>>) {
+    let config = SchedulerConfig {
+        n_slots: 2,
+        n_ctx_per_slot: 512,
+        max_queue: 4,
+        prefill_chunk: chunk,
+        eog_tokens: vec![],
+    };
+    let s = Scheduler::start(model.clone(), config).unwrap();
+    let mut rx_a = s.submit(request(a.to_vec(), 80)).unwrap();
+    let first = match rx_a.blocking_recv() {
+        Some(GenerationEvent::Token { id, .. }) => id,
+        e => panic!("{e:?}"),
+    };
+    let rx_b = s.submit(request(b.to_vec(), 5)).unwrap();
+    let (out_b, _) = collect(rx_b);
+    let (mut out_a, _) = collect(rx_a);
+    out_a.insert(0, first);
+    let steps = model.steps.lock().unwrap().clone();
+    (out_a, out_b, steps)
+}
+
+#[test]
+fn a_long_prompt_prefills_in_chunks_inside_the_running_streams_steps() {
+    for native in [true, false] {
+        let mut m = FakeModel::new(97, Duration::from_millis(2));
+        m.native_multi = native;
+        let model = Arc::new(m);
+        let a: Vec<u32> = vec![4, 5, 6];
+        let b: Vec<u32> = (0..150).map(|i| (i * 7 + 3) % 97).collect();
+        let chunk = 16;
+        let (out_a, out_b, steps) = long_prompt_while_streaming(&model, &a, &b, chunk);
+        // Same tokens as each request alone (greedy).
+        assert_eq!(out_a, reference(&model, &a, 80, &[]));
+        assert_eq!(out_b, reference(&model, &b, 5, &[]));
+        // State 0 serves `a`, state 1 serves `b`.
+        let rows_of = |id: usize| -> Vec<usize> {
+            steps
+                .iter()
+                .enumerate()
+                .filter(|(_, st)| st.iter().any(|&(s, _)| s == id))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let (steps_a, steps_b) = (rows_of(0), rows_of(1));
+        // `a` is in every step from its first to its last: never skipped, so a long prompt
+        // delays it by at most one chunk's worth of work per step.
+        assert_eq!(steps_a.len(), steps_a[steps_a.len() - 1] - steps_a[0] + 1);
+        assert_eq!(steps_a.len(), 80, "1 prompt step + 79 decode steps");
+        // Every step carries at most `chunk` prompt tokens of `b`; its prompt took
+        // ceil(150 / 16) = 10 steps, each shared with a decode step of `a`.
+        let b_prefill: Vec<usize> = steps
+            .iter()
+            .filter_map(|st| st.iter().find(|&&(s, n)| s == 1 && n > 1).map(|&(_, n)| n))
+            .collect();
+        assert!(b_prefill.iter().all(|&n| n <= chunk), "{b_prefill:?}");
+        assert_eq!(b_prefill.iter().sum::<usize>(), 150);
+        assert_eq!(steps_b.len(), 150usize.div_ceil(chunk) + 4);
+        let shared = steps
+            .iter()
+            .filter(|st| {
+                st.iter().any(|&(s, n)| s == 1 && n > 1) && st.iter().any(|&(s, _)| s == 0)
+            })
+            .count();
+        assert_eq!(
+            shared,
+            150usize.div_ceil(chunk),
+            "{native}: b's prefill ran beside a's decode"
+        );
+    }
+}
+
+#[test]
+fn several_waiting_prompts_share_one_chunk_budget_per_step() {
+    let model = Arc::new(FakeModel::new(61, Duration::ZERO));
+    let config = SchedulerConfig {
+        n_slots: 3,
+        n_ctx_per_slot: 256,
+        max_queue: 4,
+        prefill_chunk: 8,
+        eog_tokens: vec![],
+    };
+    let s = Scheduler::start(model.clone(), config).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|k| (0..(5 + 4 * k)).map(|i| (i * 3 + k) % 61).collect())
+        .collect();
+    let streams: Vec<_> = prompts
+        .iter()
+        .map(|p| s.submit(request(p.clone(), 6)).unwrap())
+        .collect();
+    for (p, rx) in prompts.iter().zip(streams) {
+        assert_eq!(collect(rx).0, reference(&model, p, 6, &[]));
+    }
+    for st in model.steps.lock().unwrap().iter() {
+        let prompt_tokens: usize = st.iter().filter(|r| r.1 > 1).map(|r| r.1).sum();
+        assert!(prompt_tokens <= 8, "{st:?}");
     }
 }
