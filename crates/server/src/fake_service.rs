@@ -101,6 +101,8 @@ impl TokenConstraint for ForceText {
 pub struct FakeService {
     info: ModelInfo,
     scheduler: Scheduler,
+    /// Appended to every chat prompt (e.g. `<think>\n`, as templates that open the block).
+    prompt_suffix: &'static str,
 }
 
 impl FakeService {
@@ -120,6 +122,36 @@ impl FakeService {
         delay: Duration,
         script: &'static [u8],
         eos_at: usize,
+    ) -> Arc<FakeService> {
+        Self::build(n_slots, n_ctx, max_queue, delay, script, eos_at, None)
+    }
+
+    /// A service whose template knows `<think>` blocks (`ModelInfo::reasoning`); with
+    /// `prompt_suffix` the chat prompt ends with it (templates that open the block themselves).
+    pub fn with_reasoning_script(
+        script: &'static [u8],
+        eos_at: usize,
+        prompt_suffix: &'static str,
+    ) -> Arc<FakeService> {
+        Self::build(
+            1,
+            512,
+            4,
+            Duration::ZERO,
+            script,
+            eos_at,
+            Some(prompt_suffix),
+        )
+    }
+
+    fn build(
+        n_slots: usize,
+        n_ctx: usize,
+        max_queue: usize,
+        delay: Duration,
+        script: &'static [u8],
+        eos_at: usize,
+        reasoning: Option<&'static str>,
     ) -> Arc<FakeService> {
         let model = Arc::new(ByteModel {
             delay,
@@ -141,8 +173,13 @@ impl FakeService {
             n_vocab: 257,
             n_slots,
             tool_family: ToolFamily::Qwen,
+            reasoning: reasoning.is_some(),
         };
-        Arc::new(FakeService { info, scheduler })
+        Arc::new(FakeService {
+            info,
+            scheduler,
+            prompt_suffix: reasoning.unwrap_or(""),
+        })
     }
 }
 
@@ -164,6 +201,7 @@ impl InferenceService for FakeService {
             ));
         }
         text.push_str("assistant: ");
+        text.push_str(self.prompt_suffix);
         self.tokenize(&text, false)
     }
     fn tokenize(&self, text: &str, _add_special: bool) -> Result<Vec<u32>, ApiError> {

@@ -172,6 +172,7 @@ impl ModelService {
             n_vocab,
             n_slots: opts.n_slots,
             tool_family,
+            reasoning: template.source().contains("</think>"),
         };
         let constraints = ConstraintVocab::new(&tokenizer)
             .map_err(|e| ApiError::Internal(format!("constrained decoding: {e}")))?;

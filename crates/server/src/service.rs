@@ -21,6 +21,9 @@ pub struct ModelInfo {
     pub n_slots: usize,
     /// Tool-call syntax of the chat template.
     pub tool_family: ToolFamily,
+    /// The chat template knows `<think>` blocks (Qwen3, QwQ, Qwen3.5, DeepSeek-R1): a leading
+    /// block of a chat reply is returned as `reasoning_content`, with or without tools.
+    pub reasoning: bool,
 }
 
 pub trait InferenceService: Send + Sync + 'static {

@@ -73,11 +73,41 @@ pub fn logprobs_out(service: &dyn InferenceService, tokens: &[TokenInfo]) -> Vec
         .collect()
 }
 
-/// How the generated text is read back: plain, or as tool calls of some family.
-#[derive(Clone, Copy)]
+/// How the generated text is read back: plain, plain after a leading `<think>` block
+/// (reasoning templates without tools), or as tool calls of some family.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Reading {
     Text,
+    Think,
     Tools(ToolFamily),
+}
+
+/// Whether the rendered prompt ends inside an opened `<think>` block (QwQ, DeepSeek-R1 and
+/// Qwen3.5 templates write `<think>\n` after the assistant header): the reply then starts
+/// with reasoning and has no opening tag of its own.
+fn prompt_opens_think(service: &dyn InferenceService, prompt: &[u32]) -> bool {
+    let tail = &prompt[prompt.len().saturating_sub(8)..];
+    service.detokenize(tail).trim_end().ends_with("<think>")
+}
+
+/// Splits a whole reply into (reasoning, answer), as the stream does: a leading `<think>`
+/// (or a block the prompt opened) up to `</think>`; an unterminated block is all reasoning.
+fn split_think(text: &str, opened: bool) -> (Option<String>, String) {
+    let body = if opened {
+        text
+    } else {
+        match text.strip_prefix("<think>") {
+            Some(rest) => rest,
+            None => return (None, text.to_string()),
+        }
+    };
+    match body.find("</think>") {
+        Some(end) => (
+            Some(body[..end].trim().to_string()),
+            body[end + "</think>".len()..].trim_start().to_string(),
+        ),
+        None => (Some(body.trim().to_string()), String::new()),
+    }
 }
 
 /// A reply read as tool calls, in OpenAI's shape.
@@ -158,6 +188,7 @@ async fn handle(
             Reading::Tools(ToolFamily::Llama3)
         }
         (_, Some(_)) => Reading::Tools(info.tool_family),
+        _ if info.reasoning && spec.format == OutputFormat::Text => Reading::Think,
         _ => Reading::Text,
     };
 
@@ -169,6 +200,7 @@ async fn handle(
         tokio::task::spawn_blocking(move || svc.chat_prompt(&messages, prompt_tools.as_deref()))
             .await
             .map_err(|e| ApiError::Internal(format!("prompt task failed: {e}")))??;
+    let opens_think = reading != Reading::Text && prompt_opens_think(&*service, &prompt);
     let generation = Generation::start(service.clone(), prompt, &spec)?;
     let meta = Meta {
         id: response_id("chatcmpl"),
@@ -191,8 +223,12 @@ async fn handle(
                 ToolChoice::Required | ToolChoice::Function(_)
             ),
             calls_started: false,
-            think: Think::Unknown,
-            trim_leading: false,
+            think: if opens_think {
+                Think::Inside
+            } else {
+                Think::Unknown
+            },
+            trim_leading: opens_think,
             started: false,
             ended: false,
         };
@@ -211,6 +247,10 @@ async fn handle(
     observe(&state, &done.usage);
     let (content, reasoning_content, calls) = match reading {
         Reading::Text => (Some(done.text), None, None),
+        Reading::Think => {
+            let (reasoning, answer) = split_think(&done.text, opens_think);
+            (Some(answer), reasoning, None)
+        }
         Reading::Tools(family) => {
             let reply = read_tool_reply(&done.text, family, &tools_owned, &meta.id);
             match (reply.calls.is_empty(), reply.reasoning) {
@@ -493,6 +533,17 @@ impl ChatStream {
                     }
                 }
                 Reading::Text => out.extend(self.content_chunk(text, &tokens)),
+                Reading::Think => {
+                    self.buffered.push_str(&text);
+                    let past = self.release_reasoning(&mut out);
+                    let text = if past {
+                        std::mem::take(&mut self.buffered)
+                    } else {
+                        String::new()
+                    };
+                    // The step's logprobs ride on its content chunk (empty while reasoning).
+                    out.extend(self.content_chunk(text, &tokens));
+                }
             },
             Some(Ok(Step::Finished {
                 tail,
@@ -504,6 +555,17 @@ impl ChatStream {
                 let mut finish = reason;
                 match self.reading {
                     Reading::Text => out.extend(self.content_chunk(tail, &tail_tokens)),
+                    Reading::Think => {
+                        self.buffered.push_str(&tail);
+                        let past = self.release_reasoning(&mut out);
+                        let rest = std::mem::take(&mut self.buffered);
+                        if !past && self.think == Think::Inside {
+                            // Unterminated reasoning (cut off by max_tokens or a stop).
+                            out.extend(self.reasoning_chunk(rest));
+                        } else {
+                            out.extend(self.content_chunk(rest, &[]));
+                        }
+                    }
                     Reading::Tools(family) => {
                         self.buffered.push_str(&tail);
                         let mut text = std::mem::take(&mut self.buffered);
