@@ -160,6 +160,7 @@ async fn handle(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let req: ChatCompletionRequest = parse_body(body, state.config.max_body_bytes)?;
     let service = state.service()?;
     let info = service.info().clone();
@@ -203,6 +204,7 @@ async fn handle(
     let opens_think = reading != Reading::Text && prompt_opens_think(&*service, &prompt);
     let generation = Generation::start(service.clone(), prompt, &spec)?;
     let meta = Meta {
+        started,
         id: response_id("chatcmpl"),
         created: unix_now(),
         model: info.id.clone(),
@@ -300,6 +302,14 @@ pub struct Meta {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// When the request was read, for the stream's log line.
+    pub started: std::time::Instant,
+}
+
+impl Meta {
+    pub fn elapsed_ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1e3
+    }
 }
 
 /// A short usage summary for the request's log line.
@@ -349,6 +359,17 @@ struct ChatStream {
     trim_leading: bool,
     started: bool,
     ended: bool,
+}
+
+impl Drop for ChatStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            tracing::info!(
+                "POST /v1/chat/completions 499 {:.1}ms stream closed by the client",
+                self.meta.elapsed_ms()
+            );
+        }
+    }
 }
 
 impl ChatStream {
@@ -623,7 +644,8 @@ impl ChatStream {
                 out.push(done_event());
                 observe(&self.state, &usage);
                 tracing::info!(
-                    "POST /v1/chat/completions 200 stream {}",
+                    "POST /v1/chat/completions 200 {:.1}ms stream {}",
+                    self.meta.elapsed_ms(),
                     usage_note(&usage, finish)
                 );
             }

@@ -102,6 +102,7 @@ async fn handle(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let req: CompletionRequest = parse_body(body, state.config.max_body_bytes)?;
     let service = state.service()?;
     let info = service.info().clone();
@@ -130,6 +131,7 @@ async fn handle(
         .map_err(|e| ApiError::Internal(format!("prompt task failed: {e}")))??;
     let generation = Generation::start(service.clone(), prompt, &spec)?;
     let meta = Meta {
+        started,
         id: response_id("cmpl"),
         created: unix_now(),
         model: info.id.clone(),
@@ -194,6 +196,17 @@ struct TextStreamState {
     /// Bytes of text sent so far (for `text_offset`).
     offset: usize,
     ended: bool,
+}
+
+impl Drop for TextStreamState {
+    fn drop(&mut self) {
+        if !self.ended {
+            tracing::info!(
+                "POST /v1/completions 499 {:.1}ms stream closed by the client",
+                self.meta.elapsed_ms()
+            );
+        }
+    }
 }
 
 impl TextStreamState {
@@ -271,7 +284,8 @@ impl TextStreamState {
                 out.push(done_event());
                 observe(&self.state, &usage);
                 tracing::info!(
-                    "POST /v1/completions 200 stream {}",
+                    "POST /v1/completions 200 {:.1}ms stream {}",
+                    self.meta.elapsed_ms(),
                     usage_note(&usage, reason)
                 );
             }
