@@ -27,6 +27,10 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\
 struct ModelBatch<B: Backend> {
     model: Arc<ModelOn<B>>,
     kv_type: KvType,
+    /// Run each scheduler step as one `forward_multi` pass (default). `REDLINE_MIXED_STEPS=0`
+    /// runs prompt chunks and the decode batch as separate calls instead (the pre-mixed
+    /// behaviour), an escape hatch for a backend whose mixed batches misbehave.
+    mixed: bool,
 }
 
 impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
@@ -87,6 +91,9 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
         states: &mut [&mut SeqStateOn<B>],
         tokens: &[&[u32]],
     ) -> Result<Vec<f32>, String> {
+        if !self.mixed {
+            return engine::scheduler::forward_multi_by_parts(self, states, tokens);
+        }
         self.model
             .forward_multi(states, tokens)
             .map_err(|e| e.to_string())
@@ -159,6 +166,7 @@ impl ModelService {
             Arc::new(ModelBatch {
                 model,
                 kv_type: opts.kv_type,
+                mixed: std::env::var("REDLINE_MIXED_STEPS").map_or(true, |v| v != "0"),
             }),
             config,
         )?;
