@@ -31,13 +31,34 @@ struct ModelBatch<B: Backend> {
     /// runs prompt chunks and the decode batch as separate calls instead (the pre-mixed
     /// behaviour), an escape hatch for a backend whose mixed batches misbehave.
     mixed: bool,
+    /// Token ids the scheduler samples among and normalises logprobs over: the tokenizer's
+    /// vocabulary (an output head may have padding rows past it), as `engine::generate` does.
+    n_use: usize,
+}
+
+impl<B: Backend> ModelBatch<B> {
+    /// Keeps the first `n_use` logits of each row (`logits`: [rows, model n_vocab]).
+    fn cut(&self, logits: Vec<f32>) -> Result<Vec<f32>, String> {
+        let n = self.model.config().n_vocab;
+        if self.n_use == n {
+            return Ok(logits);
+        }
+        if !logits.len().is_multiple_of(n) {
+            return Err(format!("{} logits are not rows of {n}", logits.len()));
+        }
+        Ok(logits
+            .chunks_exact(n)
+            .flat_map(|row| &row[..self.n_use])
+            .copied()
+            .collect())
+    }
 }
 
 impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
     type State = SeqStateOn<B>;
 
     fn n_vocab(&self) -> usize {
-        self.model.config().n_vocab
+        self.n_use
     }
 
     fn new_state(&self, n_ctx: usize) -> Result<SeqStateOn<B>, String> {
@@ -74,6 +95,7 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
         self.model
             .forward(state, tokens, false)
             .map_err(|e| e.to_string())
+            .and_then(|l| self.cut(l))
     }
 
     fn decode_batch(
@@ -84,6 +106,7 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
         self.model
             .forward_batch(states, tokens)
             .map_err(|e| e.to_string())
+            .and_then(|l| self.cut(l))
     }
 
     fn forward_multi(
@@ -97,6 +120,7 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
         self.model
             .forward_multi(states, tokens)
             .map_err(|e| e.to_string())
+            .and_then(|l| self.cut(l))
     }
 }
 
@@ -154,7 +178,8 @@ impl ModelService {
             }
         };
         let tool_family = ToolFamily::detect(template.source());
-        let n_vocab = model.config().n_vocab;
+        // The tokenizer's vocabulary; a padded output head's extra rows are never sampled.
+        let n_vocab = tokenizer.n_vocab().clamp(1, model.config().n_vocab);
         let config = SchedulerConfig {
             n_slots: opts.n_slots,
             n_ctx_per_slot: opts.n_ctx_per_slot,
@@ -167,6 +192,7 @@ impl ModelService {
                 model,
                 kv_type: opts.kv_type,
                 mixed: std::env::var("REDLINE_MIXED_STEPS").map_or(true, |v| v != "0"),
+                n_use: n_vocab,
             }),
             config,
         )?;
@@ -271,5 +297,44 @@ impl InferenceService for ModelService {
 
     fn shutdown(&self) {
         self.scheduler.shutdown()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model::{LoadOptions, Model};
+
+    /// A padded output head: the scheduler sees only the first `n_use` logits of every row,
+    /// in each of the three calls, equal to the model's own.
+    #[test]
+    fn logits_are_cut_to_the_tokenizers_vocabulary() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/stories260K.gguf");
+        let model = Arc::new(Model::load(path.as_ref(), &LoadOptions::default()).unwrap());
+        let n = model.config().n_vocab;
+        let batch = ModelBatch {
+            model: model.clone(),
+            kv_type: KvType::F32,
+            mixed: true,
+            n_use: n - 12,
+        };
+        let mut reference = model.new_state(64, KvType::F32).unwrap();
+        let full = model.forward(&mut reference, &[1, 400, 30], true).unwrap();
+        let row = |i: usize| full[i * n..i * n + n - 12].to_vec();
+
+        let mut s = batch.new_state(64).unwrap();
+        assert_eq!(batch.prefill(&mut s, &[1, 400]).unwrap(), row(1));
+        assert_eq!(batch.decode_batch(&mut [&mut s], &[30]).unwrap(), row(2));
+        let mut t = batch.new_state(64).unwrap();
+        let got = batch
+            .forward_multi(&mut [&mut t], &[&[1, 400, 30]])
+            .unwrap();
+        assert_eq!(got.len(), n - 12);
+        let d = got
+            .iter()
+            .zip(row(2))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(d < 1e-4, "{d}");
     }
 }
