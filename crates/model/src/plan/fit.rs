@@ -345,6 +345,53 @@ mod tests {
         );
     }
 
+    /// Qwen2.5-32B fits alone with 100 MiB to spare; with Qwen2.5-1.5B as its draft model
+    /// (`-md`) it does not: gpu-only refuses, short by exactly the draft's bytes less the
+    /// spare, and fit on offloads target layers to make room.
+    #[test]
+    fn fits_alone_but_not_with_the_draft() {
+        use crate::plan::draft::{draft_bytes, speculation_overhead_bytes};
+        use crate::plan::Speculation;
+        let q32 = ModelMemory::from_shape(&Shape::qwen2_5_32b(), FileType::Q4KM);
+        let q15 = ModelMemory::from_shape(&Shape::qwen2_5_1_5b(), FileType::Q4KM);
+        let ctx = MIN_FIT_CTX_PER_SLOT;
+        let alone_need = fixed_and_weights(&q32)
+            + buffers::kv_bytes_per_token(&q32, KvType::F16, KvType::F16) * ctx as u64;
+        let gpu = GpuSpec::custom(alone_need + 100 * MIB, 900.0);
+        let with = |mode: FitMode| {
+            let mut r = req(&q32, mode, Some(ctx), None);
+            r.base.speculation = Some(Speculation {
+                draft: Some(Box::new(q15.clone())),
+                draft_kv: KvType::F16,
+                draft_max: 8,
+            });
+            r
+        };
+        // Alone: every layer at the asked context, gpu-only or not.
+        let f = fit(&q32, &gpu, &req(&q32, FitMode::GpuOnly, Some(ctx), None)).unwrap();
+        assert!(f.all_on_gpu() && f.plan.n_ctx == ctx);
+        assert_eq!(f.plan.gpu_bytes_full, alone_need);
+        // 1.5B Q4_K_M weights + 28 layers × 2 KV heads × 128 × 2 × 2 bytes × 2048 positions,
+        // and the target's verify logits (9 rows of 152064 f32).
+        let d = draft_bytes(&q15, ctx, KvType::F16);
+        assert_eq!(d.kv_cache, 28 * 2 * 128 * 2 * 2 * 2048);
+        assert_eq!(d.weights, q15.total_bytes());
+        let spec = d.total() + speculation_overhead_bytes(&q32, 8);
+        assert_eq!(spec, d.weights + d.kv_cache + 4 * 9 * 152064);
+        let e = fit(&q32, &gpu, &with(FitMode::GpuOnly)).unwrap_err();
+        let FitRefusal::DoesNotFit(p) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(p.short_by_bytes, spec - 100 * MIB);
+        assert_eq!(p.ledger.draft_weights, d.weights);
+        assert!(p.suggestions.is_some());
+        let f = fit(&q32, &gpu, &with(FitMode::On)).unwrap();
+        assert!(!f.all_on_gpu());
+        assert!(f.plan.layers_on_gpu > 1);
+        assert!(f.plan.gpu_bytes_placed <= gpu.usable_bytes);
+        assert_eq!(f.plan.ledger.speculation_total(), spec);
+    }
+
     #[test]
     fn slowdown_of_a_full_fit_is_one() {
         let m = ModelMemory::from_shape(&Shape::qwen2_5_1_5b(), FileType::Q4KM);

@@ -36,6 +36,7 @@ use backend::KvType;
 use serde::Serialize;
 
 pub use buffers::{ComputeBytes, RUNTIME_OVERHEAD_BYTES};
+pub use draft::{DraftBytes, Speculation};
 pub use fit::{fit, Fit, FitMode, FitRefusal, FitRequest};
 pub use gpus::GpuSpec;
 pub use model_memory::{ModelMemory, PlanTensor, RecurrentDims, TensorGroup};
@@ -79,6 +80,9 @@ pub struct PlanOptions {
     /// Keep the token-embedding table in VRAM too (a backend that looks rows up on the GPU).
     /// Default false, as llama.cpp: decode reads one row per token, so host memory serves it.
     pub embeddings_on_gpu: bool,
+    /// Speculative decoding: a draft model and its cache, and the target's verify buffers,
+    /// placed whole on the GPU as fixed costs (see [`draft`]).
+    pub speculation: Option<Speculation>,
 }
 
 impl PlanOptions {
@@ -95,6 +99,7 @@ impl PlanOptions {
             use_mtp: false,
             n_gpu_layers: None,
             embeddings_on_gpu: false,
+            speculation: None,
         }
     }
 }
@@ -142,6 +147,20 @@ pub struct Ledger {
     pub recurrent_state: u64,
     pub compute: ComputeBytes,
     pub runtime_overhead: u64,
+    /// Draft model weights (`-md`; its MTP layers excluded), on the GPU with the fixed costs.
+    pub draft_weights: u64,
+    /// The draft model's KV cache at `n_ctx` plus its recurrent state and one snapshot.
+    pub draft_cache: u64,
+    /// Speculation's extras on the target: a recurrent-state snapshot and the verify logits
+    /// `[draft_max + 1, n_vocab]` f32, per slot.
+    pub speculation_buffers: u64,
+}
+
+impl Ledger {
+    /// Everything speculative decoding adds beside the MTP layer.
+    pub fn speculation_total(&self) -> u64 {
+        self.draft_weights + self.draft_cache + self.speculation_buffers
+    }
 }
 
 /// The planner's answer.
@@ -268,6 +287,14 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         });
     }
     let compute = buffers::compute_bytes(m, n_ubatch);
+    let draft = opts
+        .speculation
+        .as_ref()
+        .map_or(draft::DraftBytes::default(), |s| s.draft_bytes(n_ctx));
+    let speculation_buffers = opts
+        .speculation
+        .as_ref()
+        .map_or(0, |s| s.overhead_bytes(m, n_parallel));
     let runtime_overhead = match gpu {
         Some(g) => opts
             .runtime_overhead_bytes
@@ -283,13 +310,16 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         recurrent_state: state_per_layer * m.n_recurrent_layers() as u64 * n_parallel as u64,
         compute,
         runtime_overhead,
+        draft_weights: draft.weights,
+        draft_cache: draft.kv_cache + draft.recurrent_state,
+        speculation_buffers,
     };
     let embd_on_gpu = if opts.embeddings_on_gpu {
         ledger.token_embedding
     } else {
         0
     };
-    let fixed = compute.total() + runtime_overhead + embd_on_gpu;
+    let fixed = compute.total() + runtime_overhead + embd_on_gpu + ledger.speculation_total();
     let layers_need: u64 = layers.iter().map(|l| l.weight_bytes + l.cache_bytes).sum();
     let gpu_bytes_full = fixed + ledger.output_head + layers_need;
 
@@ -370,7 +400,11 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
     } else {
         0
     };
-    let host_fixed = if gpu.is_none() { compute.total() } else { 0 };
+    let host_fixed = if gpu.is_none() {
+        compute.total() + ledger.speculation_total()
+    } else {
+        0
+    };
     let usable = gpu.map_or(0, |g| g.usable_bytes);
     Plan {
         model: m.name.clone(),
