@@ -104,3 +104,36 @@ fn wrong_weight_size_panics_with_a_message() {
     let mut y = vec![0f32; 2];
     quant::matvec(GgmlType::Q8_0, &w, 2, 64, &[0.0; 64], &mut y);
 }
+
+#[test]
+fn matvec_on_team_equals_matvec_bit_for_bit() {
+    // Every row is the single-row kernel on the same activations, whoever computes it.
+    let teams: Vec<quant::Team> = [1, 2, 3].into_iter().map(quant::Team::new).collect();
+    let mut rng = Rng::new(12);
+    let shapes = [(1, 256), (37, 768), (1001, 1024), (515, 1536), (2053, 512)];
+    for isa in Isa::all_available() {
+        for (i, ty) in DOT_TYPES.into_iter().enumerate() {
+            let (n_rows, n_cols): (usize, usize) = shapes[i % shapes.len()];
+            let n_cols = n_cols.next_multiple_of(ty.block_size());
+            let w = random_weights(&mut rng, ty, n_rows, n_cols);
+            let x = rng.activations(n_cols);
+            let mut want = vec![f32::NAN; n_rows];
+            matmul_with(isa, ty, &w, n_rows, n_cols, &x, 1, &mut want);
+            for team in &teams {
+                for _ in 0..3 {
+                    let mut got = vec![f32::NAN; n_rows];
+                    quant::matvec::matvec_on_with(team, isa, ty, &w, n_rows, n_cols, &x, &mut got);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{ty} {isa:?} [{n_rows}x{n_cols}] team of {}",
+                        team.n_threads()
+                    );
+                }
+            }
+        }
+    }
+}

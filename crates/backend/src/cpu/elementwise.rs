@@ -59,10 +59,16 @@ fn rms_scale(v: &[f32], eps: f32) -> f32 {
 /// In place, over groups of `w.len()` columns. x: `[n, g * w.len()]`.
 pub fn rms_norm(x: &mut CpuTensor, w: &[f32], eps: f32) -> Result<(), BackendError> {
     check_groups("rms_norm", x.cols, w.len())?;
-    x.data.par_chunks_mut(w.len()).for_each(|g| {
+    let norm = |g: &mut [f32]| {
         let s = rms_scale(g, eps);
         g.iter_mut().zip(w).for_each(|(a, &b)| *a = *a * s * b);
-    });
+    };
+    if x.rows <= 1 {
+        // Decode: one row, on the calling thread (no pool hand-off for a few µs of work).
+        x.data.chunks_mut(w.len()).for_each(norm);
+    } else {
+        x.data.par_chunks_mut(w.len()).for_each(norm);
+    }
     Ok(())
 }
 

@@ -41,6 +41,35 @@ pub fn matmul(w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) -> Result<(), B
     Ok(())
 }
 
+/// [`matmul`] of one token on the caller and `team`'s helpers (decode). x: `[1, k]`.
+pub fn matvec_on(
+    team: &quant::Team,
+    w: &CpuWeight,
+    x: &CpuTensor,
+    out: &mut CpuTensor,
+) -> Result<(), BackendError> {
+    check_matmul(w, x, out)?;
+    if x.rows != 1 {
+        return Err(shape_err("matvec", format!("{} rows, want 1", x.rows)));
+    }
+    if !quant::dot::supports(w.ty) {
+        return Err(BackendError::UnsupportedType {
+            op: "matmul",
+            ty: w.ty,
+        });
+    }
+    quant::matvec_on(
+        team,
+        w.ty,
+        w.bytes(),
+        w.rows,
+        w.cols,
+        &x.data,
+        &mut out.data,
+    );
+    Ok(())
+}
+
 /// Slow reference of [`matmul`]: dequantize each weight row, dot in f64.
 pub fn matmul_reference(
     w: &CpuWeight,

@@ -115,6 +115,10 @@ pub(crate) fn check_shape(
 /// The CPU backend. `n_threads` workers run every op (0 = one per core).
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    /// The caller plus `n_threads - 1` spinning helpers, for one-token matvecs (decode):
+    /// no rayon hand-off per call (see `quant::team`). `None` with `REDLINE_CPU_TEAM=0`
+    /// (for A/B measurements).
+    team: Option<quant::Team>,
     /// Use the slow reference kernels (f32 activations, f64 accumulation) for matmul.
     reference: bool,
 }
@@ -126,8 +130,11 @@ impl CpuBackend {
             .thread_name(|i| format!("redline-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::ThreadPool(e.to_string()))?;
+        let team = (std::env::var("REDLINE_CPU_TEAM").as_deref() != Ok("0"))
+            .then(|| quant::Team::new(pool.current_num_threads()));
         Ok(CpuBackend {
             pool,
+            team,
             reference: false,
         })
     }
@@ -218,6 +225,9 @@ impl Backend for CpuBackend {
         tokens: &[u32],
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
+        if tokens.len() <= 1 {
+            return matmul::embed(table, tokens, out);
+        }
         self.run(|| matmul::embed(table, tokens, out))
     }
 
@@ -229,6 +239,9 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         if self.reference {
             return matmul::matmul_reference(w, x, out);
+        }
+        if let (Some(team), 1) = (&self.team, x.rows) {
+            return matmul::matvec_on(team, w, x, out);
         }
         self.run(|| matmul::matmul(w, x, out))
     }
@@ -260,6 +273,10 @@ impl Backend for CpuBackend {
         eps: f32,
     ) -> Result<(), BackendError> {
         let w = w.values("rms_norm")?;
+        if x.rows <= 1 {
+            // Serial for one row: no pool hand-off.
+            return elementwise::rms_norm(x, w, eps);
+        }
         self.run(|| elementwise::rms_norm(x, w, eps))
     }
 
@@ -281,6 +298,10 @@ impl Backend for CpuBackend {
         head_dim: usize,
         p: &RopeParams,
     ) -> Result<(), BackendError> {
+        if positions.len() <= 1 {
+            // Serial for one row: no pool hand-off.
+            return rope::rope(x, positions, head_dim, p);
+        }
         self.run(|| rope::rope(x, positions, head_dim, p))
     }
 

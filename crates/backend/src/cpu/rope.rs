@@ -51,24 +51,33 @@ pub fn rope(
         }
     }
     let half = p.n_rot / 2;
-    x.data
-        .par_chunks_mut(x.cols)
-        .zip(positions.par_iter())
-        .for_each(|(row, &pos)| {
-            // Text tokens carry one position for every M-RoPE section, so M-RoPE pairs like NeoX.
-            let cs = angles(p, pos);
-            for head in row.chunks_exact_mut(head_dim) {
-                for (i, &(c, s)) in cs.iter().enumerate() {
-                    let (a, b) = match p.mode {
-                        RopeMode::Normal => (2 * i, 2 * i + 1),
-                        RopeMode::Neox | RopeMode::Mrope { .. } => (i, i + half),
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * c - x1 * s;
-                    head[b] = x0 * s + x1 * c;
-                }
+    let rotate = |(row, &pos): (&mut [f32], &u32)| {
+        // Text tokens carry one position for every M-RoPE section, so M-RoPE pairs like NeoX.
+        let cs = angles(p, pos);
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, &(c, s)) in cs.iter().enumerate() {
+                let (a, b) = match p.mode {
+                    RopeMode::Normal => (2 * i, 2 * i + 1),
+                    RopeMode::Neox | RopeMode::Mrope { .. } => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
             }
-        });
+        }
+    };
+    if positions.len() <= 1 {
+        // Decode: one row, on the calling thread (no pool hand-off for a few µs of work).
+        x.data
+            .chunks_mut(x.cols)
+            .zip(positions.iter())
+            .for_each(rotate);
+    } else {
+        x.data
+            .par_chunks_mut(x.cols)
+            .zip(positions.par_iter())
+            .for_each(rotate);
+    }
     Ok(())
 }
 
