@@ -152,3 +152,56 @@ fn bad_input_is_an_error_not_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// `plan MODEL --md DRAFT`: stories260K drafting for itself. The draft lines equal the model's
+/// own weights and KV cache, the buffers are the verify logits (6 × 512 f32), and a card that
+/// holds the model alone with 1000 bytes to spare is short by the draft's bytes less those.
+#[test]
+fn plan_with_a_draft_model_counts_it_and_can_stop_fitting() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/stories260K.gguf");
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["plan", path, "-c", "256", "--json"];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = redline(&args);
+        assert!(ok, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let u = |v: &serde_json::Value| v.as_u64().unwrap();
+    let alone = json(&["--vram", "1GiB"]);
+    let l = &alone["ledger"];
+    let weights = u(&l["layer_weights"]) + u(&l["output_head"]) + u(&l["token_embedding"]);
+    let spec = json(&["--vram", "1GiB", "--md", path, "--draft-max", "5"]);
+    let s = &spec["ledger"];
+    assert_eq!(u(&s["draft_weights"]), weights);
+    assert_eq!(u(&s["draft_cache"]), u(&l["kv_cache"]));
+    assert_eq!(u(&s["speculation_buffers"]), 4 * 6 * 512);
+    let extra = weights + u(&l["kv_cache"]) + 4 * 6 * 512;
+    assert_eq!(
+        u(&spec["gpu_bytes_full"]),
+        u(&alone["gpu_bytes_full"]) + extra
+    );
+
+    let vram = format!("{}b", u(&alone["gpu_bytes_full"]) + 1000);
+    let (ok, out, err) = redline(&["plan", path, "-c", "256", "--vram", &vram]);
+    assert!(ok, "{err}");
+    assert!(
+        line_starting(&out, "fits:").starts_with("fits: yes"),
+        "{out}"
+    );
+    let tight = json(&["--vram", &vram, "--md", path, "--draft-max", "5"]);
+    assert_eq!(tight["fits"], false);
+    assert_eq!(u(&tight["short_by_bytes"]), extra - 1000);
+    let (ok, out, err) = redline(&["plan", path, "-c", "256", "--vram", &vram, "--md", path]);
+    assert!(ok, "{err}");
+    assert!(
+        line_starting(&out, "fits:").starts_with("fits: no"),
+        "{out}"
+    );
+    for row in [
+        "draft model weights",
+        "draft KV cache (256 tokens)",
+        "speculation buffers",
+    ] {
+        line_starting(&out, row);
+    }
+}

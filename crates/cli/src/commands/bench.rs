@@ -98,6 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_parallel: 1,
         kv_type: KvType::F16,
         measure_bandwidth: true,
+        draft: None,
     };
     let placed = load_placed(&args.model, &args.placement, &req, LogTo::Stderr)?;
     if placed.n_ctx < n_ctx {

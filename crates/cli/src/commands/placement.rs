@@ -20,7 +20,8 @@ use cuda::{CudaDevice, CudaOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::plan::fit::{predicted_slowdown, wanted_ctx};
 use model::plan::{
-    fit, plan_placement, FitMode, FitRefusal, FitRequest, GpuSpec, ModelMemory, Plan, PlanOptions,
+    fit, plan_placement, FitMode, FitRefusal, FitRequest, GpuSpec, LayerKind, ModelMemory, Plan,
+    PlanOptions, Speculation,
 };
 use model::{KvType, LoadOptions, Model, ModelOn};
 
@@ -77,6 +78,57 @@ pub struct LoadRequest {
     pub kv_type: KvType,
     /// Measure the GPU's read bandwidth before uploading the weights (`bench`).
     pub measure_bandwidth: bool,
+    /// Speculative decoding's drafter, planned together with the model (its bytes are in the
+    /// ledger and the fit), loaded afterwards by `speculate::load_drafter`.
+    pub draft: Option<DraftRequest>,
+}
+
+/// The drafter to make room for (`-md DRAFT.gguf` or `--mtp`).
+#[derive(Debug, Clone)]
+pub struct DraftRequest {
+    /// The draft model file; None: the model's own MTP layer.
+    pub model: Option<std::path::PathBuf>,
+    /// KV cache type of the draft model (its context is the model's).
+    pub kv_type: KvType,
+    /// Most tokens drafted per verify pass.
+    pub draft_max: usize,
+}
+
+impl DraftRequest {
+    /// Reads the draft file's tensor table (nothing is loaded) and says what to plan for.
+    fn speculation(&self, target: &ModelMemory) -> anyhow::Result<Speculation> {
+        let draft = match &self.model {
+            Some(path) => {
+                let file = gguf::GgufFile::open(path)
+                    .with_context(|| format!("reading the draft model {}", path.display()))?;
+                let mem = ModelMemory::from_gguf(&file)
+                    .with_context(|| format!("planning the draft model {}", path.display()))?;
+                Some(Box::new(mem))
+            }
+            None => {
+                if target.n_mtp_layer == 0 {
+                    bail!(
+                        "--mtp: the model has no multi-token-prediction layer (qwen35 files with \
+                         qwen35.nextn_predict_layers > 0)"
+                    );
+                }
+                None
+            }
+        };
+        Ok(Speculation {
+            draft,
+            draft_kv: self.kv_type,
+            draft_max: self.draft_max,
+        })
+    }
+
+    /// "the model and the draft model D.gguf" / "the model with its MTP layer".
+    fn what(&self) -> String {
+        match &self.model {
+            Some(p) => format!("the model and the draft model {}", p.display()),
+            None => "the model with its MTP layer and speculation buffers".into(),
+        }
+    }
 }
 
 /// Free and total device memory, bytes (cuMemGetInfo).
@@ -160,13 +212,23 @@ impl Placed {
     }
 }
 
-/// Weight bytes the plan puts on the GPU: head, layers, and the embedding table when counted.
+/// MTP blocks the plan puts on the GPU (with `--mtp`).
+fn mtp_layers_on_gpu(p: &Plan) -> usize {
+    p.layers
+        .iter()
+        .filter(|l| l.kind == LayerKind::Mtp && l.device == model::plan::Device::Gpu)
+        .count()
+}
+
+/// Weight bytes the plan puts on the GPU at load: head, main layers, and the embedding table
+/// when counted. The MTP block (`load_mtp`, after the load) and a draft model (loaded on its
+/// own) are not uploaded by this load, so they are not in the comparison.
 fn gpu_weight_bytes(p: &Plan) -> u64 {
     use model::plan::Device;
     let layers: u64 = p
         .layers
         .iter()
-        .filter(|l| l.device == Device::Gpu)
+        .filter(|l| l.device == Device::Gpu && l.kind != LayerKind::Mtp)
         .map(|l| l.weight_bytes)
         .sum();
     let head = if p.output_head_device == Device::Gpu {
@@ -182,11 +244,11 @@ fn gpu_weight_bytes(p: &Plan) -> u64 {
     layers + head + embd
 }
 
-/// KV cache and recurrent state bytes of the layers the plan puts on the GPU.
+/// KV cache and recurrent state bytes of the main layers the plan puts on the GPU.
 fn gpu_cache_bytes(p: &Plan) -> u64 {
     p.layers
         .iter()
-        .filter(|l| l.device == model::plan::Device::Gpu)
+        .filter(|l| l.device == model::plan::Device::Gpu && l.kind != LayerKind::Mtp)
         .map(|l| l.cache_bytes)
         .sum()
 }
@@ -268,6 +330,11 @@ pub fn load_placed(
     base.n_parallel = req.n_parallel.max(1);
     base.cache_type_k = req.kv_type;
     base.cache_type_v = req.kv_type;
+    if let Some(d) = &req.draft {
+        base.speculation = Some(d.speculation(&mem)?);
+        // The MTP layer is placed like a layer (with the output head, first).
+        base.use_mtp = d.model.is_none();
+    }
     let fit_req = FitRequest {
         mode: pargs.fit,
         n_ctx: req.n_ctx,
@@ -332,9 +399,13 @@ pub fn load_placed(
     let f = match fit(&mem, &gpu, &fit_req) {
         Ok(f) => f,
         Err(refusal) => {
+            let what = req
+                .draft
+                .as_ref()
+                .map_or("the model".into(), DraftRequest::what);
             let why = match &refusal {
                 FitRefusal::DoesNotFit(p) => format!(
-                    "the model does not fit on {} (short by {}) and --fit gpu-only forbids offloading layers to the CPU; \
+                    "{what} do not fit on {} (short by {}) and --fit gpu-only forbids offloading layers to the CPU; \
                      use --fit on, a smaller -c, --cache-type-k/v q8_0, or a smaller quant (above)",
                     gpu.name,
                     mib(p.short_by_bytes)
@@ -358,6 +429,26 @@ pub fn load_placed(
     }
     let mut f = f;
     let mut partial = None;
+    if !f.all_on_gpu()
+        && pargs.n_gpu_layers != Some(0)
+        && req.draft.as_ref().is_some_and(|d| d.model.is_some())
+    {
+        // A draft model runs beside a model held whole on the GPU (no hybrid draft pairing;
+        // -ngl 0 runs both on the CPU).
+        log.block(&super::plan::render(&f.plan));
+        bail!(
+            "{} do not both fit on {}: together they need {} (the draft model {} of weights + {} of cache, \
+             speculation buffers {}), short by {}; give a smaller -c, --cache-type-k/v q8_0, a smaller draft \
+             or a smaller quant, or drop --md (ledger above)",
+            req.draft.as_ref().map_or(String::new(), DraftRequest::what),
+            gpu.name,
+            mib(f.plan.gpu_bytes_full),
+            mib(f.plan.ledger.draft_weights),
+            mib(f.plan.ledger.draft_cache),
+            mib(f.plan.ledger.speculation_buffers),
+            mib(f.plan.short_by_bytes)
+        );
+    }
     if !f.all_on_gpu() {
         // The hybrid backend keeps the embedding table on the CPU: re-plan without it on the
         // GPU at the chosen context (room for one more layer, perhaps).
@@ -378,9 +469,12 @@ pub fn load_placed(
             return load_cpu(file, &mem, &fit_req, &load_opts, log);
         }
         let n_layer = mem.n_layer;
+        // The MTP block (planned first on the GPU with --mtp) is not one of -ngl's layers:
+        // load_mtp places it later.
+        let ngl = f.plan.layers_on_gpu - mtp_layers_on_gpu(&f.plan);
         partial = Some(
-            Placement::from_ngl_gguf(&file, f.plan.layers_on_gpu)
-                .unwrap_or_else(|| Placement::from_ngl(n_layer, f.plan.layers_on_gpu)),
+            Placement::from_ngl_gguf(&file, ngl)
+                .unwrap_or_else(|| Placement::from_ngl(n_layer, ngl)),
         );
     }
     log.block(&super::plan::render(&f.plan));

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use model::plan::{plan, Device, GpuSpec, LayerKind, ModelMemory, Plan, PlanOptions};
+use model::plan::{plan, Device, GpuSpec, LayerKind, ModelMemory, Plan, PlanOptions, Speculation};
 use model::synth::{FileType, Shape};
 use model::KvType;
 
@@ -60,9 +60,17 @@ pub struct Args {
     /// Count the token-embedding table in VRAM (default: host memory, as llama.cpp).
     #[arg(long = "embeddings-on-gpu")]
     embeddings_on_gpu: bool,
-    /// Load the MTP (draft) layers too.
+    /// Speculate with the model's MTP layer (as `run --mtp`): count the layer, its KV cache
+    /// and the speculation buffers.
     #[arg(long)]
     mtp: bool,
+    /// Draft model for speculative decoding (as `run --md`): count its weights, its f16 KV
+    /// cache at -c and the speculation buffers, placed whole on the GPU.
+    #[arg(long = "model-draft", visible_alias = "md", conflicts_with = "mtp")]
+    model_draft: Option<PathBuf>,
+    /// Most tokens drafted per verify pass (sizes the verify logits; with --md / --mtp).
+    #[arg(long = "draft-max", default_value_t = 8)]
+    draft_max: usize,
     /// Print the plan as one JSON object.
     #[arg(long)]
     json: bool,
@@ -116,6 +124,31 @@ fn model_memory(args: &Args) -> anyhow::Result<ModelMemory> {
     };
     let file = gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
     ModelMemory::from_gguf(&file).with_context(|| format!("planning {}", path.display()))
+}
+
+/// What `--md` / `--mtp` add (f16 draft KV, as `run` allocates it).
+fn speculation(args: &Args, m: &ModelMemory) -> anyhow::Result<Option<Speculation>> {
+    let draft = match &args.model_draft {
+        Some(path) => {
+            let file = gguf::GgufFile::open(path)
+                .with_context(|| format!("reading the draft model {}", path.display()))?;
+            let d = ModelMemory::from_gguf(&file)
+                .with_context(|| format!("planning the draft model {}", path.display()))?;
+            Some(Box::new(d))
+        }
+        None if args.mtp && m.n_mtp_layer > 0 => None,
+        None => {
+            if args.mtp {
+                eprintln!("warning: --mtp: the model has no multi-token-prediction layer");
+            }
+            return Ok(None);
+        }
+    };
+    Ok(Some(Speculation {
+        draft,
+        draft_kv: KvType::F16,
+        draft_max: args.draft_max,
+    }))
 }
 
 fn gpu_spec(args: &Args) -> anyhow::Result<Option<GpuSpec>> {
@@ -180,6 +213,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.n_ubatch = args.ubatch.max(1);
     opts.host_bandwidth_gbs = args.host_bandwidth;
     opts.use_mtp = args.mtp;
+    opts.speculation = speculation(&args, &m)?;
     opts.embeddings_on_gpu = args.embeddings_on_gpu;
     opts.n_gpu_layers = args.n_gpu_layers;
     let p = plan(&m, gpu.as_ref(), &opts);
@@ -377,6 +411,24 @@ pub fn render(p: &Plan) -> String {
             "MTP layers (not loaded; --mtp)"
         };
         rows.push((label.into(), mtp.0, mtp.1));
+    }
+    // Speculation: the draft model runs whole beside the model, with the fixed costs.
+    let fixed = |b: u64| if gpu_fixed { (b, 0) } else { (0, b) };
+    for (label, b) in [
+        ("draft model weights".to_owned(), l.draft_weights),
+        (
+            format!("draft KV cache ({} tokens)", p.n_ctx),
+            l.draft_cache,
+        ),
+        (
+            "speculation buffers (state copy, logits)".to_owned(),
+            l.speculation_buffers,
+        ),
+    ] {
+        if b > 0 {
+            let (g, h) = fixed(b);
+            rows.push((label, g, h));
+        }
     }
     let c = l.compute;
     let (cg, ch) = if gpu_fixed {

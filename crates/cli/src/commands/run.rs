@@ -158,6 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_parallel: 1,
         kv_type: KvType::F16,
         measure_bandwidth: false,
+        draft: args.spec.draft_request(),
     };
     let placed = load_placed(&args.model, &args.placement, &req, LogTo::Stderr)?;
     match &placed.model {

@@ -196,6 +196,7 @@ fn load(
         n_parallel: args.parallel,
         kv_type,
         measure_bandwidth: false,
+        draft: None,
     };
     let placed = load_placed(&args.model, &args.placement, &req, LogTo::Tracing)?;
     let n_ctx_per_slot = placed.n_ctx / args.parallel;

@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 
 use super::bench::mean_sd;
 use super::device_args::PlacementArgs;
-use super::placement::{load_placed, LoadRequest, LoadedModel, LogTo, Placed};
+use super::placement::{load_placed, DraftRequest, LoadRequest, LoadedModel, LogTo, Placed};
 use super::run::ModelArgs;
 
 /// Speculative-decoding flags, named as llama.cpp's (`-md` is spelled `--md`).
@@ -56,6 +56,20 @@ pub struct SpecArgs {
 impl SpecArgs {
     pub fn enabled(&self) -> bool {
         self.model_draft.is_some() || self.mtp
+    }
+
+    /// What the placement must make room for (None without `--md` / `--mtp`). Draft caches
+    /// are f16, as [`one_shot`] allocates them.
+    pub fn draft_request(&self) -> Option<DraftRequest> {
+        self.enabled().then(|| DraftRequest {
+            model: if self.mtp {
+                None
+            } else {
+                self.model_draft.clone()
+            },
+            kv_type: KvType::F16,
+            draft_max: self.draft_max,
+        })
     }
 
     pub fn options(&self) -> SpecOptions {
@@ -141,6 +155,8 @@ pub fn load_drafter<B: SpecBackend>(
         n_parallel: 1,
         kv_type: KvType::F16,
         measure_bandwidth: false,
+        // The model's placement already made room for this one.
+        draft: None,
     };
     let placed = load_placed(&dargs, pargs, &req, LogTo::Stderr)
         .with_context(|| format!("loading the draft model {}", path.display()))?;
@@ -312,6 +328,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         n_parallel: 1,
         kv_type: KvType::F16,
         measure_bandwidth: false,
+        draft: args.spec.draft_request(),
     };
     let placed = load_placed(&args.model, &args.placement, &req, LogTo::Stderr)?;
     if placed.n_ctx < n_ctx {
