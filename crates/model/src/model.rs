@@ -461,7 +461,11 @@ impl<B: Backend> ModelOn<B> {
         }
         // Small batches of one row per sequence (decode) may be recorded and replayed by the
         // backend; the guard ends the step before anything is downloaded.
-        let decode = tokens.len() == states.len() && tokens.len() <= MAX_STEP_ROWS;
+        // (Exactly one row per sequence: a micro-batch of a mixed step can hold as many rows as
+        // there are states while two of them belong to one prompt.)
+        let decode = tokens.len() == states.len()
+            && tokens.len() <= MAX_STEP_ROWS
+            && one_row_per_sequence(&batch, states.len());
         let mut step = StepGuard::begin(
             b,
             (decode && !want_hidden).then(|| step_key(states, &batch, out_rows)),
@@ -517,6 +521,16 @@ impl<B: Backend> ModelOn<B> {
 
 /// Most rows of a batch the backend may record as a decode step.
 const MAX_STEP_ROWS: usize = 64;
+
+/// Whether every one of the `n_seq` sequences has exactly one row in `batch`.
+fn one_row_per_sequence(batch: &Batch, n_seq: usize) -> bool {
+    let mut seen = vec![false; n_seq];
+    batch.rows.len() == n_seq
+        && batch
+            .rows
+            .iter()
+            .all(|r| r.seq < n_seq && !std::mem::replace(&mut seen[r.seq], true))
+}
 
 /// The `Backend::begin_step` key of a step: which state buffers it reads and writes, the
 /// sequence of each row, and which rows give logits (every shape follows from these).
@@ -605,6 +619,19 @@ mod tests {
         fn send<T: Send>() {}
         send_sync::<Model>();
         send::<SeqState>();
+    }
+
+    /// Only a batch with exactly one row per sequence is a decode step (a micro-batch of a
+    /// mixed step may hold as many rows as states, two of them from one prompt).
+    #[test]
+    fn a_decode_step_has_one_row_per_sequence() {
+        let rows =
+            |seqs: &[usize]| Batch::new(seqs.iter().map(|&seq| Row { seq, pos: 7 }).collect());
+        assert!(one_row_per_sequence(&rows(&[0]), 1));
+        assert!(one_row_per_sequence(&rows(&[1, 0, 2]), 3));
+        assert!(!one_row_per_sequence(&rows(&[0, 0]), 2));
+        assert!(!one_row_per_sequence(&rows(&[0, 2]), 2));
+        assert!(!one_row_per_sequence(&rows(&[0]), 2));
     }
 
     /// Decode-step keys name the state buffers and the batch structure, never positions; a
