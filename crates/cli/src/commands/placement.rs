@@ -436,6 +436,12 @@ pub fn load_placed(
         // A draft model runs beside a model held whole on the GPU (no hybrid draft pairing;
         // -ngl 0 runs both on the CPU).
         log.block(&super::plan::render(&f.plan));
+        if let (Some(n), 0) = (pargs.n_gpu_layers, f.plan.short_by_bytes) {
+            bail!(
+                "-ngl {n} leaves layers on the CPU, and a draft model (--md) runs only beside a model held whole \
+                 on the GPU; leave -ngl to --fit, or give -ngl 0 to run both on the CPU"
+            );
+        }
         bail!(
             "{} do not both fit on {}: together they need {} (the draft model {} of weights + {} of cache, \
              speculation buffers {}), short by {}; give a smaller -c, --cache-type-k/v q8_0, a smaller draft \
