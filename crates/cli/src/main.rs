@@ -52,7 +52,9 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     // `-ngl N` (llama.cpp's spelling) becomes `--ngl N`: clap's short flags are one letter.
-    let cli = Cli::parse_from(commands::device_args::rewrite_llama_flags(std::env::args_os()));
+    let cli = Cli::parse_from(commands::device_args::rewrite_llama_flags(
+        std::env::args_os(),
+    ));
     match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),

@@ -168,7 +168,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn run_on<B: super::speculate::SpecBackend>(args: &Args, model: &ModelOn<B>, placed: &Placed) -> anyhow::Result<()> {
+fn run_on<B: super::speculate::SpecBackend>(
+    args: &Args,
+    model: &ModelOn<B>,
+    placed: &Placed,
+) -> anyhow::Result<()> {
     let tokenizer =
         Tokenizer::from_gguf(model.gguf().metadata()).context("loading the tokenizer")?;
     let n_ctx = placed.n_ctx;
