@@ -253,8 +253,12 @@ fn plan_types_with(
             .find(|(n, d)| n.ends_with(suffix) && d.len() >= 2)
             .map(|(_, d)| d[1])
     };
+    // A Qwen3-Next / Qwen3.5 hybrid (its DeltaNet layers carry `ssm_*` tensors) stores query and
+    // output gate in one `attn_q`: twice the query rows, which must not double the ratio
+    // (llama.cpp takes n_head / n_head_kv from the hyperparameters).
+    let gated_q = tensors.iter().any(|(n, _)| n.contains(".ssm_"));
     let gqa = match (rows_of("attn_q.weight"), rows_of("attn_v.weight")) {
-        (Some(q), Some(v)) if v > 0 => q / v,
+        (Some(q), Some(v)) if v > 0 => q / v / if gated_q { 2 } else { 1 },
         _ => 1,
     };
 
@@ -616,6 +620,34 @@ mod tests {
         assert_eq!(imat(FileType::Q4_0, "blk.3.ffn_down.weight"), Q4_1);
         assert_eq!(imat(FileType::Q4_0, "blk.4.ffn_down.weight"), Q4_0);
         assert_eq!(imat(FileType::Q5_0, "blk.0.ffn_down.weight"), Q5_1);
+    }
+
+    /// Qwen3.5's `attn_q` holds query and gate (twice the query rows): the GQA rules must see
+    /// n_head / n_head_kv (llama.cpp's `n_gqa()`), not twice that.
+    #[test]
+    fn gated_attention_does_not_double_the_gqa() {
+        let s = Shape {
+            n_head: 8,
+            n_head_kv: 4, // gqa 2: the attn_v bumps of GQA >= 4 must not apply
+            ..Shape::qwen3_5_27b()
+        };
+        let t = s.tensors();
+        let v = t
+            .iter()
+            .position(|(n, _)| n.ends_with("attn_v.weight"))
+            .unwrap();
+        let q = t
+            .iter()
+            .position(|(n, _)| n.ends_with("attn_q.weight"))
+            .unwrap();
+        assert_eq!(t[q].1[1], 2 * t[v].1[1] * 2, "attn_q: query + gate rows");
+        use GgmlType::*;
+        assert_eq!(plan_types_default(&t, FileType::IQ4XS)[v], IQ4XS);
+        assert_eq!(plan_types(&t, FileType::Q2K)[v], Q3K);
+        let real = Shape::qwen3_5_27b(); // 24 / 4 = 6: bumped
+        let t = real.tensors();
+        assert_eq!(plan_types_default(&t, FileType::IQ4XS)[v], Q5K);
+        assert_eq!(plan_types(&t, FileType::Q2K)[v], Q4K);
     }
 
     #[test]
