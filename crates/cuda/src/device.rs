@@ -13,14 +13,12 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 /// Weights loaded with ld.global.nc.L1::no_allocate: 2-8 % faster than plain loads on every
 /// type and shape of the H200 sweep (BENCHMARKS.md, matvec v3).
 pub const DEFAULT_MATVEC_LOAD_MODE: i32 = 2;
-/// Unused since matvec v3 (x in shared memory lost to x in registers shared by R rows).
-pub const DEFAULT_MATVEC_X_IN_SMEM: bool = false;
 
 /// What the driver reports about one GPU.
 #[derive(Clone, Debug)]
@@ -134,8 +132,6 @@ pub struct CudaDevice {
     /// How block-format matvec kernels load weights (see kernels/matvec_quant.cu
     /// `ld_weights`): 0 plain, 1 evict-first, 2 bypass L1. A tuning knob for benchmarks.
     matvec_load_mode: AtomicI32,
-    /// Single-token block-format matvecs keep x in shared memory (persistent blocks).
-    matvec_x_in_smem: AtomicBool,
     /// Prefill GEMM: cuBLAS (loaded at first use) and its scratch (crate::gemm).
     pub(crate) gemm: crate::gemm::GemmState,
 }
@@ -173,7 +169,6 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             matvec_load_mode: AtomicI32::new(DEFAULT_MATVEC_LOAD_MODE),
-            matvec_x_in_smem: AtomicBool::new(DEFAULT_MATVEC_X_IN_SMEM),
             gemm: crate::gemm::GemmState::default(),
         })
     }
@@ -182,15 +177,6 @@ impl CudaDevice {
     pub fn set_matvec_load_mode(&self, mode: i32) {
         self.matvec_load_mode
             .store(mode.clamp(0, 2), Ordering::Relaxed);
-    }
-
-    /// Whether single-token block-format matvecs stage x in shared memory.
-    pub fn set_matvec_x_in_smem(&self, on: bool) {
-        self.matvec_x_in_smem.store(on, Ordering::Relaxed);
-    }
-
-    pub fn matvec_x_in_smem(&self) -> bool {
-        self.matvec_x_in_smem.load(Ordering::Relaxed)
     }
 
     pub fn matvec_load_mode(&self) -> i32 {
