@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use convert::{convert_hf, convert_hf_chunked, OutType};
 use gguf::{GgufFile, Value};
 
+#[path = "support/safetensors.rs"]
+mod safetensors;
+use safetensors::write_safetensors;
+
 const HF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures-hf");
 
 fn fixture(arch: &str, file: &str) -> PathBuf {
@@ -106,25 +110,6 @@ fn q8_0_equals_llama_cpp_all() {
     for arch in ["llama", "qwen2", "qwen3", "qwen35"] {
         check(arch, OutType::Q8_0, "model-q8_0.gguf");
     }
-}
-
-/// Writes a safetensors file of f32 tensors (name, shape, values).
-fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, shape, v) in tensors {
-        let b = data.len();
-        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [b, data.len()]}),
-        );
-    }
-    let h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend(h);
-    out.extend(data);
-    std::fs::write(path, out).unwrap();
 }
 
 /// Qwen3.5 with one MTP layer, split over two shards with an index: the main tensors still
