@@ -30,6 +30,7 @@ pub mod draft;
 pub mod fit;
 pub mod gpus;
 pub mod model_memory;
+pub mod split;
 pub mod suggest;
 
 use backend::KvType;
@@ -40,6 +41,7 @@ pub use draft::{DraftBytes, Speculation};
 pub use fit::{fit, Fit, FitMode, FitRefusal, FitRequest};
 pub use gpus::GpuSpec;
 pub use model_memory::{ModelMemory, PlanTensor, RecurrentDims, TensorGroup};
+pub use split::{fit_split, plan_split, CardPlan, SplitFit, SplitMode, SplitPlan, SplitRequest};
 pub use suggest::{ContextOption, QuantOption, Suggestions};
 
 /// Effective read bandwidth of CPU matvec over host memory, GB/s, when layers run on the CPU.
