@@ -416,3 +416,15 @@ extern "C" __global__ void mo_delta_rule(const float* __restrict__ q, const floa
         }
     }
 }
+
+// ---- profiling -------------------------------------------------------------------------------
+
+// Spins one thread for `ns` nanoseconds of device time (REDLINE_PROFILE_OPS: the host queues a
+// whole decode step behind it, so the per-op events time kernels running back to back).
+extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}

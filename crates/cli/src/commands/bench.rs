@@ -170,7 +170,13 @@ fn bench_on<B: Backend>(
             progress(&format!("tg{}{suffix}", args.n_gen), rep, args.n_gen, s);
             if rep > 0 {
                 rates.push(args.n_gen as f64 / s);
+            } else {
+                // REDLINE_PROFILE_OPS: the warm-up compiled kernels; time the measured reps.
+                cuda::backend::op_profile_reset();
             }
+        }
+        if let Some(table) = cuda::backend::op_profile_report() {
+            eprint!("{table}");
         }
         let roofline = placed.bandwidth_gbs.map(|bw| {
             let p = &placed.plan;

@@ -14,6 +14,8 @@
 //! of another thread on the same backend: a capture records everything on the stream.
 
 mod dense;
+mod profile;
+mod recurrent;
 mod sequence;
 mod step;
 
@@ -28,7 +30,9 @@ use crate::device::{CudaDevice, CudaOptions};
 use crate::matvec::{self, DeviceMatrix, MatvecScratch};
 use step::{Mode, StepCtl};
 
+pub use profile::{op_profile_enabled, op_profile_report, op_profile_reset};
 pub use sequence::{CudaKvCache, CudaRecurrentState};
+pub use recurrent::{Conv1dForm, DeltaRuleForm, CHUNKED_MIN_RUN};
 
 /// Tensors of at most this many elements are also kept as f32 on the device (norm weights,
 /// biases, conv taps, small test matrices), like the CPU backend's small-tensor copies.
@@ -104,6 +108,8 @@ pub struct CudaBackend {
     dev: CudaDevice,
     scratch: Mutex<Scratch>,
     step: Mutex<StepCtl>,
+    /// Per-op device timing (`REDLINE_PROFILE_OPS=1`, see [`profile`]).
+    profile: Option<Mutex<profile::OpProfile>>,
 }
 
 /// Host integers on the device for one launch: a staging slot inside a step, else a buffer
@@ -138,14 +144,21 @@ impl CudaBackend {
     }
 
     pub fn from_device(dev: CudaDevice) -> CudaBackend {
-        CudaBackend {
+        let mut b = CudaBackend {
             dev,
             scratch: Mutex::new(Scratch {
                 buf: None,
                 capacity: 0,
             }),
             step: Mutex::new(StepCtl::new()),
+            profile: None,
+        };
+        if profile::op_profile_enabled() {
+            // Timed ops run eagerly: a graph replay has no per-op boundaries.
+            b.set_graphs_enabled(false);
+            b.profile = Some(Mutex::new(profile::OpProfile::new()));
         }
+        b
     }
 
     /// Turns CUDA-graph recording of decode steps on or off (default on unless
@@ -365,11 +378,16 @@ impl backend::Backend for CudaBackend {
     }
 
     fn begin_step(&self, key: u64) -> backend::StepMode {
-        self.step_ctl().begin(key, self.dev.stream())
+        let mode = self.step_ctl().begin(key, self.dev.stream());
+        if let Err(e) = self.profile_begin_step() {
+            eprintln!("cuda: op profile: {e}");
+        }
+        mode
     }
 
     fn end_step(&self) -> Result<(), BackendError> {
-        self.step_ctl().end(self.dev.stream())
+        self.step_ctl().end(self.dev.stream())?;
+        self.profile_end_step()
     }
 
     fn abort_step(&self) {
@@ -407,7 +425,10 @@ impl backend::Backend for CudaBackend {
         tokens: &[u32],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        self.embed_impl(table, tokens, out)
+        self.timed(
+            || "embed".to_string(),
+            || self.embed_impl(table, tokens, out),
+        )
     }
 
     fn matmul(
@@ -417,17 +438,20 @@ impl backend::Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.matmul_impl(w, x, out)
+        self.timed(
+            || format!("matmul {} {}x{} n={}", w.ty.name(), w.rows, w.cols, x.rows),
+            || self.matmul_impl(w, x, out),
+        )
     }
 
     fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.add_bias_impl(x, bias)
+        self.timed(|| "add_bias".to_string(), || self.add_bias_impl(x, bias))
     }
 
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.add_impl(x, y)
+        self.timed(|| "add".to_string(), || self.add_impl(x, y))
     }
 
     fn rms_norm(
@@ -438,7 +462,10 @@ impl backend::Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.rms_norm_impl(Some(x), w, None, eps, out)
+        self.timed(
+            || "rms_norm".to_string(),
+            || self.rms_norm_impl(Some(x), w, None, eps, out),
+        )
     }
 
     fn rms_norm_inplace(
@@ -448,7 +475,10 @@ impl backend::Backend for CudaBackend {
         eps: f32,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.rms_norm_impl(None, w, None, eps, x)
+        self.timed(
+            || "rms_norm_inplace".to_string(),
+            || self.rms_norm_impl(None, w, None, eps, x),
+        )
     }
 
     fn l2_norm(
@@ -460,7 +490,10 @@ impl backend::Backend for CudaBackend {
         eps: f32,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.l2_norm_impl(x, col0, len, group, eps)
+        self.timed(
+            || "l2_norm".to_string(),
+            || self.l2_norm_impl(x, col0, len, group, eps),
+        )
     }
 
     fn rope(
@@ -470,7 +503,10 @@ impl backend::Backend for CudaBackend {
         head_dim: usize,
         p: &backend::RopeParams,
     ) -> Result<(), BackendError> {
-        self.rope_impl(x, positions, head_dim, p)
+        self.timed(
+            || "rope".to_string(),
+            || self.rope_impl(x, positions, head_dim, p),
+        )
     }
 
     fn swiglu(
@@ -480,17 +516,20 @@ impl backend::Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.swiglu_impl(gate, up, out)
+        self.timed(|| "swiglu".to_string(), || self.swiglu_impl(gate, up, out))
     }
 
     fn silu(&self, x: &mut CudaTensor) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.unary_impl("mo_silu", x)
+        self.timed(|| "silu".to_string(), || self.unary_impl("mo_silu", x))
     }
 
     fn mul_sigmoid(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.mul_sigmoid_impl(x, gate)
+        self.timed(
+            || "mul_sigmoid".to_string(),
+            || self.mul_sigmoid_impl(x, gate),
+        )
     }
 
     fn gated_rms_norm(
@@ -501,7 +540,10 @@ impl backend::Backend for CudaBackend {
         eps: f32,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.rms_norm_impl(None, w, Some(z), eps, x)
+        self.timed(
+            || "gated_rms_norm".to_string(),
+            || self.rms_norm_impl(None, w, Some(z), eps, x),
+        )
     }
 
     fn copy_cols(
@@ -511,7 +553,10 @@ impl backend::Backend for CudaBackend {
         c: &backend::ColumnCopy,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.copy_cols_impl(src, dst, c)
+        self.timed(
+            || "copy_cols".to_string(),
+            || self.copy_cols_impl(src, dst, c),
+        )
     }
 
     fn get_rows(
@@ -520,7 +565,10 @@ impl backend::Backend for CudaBackend {
         rows: &[usize],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        self.get_rows_impl(x, rows, out)
+        self.timed(
+            || "get_rows".to_string(),
+            || self.get_rows_impl(x, rows, out),
+        )
     }
 
     fn new_kv_cache(
@@ -548,7 +596,10 @@ impl backend::Backend for CudaBackend {
         p: &backend::AttentionParams,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        self.attention_impl(q, k, v, rows, caches, p, out)
+        self.timed(
+            || "attention".to_string(),
+            || self.attention_impl(q, k, v, rows, caches, p, out),
+        )
     }
 
     fn new_recurrent_state(
@@ -574,7 +625,10 @@ impl backend::Backend for CudaBackend {
         states: &mut [&mut CudaRecurrentState],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        self.conv1d_impl(x, w, rows, states, out)
+        self.timed(
+            || "conv1d".to_string(),
+            || self.conv1d_impl(x, w, rows, states, out),
+        )
     }
 
     fn delta_rule_gates(
@@ -585,7 +639,10 @@ impl backend::Backend for CudaBackend {
         a: &CudaWeight,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.delta_rule_gates_impl(alpha, beta, dt_bias, a)
+        self.timed(
+            || "delta_rule_gates".to_string(),
+            || self.delta_rule_gates_impl(alpha, beta, dt_bias, a),
+        )
     }
 
     fn delta_rule(
@@ -599,6 +656,9 @@ impl backend::Backend for CudaBackend {
         states: &mut [&mut CudaRecurrentState],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        self.delta_rule_impl(q, k, v, g, beta, rows, states, out)
+        self.timed(
+            || "delta_rule".to_string(),
+            || self.delta_rule_impl(q, k, v, g, beta, rows, states, out),
+        )
     }
 }
