@@ -14,9 +14,11 @@ pub use quantize::{has_quantizer, quantize_row, quantize_row_with_imatrix, quant
 pub mod activation;
 pub mod dot;
 pub mod matvec;
+pub mod packed;
 pub mod team;
 
 pub use activation::{activation_row_bytes, quantize_activations, vec_dot_type};
 pub use dot::{vec_dot, Isa};
 pub use matvec::{matmul, matmul_quantized, matvec, matvec_on, quantize_activation_rows};
+pub use packed::{PackedActs, PackedMatrix};
 pub use team::Team;

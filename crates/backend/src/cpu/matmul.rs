@@ -70,6 +70,26 @@ pub fn matvec_on(
     Ok(())
 }
 
+/// [`matmul`] with `w` already repacked (`quant::packed`), on `team` when given (else the
+/// current rayon pool). x: `[n, k]`, out: `[n, m]`.
+pub fn matmul_packed(
+    w: &quant::PackedMatrix,
+    team: Option<&quant::Team>,
+    x: &CpuTensor,
+    out: &mut CpuTensor,
+) -> Result<(), BackendError> {
+    let (rows, cols) = w.shape();
+    if x.cols != cols {
+        return Err(shape_err(
+            "matmul",
+            format!("x has {} columns, weight rows have {cols}", x.cols),
+        ));
+    }
+    check_shape("matmul", out, x.rows, rows)?;
+    w.matmul(team, &x.data, x.rows, &mut out.data);
+    Ok(())
+}
+
 /// Slow reference of [`matmul`]: dequantize each weight row, dot in f64.
 pub fn matmul_reference(
     w: &CpuWeight,

@@ -11,7 +11,7 @@ pub mod elementwise;
 pub mod matmul;
 pub mod rope;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use gguf::{GgmlType, GgufFile};
 
@@ -68,6 +68,10 @@ pub struct CpuWeight {
     pub cols: usize,
     /// f32 copy of small tensors, for element-wise ops.
     small: Option<Vec<f32>>,
+    /// The matrix repacked into 16-row interleaved groups (`quant::packed`), made at its
+    /// first matmul (so a table only ever read by `embed` is never copied) and shared by
+    /// clones. `None` inside when the type/shape/CPU has no packed kernel.
+    packed: Arc<OnceLock<Option<quant::PackedMatrix>>>,
 }
 
 impl CpuWeight {
@@ -121,6 +125,9 @@ pub struct CpuBackend {
     team: Option<quant::Team>,
     /// Use the slow reference kernels (f32 activations, f64 accumulation) for matmul.
     reference: bool,
+    /// Repack Q4_0 / Q4_K / Q6_K matrices at first use for the interleaved kernels
+    /// (`quant::packed`); `REDLINE_CPU_REPACK=0` reads every weight in place instead (A/B).
+    repack: bool,
 }
 
 impl CpuBackend {
@@ -132,10 +139,12 @@ impl CpuBackend {
             .map_err(|e| BackendError::ThreadPool(e.to_string()))?;
         let team = (std::env::var("REDLINE_CPU_TEAM").as_deref() != Ok("0"))
             .then(|| quant::Team::new(pool.current_num_threads()));
+        let repack = std::env::var("REDLINE_CPU_REPACK").as_deref() != Ok("0");
         Ok(CpuBackend {
             pool,
             team,
             reference: false,
+            repack,
         })
     }
 
@@ -150,6 +159,20 @@ impl CpuBackend {
 
     pub fn n_threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// `w` repacked for the interleaved kernels (packing it now if this is its first use),
+    /// or `None` where there is no packed kernel for it.
+    fn packed<'w>(&self, w: &'w CpuWeight) -> Option<&'w quant::PackedMatrix> {
+        if !self.repack || !quant::packed::supports(w.ty, w.rows, w.cols) {
+            return None;
+        }
+        w.packed
+            .get_or_init(|| {
+                let p = self.run(|| quant::PackedMatrix::pack(w.ty, w.bytes(), w.rows, w.cols));
+                Some(p)
+            })
+            .as_ref()
     }
 
     /// Runs `f` on this backend's pool (so rayon inside uses our threads).
@@ -196,6 +219,7 @@ impl Backend for CpuBackend {
             rows,
             cols,
             small,
+            packed: Arc::default(),
         })
     }
 
@@ -239,6 +263,12 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         if self.reference {
             return matmul::matmul_reference(w, x, out);
+        }
+        if let Some(p) = self.packed(w) {
+            if x.rows == 1 {
+                return matmul::matmul_packed(p, self.team.as_ref(), x, out);
+            }
+            return self.run(|| matmul::matmul_packed(p, self.team.as_ref(), x, out));
         }
         if let (Some(team), 1) = (&self.team, x.rows) {
             return matmul::matvec_on(team, w, x, out);

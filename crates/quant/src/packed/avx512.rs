@@ -1,0 +1,258 @@
+//! AVX-512 VNNI kernels over one 16-row interleaved group (layouts in `mod.rs`) and
+//! 1..=[`MAX_T`] tokens.
+//!
+//! In every kernel a zmm of weights holds 4 consecutive unsigned weights of each of the 16
+//! rows (row r in i32 lane r); `vpdpbusd` with the token's 4 activation bytes broadcast
+//! adds their 4 products into lane r. The weights are unpacked to bytes once per block and
+//! reused for all `T` tokens; the accumulators start at the token's precomputed offset sum
+//! (−8 Σq for Q4_0, −32 Σq for Q6_K) so the offsets cost nothing per token. Block scales
+//! of the 16 rows are one vector (`vcvtph2ps`), sub-block scales multiply the integer sums
+//! (`vpmulld`), and the 16 results of a token are stored with one store.
+
+use super::{PackedActs, MAX_T};
+use gguf::GgmlType;
+use std::arch::x86_64::*;
+
+/// Where token t's prepared activations start.
+struct Tok {
+    qs: *const i8,
+    d: *const f32,
+    sums: *const i32,
+}
+
+/// 4 activation bytes at `p` in every i32 lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn bcast4(p: *const i8) -> __m512i {
+    // SAFETY: the caller passes a pointer to 4 readable bytes.
+    _mm512_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn ld(p: *const u8) -> __m512i {
+    // SAFETY: the caller passes a pointer to 64 readable bytes.
+    unsafe { _mm512_loadu_si512(p.cast()) }
+}
+
+/// 16 f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn ld_f16x16(p: *const u8) -> __m512 {
+    // SAFETY: the caller passes a pointer to 32 readable bytes.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
+}
+
+/// Runs the kernel of `ty` on the group at `w` (`nb` blocks / super-blocks) for tokens
+/// `t0..t0 + nt` of `acts`, storing 16 f32 at `out[i]` for token `t0 + i`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI present; `w` points to one whole packed group of `nb` units;
+/// `acts` was prepared for `ty` with `nb * block_size` columns; `t0 + nt <= n_tokens`,
+/// `1 <= nt <= MAX_T`; `out[..nt]` each valid for 16 f32 writes.
+pub(super) unsafe fn group(
+    ty: GgmlType,
+    w: *const u8,
+    nb: usize,
+    acts: &PackedActs,
+    t0: usize,
+    nt: usize,
+    out: &[*mut f32; MAX_T],
+) {
+    let n = acts.n_tokens;
+    let (nd, ns) = (acts.d.len() / n, acts.sums.len() / n);
+    let tok: [Tok; MAX_T] = std::array::from_fn(|i| {
+        let t = (t0 + i).min(n - 1);
+        Tok {
+            qs: acts.qs[t * acts.n_cols..].as_ptr(),
+            d: acts.d[t * nd..].as_ptr(),
+            sums: acts.sums[t * ns..].as_ptr(),
+        }
+    });
+    macro_rules! go {
+        ($k:ident) => {
+            // SAFETY: forwarded from this function's contract.
+            unsafe {
+                match nt {
+                    1 => $k::<1>(w, nb, &tok, out),
+                    2 => $k::<2>(w, nb, &tok, out),
+                    3 => $k::<3>(w, nb, &tok, out),
+                    4 => $k::<4>(w, nb, &tok, out),
+                    5 => $k::<5>(w, nb, &tok, out),
+                    6 => $k::<6>(w, nb, &tok, out),
+                    7 => $k::<7>(w, nb, &tok, out),
+                    8 => $k::<8>(w, nb, &tok, out),
+                    _ => unreachable!("tile of {nt} tokens"),
+                }
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_0 => go!(q4_0),
+        GgmlType::Q4K => go!(q4_k),
+        GgmlType::Q6K => go!(q6_k),
+        _ => unreachable!("no packed kernel for {ty}"),
+    }
+}
+
+/// Q4_0 group · T Q8_0 rows. Per block b: quants at `256 b` (chunk k: bytes 4k..4k+4 of
+/// each row, low nibbles = elements 4k.., high = 16 + 4k..), f16 scales at `256 nb + 32 b`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_0<const T: usize>(
+    w: *const u8,
+    nb: usize,
+    tok: &[Tok; MAX_T],
+    out: &[*mut f32; MAX_T],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); T];
+    // SAFETY (whole body): offsets stay inside the group of nb × 288 bytes and inside each
+    // token's nb × 32 activations, nb scales and nb sums (the caller's contract).
+    unsafe {
+        let ds = w.add(256 * nb);
+        for b in 0..nb {
+            let q = w.add(256 * b);
+            let raw: [__m512i; 4] = std::array::from_fn(|k| ld(q.add(64 * k)));
+            let lo = raw.map(|c| _mm512_and_si512(c, m4));
+            let hi = raw.map(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(c), m4));
+            let dw = ld_f16x16(ds.add(32 * b));
+            for t in 0..T {
+                let a = tok[t].qs.add(32 * b);
+                let mut s = _mm512_set1_epi32(*tok[t].sums.add(b));
+                for k in 0..4 {
+                    s = _mm512_dpbusd_epi32(s, lo[k], bcast4(a.add(4 * k)));
+                    s = _mm512_dpbusd_epi32(s, hi[k], bcast4(a.add(16 + 4 * k)));
+                }
+                let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*tok[t].d.add(b)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm512_storeu_ps(out[t], acc[t]);
+        }
+    }
+}
+
+/// Q4_K group · T Q8_K rows. Super-block b at `2368 b`: d, dmin (16 f16 each), scales
+/// `[8][16]` u8 at 64, mins `[4][16][2]` u8 at 192, quant chunks at 320 (chunk j = bytes
+/// 4j..4j+4 of each row's qs: low nibbles in sub-block 2(j/8), high in 2(j/8)+1).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k<const T: usize>(
+    w: *const u8,
+    nb: usize,
+    tok: &[Tok; MAX_T],
+    out: &[*mut f32; MAX_T],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); T];
+    // SAFETY (whole body): offsets stay inside the group's nb super-blocks and each
+    // token's nb × 256 activations, nb scales and 4 nb sums.
+    unsafe {
+        for b in 0..nb {
+            let u = w.add(2368 * b);
+            let mut isum = [_mm512_setzero_si512(); T];
+            for s in 0..8 {
+                let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(64 + 16 * s).cast()));
+                let chunks = u.add(320 + 64 * 8 * (s / 2));
+                let q: [__m512i; 8] = std::array::from_fn(|i| {
+                    let raw = ld(chunks.add(64 * i));
+                    if s % 2 == 0 {
+                        _mm512_and_si512(raw, m4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4)
+                    }
+                });
+                for t in 0..T {
+                    let a = tok[t].qs.add(256 * b + 32 * s);
+                    let mut p = _mm512_setzero_si512();
+                    for (i, qi) in q.iter().enumerate() {
+                        p = _mm512_dpbusd_epi32(p, *qi, bcast4(a.add(4 * i)));
+                    }
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p, sc));
+                }
+            }
+            let dw = ld_f16x16(u);
+            let dmin = ld_f16x16(u.add(32));
+            let mins: [__m512i; 4] = std::array::from_fn(|k| {
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256(u.add(192 + 32 * k).cast()))
+            });
+            for t in 0..T {
+                let sums = tok[t].sums.add(4 * b);
+                let mut m = _mm512_setzero_si512();
+                for (k, mk) in mins.iter().enumerate() {
+                    m = _mm512_dpwssd_epi32(m, *mk, _mm512_set1_epi32(*sums.add(k)));
+                }
+                let dy = _mm512_set1_ps(*tok[t].d.add(b));
+                acc[t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, dy), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dy), acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm512_storeu_ps(out[t], acc[t]);
+        }
+    }
+}
+
+/// Q6_K group · T Q8_K rows. Super-block b at `3392 b`: 32 `ql` chunks at 0, 16 `qh`
+/// chunks at 2048, scales `[16][16]` i8 at 3072, 16 f16 d at 3328. Sub-block s (elements
+/// 16s..16s+16) = half h = s/8, quarter m = (s%8)/2, l-half lh = s%2 of ggml's loop:
+/// low bits from ql chunk 16h + 8(m&1) + 4lh + i (high nibble for m ≥ 2), high bits
+/// 2m..2m+2 of qh chunk 8h + 4lh + i.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k<const T: usize>(
+    w: *const u8,
+    nb: usize,
+    tok: &[Tok; MAX_T],
+    out: &[*mut f32; MAX_T],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); T];
+    // SAFETY (whole body): offsets stay inside the group's nb super-blocks and each
+    // token's nb × 256 activations, nb scales and 16 nb sums.
+    unsafe {
+        for b in 0..nb {
+            let u = w.add(3392 * b);
+            let mut isum = [_mm512_setzero_si512(); T];
+            for s in 0..16 {
+                let (h, m, lh) = (s / 8, (s % 8) / 2, s % 2);
+                let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(u.add(3072 + 16 * s).cast()));
+                let q: [__m512i; 4] = std::array::from_fn(|i| {
+                    let ql = ld(u.add(64 * (16 * h + 8 * (m & 1) + 4 * lh + i)));
+                    let qh = ld(u.add(2048 + 64 * (8 * h + 4 * lh + i)));
+                    let lo = if m >= 2 {
+                        _mm512_srli_epi16::<4>(ql)
+                    } else {
+                        ql
+                    };
+                    // Bits 2m, 2m+1 of qh to bits 4, 5.
+                    let hi = match m {
+                        0 => _mm512_slli_epi16::<4>(qh),
+                        1 => _mm512_slli_epi16::<2>(qh),
+                        2 => qh,
+                        _ => _mm512_srli_epi16::<2>(qh),
+                    };
+                    // (lo & 0x0f) | (hi & 0x30)
+                    _mm512_ternarylogic_epi32::<0xEA>(lo, m4, _mm512_and_si512(hi, m30))
+                });
+                for t in 0..T {
+                    let a = tok[t].qs.add(256 * b + 16 * s);
+                    let mut p = _mm512_set1_epi32(*tok[t].sums.add(16 * b + s));
+                    for (i, qi) in q.iter().enumerate() {
+                        p = _mm512_dpbusd_epi32(p, *qi, bcast4(a.add(4 * i)));
+                    }
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p, sc));
+                }
+            }
+            let dw = ld_f16x16(u.add(3328));
+            for t in 0..T {
+                let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*tok[t].d.add(b)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), dd, acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm512_storeu_ps(out[t], acc[t]);
+        }
+    }
+}
