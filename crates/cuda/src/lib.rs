@@ -15,6 +15,7 @@ pub mod gemm;
 pub mod hybrid;
 pub mod kernel_cache;
 pub mod matvec;
+pub mod multi;
 pub mod nvrtc;
 pub mod ops;
 pub mod reference;
