@@ -76,6 +76,8 @@ fn main() {
                 })
             };
             let t_packed = best(reps, || p.matmul(Some(&team), &x, n_tokens, &mut y));
+            let p2 = PackedMatrix::pack_with(quant::Isa::Avx2, ty, &w, rows, cols);
+            let t_avx2 = best(reps, || p2.matmul(Some(&team), &x, n_tokens, &mut y));
             let unit = |t: f64| {
                 if n_tokens == 1 {
                     format!("{:6.1} GB/s", w.len() as f64 / t / 1e9)
@@ -84,10 +86,11 @@ fn main() {
                 }
             };
             println!(
-                "{ty:5} [{rows:5}, {cols:5}] x {n_tokens:3}: row {}  packed {}  ({:.2}x)",
+                "{ty:5} [{rows:5}, {cols:5}] x {n_tokens:3}: row {}  packed {} ({:.2}x)  packed AVX2 {}",
                 unit(t_row),
                 unit(t_packed),
-                t_row / t_packed
+                t_row / t_packed,
+                unit(t_avx2),
             );
         }
     }

@@ -11,7 +11,9 @@ use quant::dot::{vec_dot_with, Isa};
 use quant::packed::{self, PackedMatrix};
 use quant::Team;
 
+#[allow(clippy::too_many_arguments)]
 fn check(
+    isa: Isa,
     ty: GgmlType,
     n_rows: usize,
     n_cols: usize,
@@ -24,7 +26,8 @@ fn check(
     let x: Vec<f32> = (0..n_tokens)
         .flat_map(|_| rng.activations(n_cols))
         .collect();
-    let p = PackedMatrix::pack(ty, &w, n_rows, n_cols);
+    let p = PackedMatrix::pack_with(isa, ty, &w, n_rows, n_cols);
+    assert_eq!(p.isa(), isa);
     let mut y = vec![f32::NAN; n_tokens * n_rows];
     p.matmul(team, &x, n_tokens, &mut y);
     let row_bytes = w.len() / n_rows;
@@ -38,7 +41,7 @@ fn check(
             let got = y[t * n_rows + r] as f64;
             assert!(
                 (got - want).abs() <= 2.0 * tol,
-                "{ty} [{n_rows}, {n_cols}] x {n_tokens} tokens: y[{t}, {r}] = {got}, scalar {want} (tol {tol})"
+                "{isa:?} {ty} [{n_rows}, {n_cols}] x {n_tokens} tokens: y[{t}, {r}] = {got}, scalar {want} (tol {tol})"
             );
         }
     }
@@ -51,24 +54,28 @@ fn types() -> Vec<GgmlType> {
         .collect()
 }
 
+/// Every packed-kernel path this CPU runs (each is forced in turn).
+fn isas() -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|&i| packed::isa_available(i))
+        .collect()
+}
+
 #[test]
 fn packed_matches_scalar_dot_for_every_tile_size() {
     if types().is_empty() {
         eprintln!("no packed kernels on this CPU: nothing to test");
         return;
     }
-    for ty in types() {
-        let bs = ty.block_size();
-        for (i, &cols) in [bs, 3 * bs, 5 * bs].iter().enumerate() {
-            for n_tokens in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17] {
-                check(
-                    ty,
-                    32,
-                    cols,
-                    n_tokens,
-                    None,
-                    100 * i as u64 + n_tokens as u64,
-                );
+    for isa in isas() {
+        for ty in types() {
+            let bs = ty.block_size();
+            for (i, &cols) in [bs, 3 * bs, 5 * bs].iter().enumerate() {
+                for n_tokens in [1, 2, 3, 4, 5, 6, 7, 8, 9, 17] {
+                    let seed = 100 * i as u64 + n_tokens as u64;
+                    check(isa, ty, 32, cols, n_tokens, None, seed);
+                }
             }
         }
     }
@@ -80,15 +87,37 @@ fn packed_matches_scalar_dot_on_a_team_and_the_pool() {
         return;
     }
     let team = Team::new(2);
-    for ty in types() {
-        let cols = 6 * ty.block_size().max(256);
-        // Enough bytes that one token runs in parallel chunks too.
-        let rows = 16 * 40;
-        for n_tokens in [1, 11] {
-            check(ty, rows, cols, n_tokens, Some(&team), 7 + n_tokens as u64);
-            check(ty, rows, cols, n_tokens, None, 9 + n_tokens as u64);
+    for isa in isas() {
+        for ty in types() {
+            let cols = 6 * ty.block_size().max(256);
+            // Enough bytes that one token runs in parallel chunks too.
+            let rows = 16 * 40;
+            for n_tokens in [1, 11] {
+                check(
+                    isa,
+                    ty,
+                    rows,
+                    cols,
+                    n_tokens,
+                    Some(&team),
+                    7 + n_tokens as u64,
+                );
+                check(isa, ty, rows, cols, n_tokens, None, 9 + n_tokens as u64);
+            }
         }
     }
+}
+
+#[test]
+fn every_x86_path_with_the_features_has_packed_kernels() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert_eq!(packed::isa_available(Isa::Avx2), Isa::Avx2.available());
+        let vnni = Isa::Avx512.available() && std::is_x86_feature_detected!("avx512vnni");
+        assert_eq!(packed::isa_available(Isa::Avx512), vnni);
+        eprintln!("packed kernel paths on this CPU: {:?}", isas());
+    }
+    assert!(!packed::isa_available(Isa::Scalar));
 }
 
 #[test]

@@ -9,16 +9,9 @@
 //! of the 16 rows are one vector (`vcvtph2ps`), sub-block scales multiply the integer sums
 //! (`vpmulld`), and the 16 results of a token are stored with one store.
 
-use super::{PackedActs, MAX_T};
+use super::{Tok, MAX_T};
 use gguf::GgmlType;
 use std::arch::x86_64::*;
-
-/// Where token t's prepared activations start.
-struct Tok {
-    qs: *const i8,
-    d: *const f32,
-    sums: *const i32,
-}
 
 /// 4 activation bytes at `p` in every i32 lane.
 #[inline]
@@ -43,45 +36,34 @@ unsafe fn ld_f16x16(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
 }
 
-/// Runs the kernel of `ty` on the group at `w` (`nb` blocks / super-blocks) for tokens
-/// `t0..t0 + nt` of `acts`, storing 16 f32 at `out[i]` for token `t0 + i`.
+/// Runs the kernel of `ty` on the group at `w` (`nb` blocks / super-blocks) for the
+/// tokens `tok[..nt]`, storing 16 f32 at `out[i]` for token `i`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI present; `w` points to one whole packed group of `nb` units;
-/// `acts` was prepared for `ty` with `nb * block_size` columns; `t0 + nt <= n_tokens`,
-/// `1 <= nt <= MAX_T`; `out[..nt]` each valid for 16 f32 writes.
+/// each `tok[..nt]` points into activations prepared for `ty` with `nb * block_size`
+/// columns; `1 <= nt <= MAX_T`; `out[..nt]` each valid for 16 f32 writes.
 pub(super) unsafe fn group(
     ty: GgmlType,
     w: *const u8,
     nb: usize,
-    acts: &PackedActs,
-    t0: usize,
+    tok: &[Tok; MAX_T],
     nt: usize,
     out: &[*mut f32; MAX_T],
 ) {
-    let n = acts.n_tokens;
-    let (nd, ns) = (acts.d.len() / n, acts.sums.len() / n);
-    let tok: [Tok; MAX_T] = std::array::from_fn(|i| {
-        let t = (t0 + i).min(n - 1);
-        Tok {
-            qs: acts.qs[t * acts.n_cols..].as_ptr(),
-            d: acts.d[t * nd..].as_ptr(),
-            sums: acts.sums[t * ns..].as_ptr(),
-        }
-    });
     macro_rules! go {
         ($k:ident) => {
             // SAFETY: forwarded from this function's contract.
             unsafe {
                 match nt {
-                    1 => $k::<1>(w, nb, &tok, out),
-                    2 => $k::<2>(w, nb, &tok, out),
-                    3 => $k::<3>(w, nb, &tok, out),
-                    4 => $k::<4>(w, nb, &tok, out),
-                    5 => $k::<5>(w, nb, &tok, out),
-                    6 => $k::<6>(w, nb, &tok, out),
-                    7 => $k::<7>(w, nb, &tok, out),
-                    8 => $k::<8>(w, nb, &tok, out),
+                    1 => $k::<1>(w, nb, tok, out),
+                    2 => $k::<2>(w, nb, tok, out),
+                    3 => $k::<3>(w, nb, tok, out),
+                    4 => $k::<4>(w, nb, tok, out),
+                    5 => $k::<5>(w, nb, tok, out),
+                    6 => $k::<6>(w, nb, tok, out),
+                    7 => $k::<7>(w, nb, tok, out),
+                    8 => $k::<8>(w, nb, tok, out),
                     _ => unreachable!("tile of {nt} tokens"),
                 }
             }

@@ -29,10 +29,13 @@
 //! (Q4_0's −8, Q6_K's −32) and Q4_K's mins into the integer accumulators.
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 use crate::activation::quantize_activations_into;
 use crate::blocks::{f16_le, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use crate::dot::Isa;
 use crate::team::Team;
 use bytemuck::{cast_slice, cast_slice_mut, Pod, Zeroable};
 use gguf::GgmlType;
@@ -63,24 +66,38 @@ fn unit_bytes(ty: GgmlType) -> usize {
     }
 }
 
-/// The kernels' instruction set, if this CPU runs them.
-fn kernels_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            crate::dot::Isa::Avx512.available() && std::is_x86_feature_detected!("avx512vnni")
-        })
+/// Whether this CPU runs the packed kernels of path `isa`: [`Isa::Avx512`] needs VNNI
+/// on top of AVX-512 F/BW/VL; [`Isa::Avx2`] AVX2 + FMA + F16C. No other path has them.
+pub fn isa_available(isa: Isa) -> bool {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *OK.get_or_init(|| {
+                Isa::Avx512.available() && std::is_x86_feature_detected!("avx512vnni")
+            })
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Isa::Avx2.available(),
+        _ => false,
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+}
+
+/// The fastest packed-kernel path of this CPU, if any.
+pub fn best_isa() -> Option<Isa> {
+    [Isa::Avx512, Isa::Avx2]
+        .into_iter()
+        .find(|&i| isa_available(i))
 }
 
 /// Whether a `[n_rows, n_cols]` matrix of `ty` can be packed and multiplied on this CPU:
 /// a packed layout and kernel exist for `ty`, and the rows split into whole groups.
 pub fn supports(ty: GgmlType, n_rows: usize, n_cols: usize) -> bool {
+    best_isa().is_some() && shape_supported(ty, n_rows, n_cols)
+}
+
+fn shape_supported(ty: GgmlType, n_rows: usize, n_cols: usize) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q6K)
-        && kernels_available()
         && n_rows > 0
         && n_rows.is_multiple_of(GROUP_ROWS)
         && n_cols > 0
@@ -89,6 +106,8 @@ pub fn supports(ty: GgmlType, n_rows: usize, n_cols: usize) -> bool {
 
 /// A weight matrix `[n_rows, n_cols]` in the 16-row interleaved layout of its type.
 pub struct PackedMatrix {
+    /// Which kernels run it (the layout is the same for all).
+    isa: Isa,
     ty: GgmlType,
     n_rows: usize,
     n_cols: usize,
@@ -114,9 +133,26 @@ impl PackedMatrix {
     /// Repacks `w`: `[n_rows, n_cols]` of `ty` in the file's row-major block layout.
     /// Panics unless [`supports`]`(ty, n_rows, n_cols)` and `w` has the right length.
     pub fn pack(ty: GgmlType, w: &[u8], n_rows: usize, n_cols: usize) -> PackedMatrix {
+        let isa = best_isa().expect("no packed kernels on this CPU");
+        PackedMatrix::pack_with(isa, ty, w, n_rows, n_cols)
+    }
+
+    /// As [`PackedMatrix::pack`], run by the kernels of a forced path (for tests; panics
+    /// unless [`isa_available`]`(isa)`).
+    pub fn pack_with(
+        isa: Isa,
+        ty: GgmlType,
+        w: &[u8],
+        n_rows: usize,
+        n_cols: usize,
+    ) -> PackedMatrix {
         assert!(
-            supports(ty, n_rows, n_cols),
-            "{ty} [{n_rows}, {n_cols}] cannot be packed on this CPU"
+            isa_available(isa),
+            "no packed kernels for {isa:?} on this CPU"
+        );
+        assert!(
+            shape_supported(ty, n_rows, n_cols),
+            "{ty} [{n_rows}, {n_cols}] has no packed layout"
         );
         let (row_bytes, _) = crate::dot::row_lengths(ty, n_cols);
         assert_eq!(w.len(), n_rows * row_bytes, "{ty} weights: byte length");
@@ -138,12 +174,18 @@ impl PackedMatrix {
             .enumerate()
             .for_each(|(g, dst)| pack_group(rows(g), dst, nb));
         PackedMatrix {
+            isa,
             ty,
             n_rows,
             n_cols,
             group_bytes,
             lines,
         }
+    }
+
+    /// The path whose kernels run this matrix.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -234,23 +276,42 @@ impl PackedMatrix {
         out: &OutRows,
         row0: usize,
     ) {
-        assert!(kernels_available() && t0 + nt <= acts.n_tokens && nt <= MAX_T);
+        assert!(t0 + nt <= acts.n_tokens && (1..=MAX_T).contains(&nt));
         assert_eq!(w.len(), self.group_bytes);
-        #[cfg(target_arch = "x86_64")]
-        {
-            let ptrs: [*mut f32; MAX_T] = std::array::from_fn(|i| {
-                let t = (t0 + i).min(acts.n_tokens - 1);
-                // SAFETY: t < n_tokens and row0 + 16 <= n_rows, so this is inside `y`.
-                unsafe { out.0.add(t * self.n_rows + row0) }
-            });
-            let nb = self.n_cols / self.ty.block_size();
-            // SAFETY: the kernels need AVX-512 F/BW/VL/VNNI (checked by
-            // `kernels_available`), a whole group `w` of `nb` units (asserted above) and
-            // activations of `n_cols` for tokens t0..t0+nt (asserted above and at
-            // construction); the output pointers are valid for 16 f32 each.
-            unsafe { avx512::group(self.ty, w.as_ptr(), nb, acts, t0, nt, &ptrs) };
+        let n = acts.n_tokens;
+        let (nd, ns) = (acts.d.len() / n, acts.sums.len() / n);
+        let mut ptrs = [std::ptr::null_mut(); MAX_T];
+        let tok: [Tok; MAX_T] = std::array::from_fn(|i| {
+            let t = (t0 + i).min(n - 1);
+            // SAFETY: t < n_tokens and row0 + 16 <= n_rows, so this is inside `y`.
+            ptrs[i] = unsafe { out.0.add(t * self.n_rows + row0) };
+            Tok {
+                qs: acts.qs[t * acts.n_cols..].as_ptr(),
+                d: acts.d[t * nd..].as_ptr(),
+                sums: acts.sums[t * ns..].as_ptr(),
+            }
+        });
+        let nb = self.n_cols / self.ty.block_size();
+        // SAFETY: `isa` was checked available at packing; `w` is one whole group of `nb`
+        // units (asserted above); each `tok` points at a token's activations of `n_cols`
+        // (checked against this matrix by `matmul_acts`); the output pointers are valid
+        // for 16 f32 each.
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::group(self.ty, w.as_ptr(), nb, &tok, nt, &ptrs) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::group(self.ty, w.as_ptr(), nb, &tok, nt, &ptrs) },
+            _ => unreachable!("no packed kernels for {:?}", self.isa),
         }
     }
+}
+
+/// Where one token's prepared activations start (pointers into a [`PackedActs`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Tok {
+    qs: *const i8,
+    d: *const f32,
+    sums: *const i32,
 }
 
 /// Output rows `[n_tokens, n_rows]`, written by several threads at disjoint places.
