@@ -405,16 +405,20 @@ pub fn load_placed(
                 .map_or("the model".into(), DraftRequest::what);
             let why = match &refusal {
                 FitRefusal::DoesNotFit(p) => format!(
-                    "{what} do not fit on {} (short by {}) and --fit gpu-only forbids offloading layers to the CPU; \
-                     use --fit on, a smaller -c, --cache-type-k/v q8_0, or a smaller quant (above)",
+                    "not enough GPU memory for {what} on {} (short by {}), and --fit gpu-only forbids offloading layers \
+                     to the CPU; use --fit on, a smaller -c, --cache-type-k/v q8_0, or a smaller quant (above)",
                     gpu.name,
                     mib(p.short_by_bytes)
                 ),
                 FitRefusal::ForcedTooLarge(p) => format!(
-                    "-ngl {} needs {} on the GPU but only {} is usable; give a smaller -ngl or leave it to --fit",
+                    "-ngl {} needs {} on the GPU ({} for redline, {} already held by the CUDA context and other \
+                     processes) but only {} is usable: short by {}; give a smaller -ngl or leave it to --fit",
                     pargs.n_gpu_layers.unwrap_or(0),
                     mib(p.gpu_bytes_placed),
-                    mib(usable)
+                    mib(p.gpu_bytes_placed.saturating_sub(runtime)),
+                    mib(runtime),
+                    mib(usable),
+                    mib(p.gpu_bytes_placed.saturating_sub(usable))
                 ),
             };
             log.block(&super::plan::render(refusal.plan()));
