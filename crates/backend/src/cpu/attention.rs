@@ -293,7 +293,7 @@ fn attend_block(
             let sc = &mut scores[..n_keys];
             let mut max = f32::NEG_INFINITY;
             for (s, kr) in sc.iter_mut().zip(keys.chunks_exact(hk)) {
-                *s = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                *s = quant::dot::dot_f32(qh, kr) * p.scale;
                 max = max.max(*s);
             }
             let mut sum = 0.0f32;

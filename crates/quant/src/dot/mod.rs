@@ -214,6 +214,15 @@ pub(crate) fn check_lengths(ty: GgmlType, w: &[u8], act: &[u8], n: usize) {
     );
 }
 
+/// `Σ a[i] · b[i]` over f32 slices of any (equal) length on the fastest path of this CPU,
+/// for callers outside the matrix kernels (attention scores). Panics on unequal lengths.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    static KERNEL: OnceLock<DotFn> = OnceLock::new();
+    assert_eq!(a.len(), b.len(), "f32 dot of unequal lengths");
+    let k = KERNEL.get_or_init(|| dot_kernel(best_isa(), GgmlType::F32).expect("f32 dot"));
+    k(bytemuck::cast_slice(a), bytemuck::cast_slice(b), a.len())
+}
+
 /// `dot(w_row, act)` for weight type `ty` on the fastest path of this CPU.
 ///
 /// `w_row`: one weight row of `n` elements; `act`: the row quantized by
