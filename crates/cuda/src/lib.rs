@@ -6,6 +6,7 @@
 //! architecture at first use, then cached on disk ([`kernel_cache`]). With no GPU,
 //! [`open_or_cpu`] says so once and the caller runs on the CPU.
 
+pub mod attention;
 pub mod backend;
 pub mod bandwidth;
 pub mod compile_check;

@@ -23,10 +23,12 @@ pub enum Program {
     ModelOps,
     /// Prefill GEMM feeding: dequantize to f16, x to f16 (crate::gemm).
     Gemm,
+    /// Attention over the KV cache: split-KV decode and tensor-core prefill (crate::attention).
+    FlashAttn,
 }
 
 impl Program {
-    pub const ALL: [Program; 7] = [
+    pub const ALL: [Program; 8] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
@@ -34,6 +36,7 @@ impl Program {
         Program::Attention,
         Program::ModelOps,
         Program::Gemm,
+        Program::FlashAttn,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -45,6 +48,7 @@ impl Program {
             Program::Attention => "attention.cu",
             Program::ModelOps => "model_ops.cu",
             Program::Gemm => "gemm.cu",
+            Program::FlashAttn => "flash_attn.cu",
         }
     }
 
@@ -57,6 +61,7 @@ impl Program {
             Program::Attention => include_str!("../kernels/attention.cu"),
             Program::ModelOps => include_str!("../kernels/model_ops.cu"),
             Program::Gemm => include_str!("../kernels/gemm.cu"),
+            Program::FlashAttn => include_str!("../kernels/flash_attn.cu"),
         }
     }
 

@@ -7,6 +7,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::step::Mode;
 use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
+use crate::attention;
 
 /// Largest head size the attention kernel keeps in registers (MO_ATT_MAX_DIM).
 const MAX_HEAD_DIM: usize = 512;
@@ -54,6 +55,16 @@ impl CudaRecurrentState {
     pub(super) fn bytes(&self) -> usize {
         4 * ((self.shape.d_conv.saturating_sub(1)) * self.shape.conv_channels
             + self.shape.n_v_heads * self.shape.d_v * self.shape.d_k)
+    }
+}
+
+/// The cache type as the kernels number it (mo_kv_store, mo_attention_split).
+fn kv_type_code(t: KvType) -> i32 {
+    match t {
+        KvType::F32 => 0,
+        KvType::F16 => 1,
+        KvType::Q8_0 => 2,
+        KvType::Q4_0 => 3,
     }
 }
 
@@ -183,6 +194,9 @@ impl CudaBackend {
             }
         }
         let by_seq = rows_by_seq(rows, caches.len())?;
+        let flash_tile = attention::enabled()
+            .then(|| attention::decode_tile(p))
+            .flatten();
         for (s, idx) in by_seq.iter().enumerate() {
             if idx.is_empty() {
                 continue;
@@ -199,7 +213,158 @@ impl CudaBackend {
             let row_ids = self.host_ints(&row_ids)?;
             let pos = self.host_ints(&pos)?;
             let max_len = idx.iter().map(|&i| rows[i].pos + 1).max().unwrap_or(1);
-            self.attend_one_sequence(q, k, v, cache, &row_ids, &pos, idx.len(), max_len, p, out)?;
+            match flash_tile {
+                Some(tile) => self.attend_flash(
+                    q,
+                    k,
+                    v,
+                    cache,
+                    &row_ids,
+                    &pos,
+                    idx.len(),
+                    max_len,
+                    tile,
+                    p,
+                    out,
+                )?,
+                None => self.attend_one_sequence(
+                    q,
+                    k,
+                    v,
+                    cache,
+                    &row_ids,
+                    &pos,
+                    idx.len(),
+                    max_len,
+                    p,
+                    out,
+                )?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the new K/V rows of one sequence, then runs the kernels of [`attention`]:
+    /// the tensor-core prefill kernel for [`attention::PREFILL_MIN_ROWS`] rows or more where
+    /// it takes the shape and cache type, else split-KV decode (splits from `n_ctx` inside a
+    /// step, so a recorded launch fits every length; from the longest row otherwise), with
+    /// at most 256 row-splits per call so the partials stay bounded.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_flash(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        cache: &mut CudaKvCache,
+        row_ids: &HostInts,
+        pos: &HostInts,
+        n_rows: usize,
+        max_len: usize,
+        tile: usize,
+        p: &AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let mode = self.mode();
+        let prefill = n_rows >= attention::PREFILL_MIN_ROWS
+            && attention::prefill_supported(&self.dev, p, cache.kv_type);
+        let splits = if prefill {
+            1
+        } else {
+            let bound = if mode != Mode::Off {
+                cache.n_ctx
+            } else {
+                max_len
+            };
+            attention::decode_splits(bound, tile).min((256 / n_rows).max(1))
+        };
+        let part_len = attention::partials_len(n_rows, p, splits);
+        // Taken before the replay check: a replayed step must take the same arena blocks.
+        let (part_ptr, _part_own) = if part_len == 0 {
+            (0u64, None)
+        } else if mode == Mode::Off {
+            let own = self.alloc_f32(part_len)?;
+            (super::step::dev_ptr(&own, self.dev.stream()), Some(own))
+        } else {
+            (self.step_ctl().shared_scratch(part_len)?, None)
+        };
+        if mode == Mode::Replay {
+            return Ok(());
+        }
+        self.store_kv_rows(k, v, cache, row_ids, pos, n_rows)?;
+        let kv = attention::KvRef {
+            k: &cache.k,
+            v: &cache.v,
+            k_pos_bytes: cache.k_pos_bytes,
+            v_pos_bytes: cache.v_pos_bytes,
+            kv_type: cache.kv_type,
+        };
+        if prefill {
+            attention::launch_prefill(
+                &self.dev,
+                &q.data,
+                row_ids.ptr,
+                pos.ptr,
+                n_rows,
+                &kv,
+                &mut out.data,
+                p,
+            )
+        } else {
+            attention::launch_decode(
+                &self.dev,
+                &q.data,
+                row_ids.ptr,
+                pos.ptr,
+                n_rows,
+                &kv,
+                &mut out.data,
+                part_ptr,
+                splits,
+                tile,
+                p,
+            )
+        }
+        .map_err(dev_err)
+    }
+
+    /// Stores the K and V rows `row_ids` of `k` / `v` at positions `pos` of the cache.
+    fn store_kv_rows(
+        &self,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        cache: &mut CudaKvCache,
+        row_ids: &HostInts,
+        pos: &HostInts,
+        n_rows: usize,
+    ) -> Result<(), BackendError> {
+        let ty = kv_type_code(cache.kv_type);
+        let store = self.function("mo_kv_store")?;
+        for (src, buf, pos_bytes) in [
+            (k, &mut cache.k, cache.k_pos_bytes),
+            (v, &mut cache.v, cache.v_pos_bytes),
+        ] {
+            let width = src.cols;
+            let cfg = LaunchConfig {
+                grid_dim: (n_rows as u32, width.div_ceil(32) as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (src_cols, col0, width_i, pb) =
+                (src.cols as i32, 0i32, width as i32, pos_bytes as i64);
+            let mut b = self.dev.stream().launch_builder(&store);
+            b.arg(&*src.data)
+                .arg(&src_cols)
+                .arg(&col0)
+                .arg(&row_ids.ptr)
+                .arg(&pos.ptr)
+                .arg(buf)
+                .arg(&width_i)
+                .arg(&pb)
+                .arg(&ty);
+            // SAFETY: matches mo_kv_store(src, src_cols, col0, rows, pos, cache, width,
+            // pos_bytes, type); rows < n, pos < n_ctx (checked), the cache holds n_ctx
+            // rows of pos_bytes; block types have width % 32 == 0 (checked at creation).
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
         Ok(())
     }
@@ -248,41 +413,9 @@ impl CudaBackend {
         if mode == Mode::Replay {
             return Ok(());
         }
-        let ty: i32 = match cache.kv_type {
-            KvType::F32 => 0,
-            KvType::F16 => 1,
-            KvType::Q8_0 => 2,
-            KvType::Q4_0 => 3,
-        };
+        let ty = kv_type_code(cache.kv_type);
         // Store this sequence's new K and V rows first: row r then attends 0..=pos[r].
-        let store = self.function("mo_kv_store")?;
-        for (src, buf, pos_bytes) in [
-            (k, &mut cache.k, cache.k_pos_bytes),
-            (v, &mut cache.v, cache.v_pos_bytes),
-        ] {
-            let width = src.cols;
-            let cfg = LaunchConfig {
-                grid_dim: (n_rows as u32, width.div_ceil(32) as u32, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (src_cols, col0, width_i, pb) =
-                (src.cols as i32, 0i32, width as i32, pos_bytes as i64);
-            let mut b = self.dev.stream().launch_builder(&store);
-            b.arg(&*src.data)
-                .arg(&src_cols)
-                .arg(&col0)
-                .arg(&row_ids.ptr)
-                .arg(&pos.ptr)
-                .arg(buf)
-                .arg(&width_i)
-                .arg(&pb)
-                .arg(&ty);
-            // SAFETY: matches mo_kv_store(src, src_cols, col0, rows, pos, cache, width,
-            // pos_bytes, type); rows < n, pos < n_ctx (checked), the cache holds n_ctx
-            // rows of pos_bytes; block types have width % 32 == 0 (checked at creation).
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        }
+        self.store_kv_rows(k, v, cache, row_ids, pos, n_rows)?;
         let attend = self.function("mo_attention_split")?;
         let cfg = LaunchConfig {
             grid_dim: (n_rows as u32, p.n_head as u32, splits as u32),

@@ -1,0 +1,417 @@
+//! Attention over a sequence's KV cache on the device (kernels/flash_attn.cu): which kernel a
+//! batch takes, how it is cut, its shared-memory and scratch sizes, and the launches.
+//!
+//! - **Decode** (`fa_decode_*` + `fa_merge`): for rows that each attend to a long context. A
+//!   block takes one row, one KV head and one split of the row's positions, loads K/V tiles of
+//!   `T` positions once with 16-byte (f16/f32) or 2-byte (q8_0/q4_0 blocks) loads into shared
+//!   f32 and serves all `n_head / n_kv_head` query heads of the group from them. Splits write
+//!   partials `(max, sum, acc[head_dim_v])` that one merge launch combines. The split count is
+//!   chosen by the caller from a bound that does not change between decode steps (`n_ctx`
+//!   inside a recorded step), so the launch replays in a CUDA graph at any depth.
+//! - **Prefill** (`fa_prefill_d{64,128,256}_*`): for many rows of one sequence. A block takes
+//!   64 rows and one query head; Q goes to shared f16 once, then per tile of 32 positions
+//!   S = Q K^T and O += P V on tensor cores (PTX wmma m16n16k16, f32 accumulation) with an
+//!   online softmax and the causal mask by absolute positions: no n x n matrix anywhere.
+//!   Rows need not be consecutive; the work per block is bounded by its largest position.
+//!
+//! Both read K/V from the cache as stored (f32, f16, q8_0, q4_0; the prefill kernel takes
+//! f16/q8_0/q4_0 and converts tiles to f16; an f32 cache keeps f32 math on the decode kernel).
+//!
+//! Scratch: the decode partials, `partials_len` f32 — `n_rows * n_head * splits *
+//! (head_dim_v + 2)` for `splits > 1`, at most [`MAX_SPLITS`] splits; the prefill kernel needs
+//! none.
+//!
+//! `REDLINE_FLASH_ATTN=0` turns these kernels off (the older per-row kernels of
+//! kernels/model_ops.cu run instead); [`set_enabled`] does the same for tests.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use backend::{AttentionParams, KvType};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, Result};
+use crate::sources::Program;
+
+/// Threads of a decode block (FD_THREADS).
+const DECODE_THREADS: usize = 128;
+/// float4 accumulators per decode thread (FD_MAX_ITEMS): `G * head_dim_v / 4` must fit.
+const DECODE_MAX_ITEMS: usize = 8;
+/// Most decode splits (FA_MAX_SPLITS).
+pub const MAX_SPLITS: usize = 64;
+/// Decode splits are sized so each takes about this many tiles (fewer splits waste less merge
+/// work; more fill the card when one row has few KV heads).
+const TILES_PER_SPLIT: usize = 2;
+/// Query rows of a prefill block (FP_BM) and positions per K/V tile (FP_BN).
+const PREFILL_ROWS: usize = 64;
+const PREFILL_TILE: usize = 32;
+/// Warps of a prefill block (FP_WARPS).
+const PREFILL_WARPS: usize = 4;
+/// Rows of one sequence in one call from which the prefill kernel is used (below, the decode
+/// kernel runs once per row: a few rows re-read the cache from L2 at little cost).
+pub const PREFILL_MIN_ROWS: usize = 8;
+/// Dynamic shared memory a kernel may use without opting in.
+const DEFAULT_SMEM_BYTES: usize = 48 << 10;
+
+/// 0: not read yet, 1: off, 2: on.
+static ENABLED: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the kernels of this module serve `CudaBackend::attention` (`REDLINE_FLASH_ATTN`,
+/// default on; `0` off).
+pub fn enabled() -> bool {
+    match ENABLED.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let on = std::env::var("REDLINE_FLASH_ATTN").map_or(DEFAULT_ENABLED, |v| v != "0");
+            ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Default of [`enabled`] when `REDLINE_FLASH_ATTN` is unset.
+const DEFAULT_ENABLED: bool = false;
+
+/// Turns the kernels of this module on or off for the whole process (tests, A/B benches).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// A KV cache as the kernels read it: `[n_ctx][n_kv_head * head_dim]` rows of `kv_type`.
+pub struct KvRef<'a> {
+    pub k: &'a CudaSlice<u8>,
+    pub v: &'a CudaSlice<u8>,
+    pub k_pos_bytes: usize,
+    pub v_pos_bytes: usize,
+    pub kv_type: KvType,
+}
+
+fn group(p: &AttentionParams) -> usize {
+    p.n_head / p.n_kv_head.max(1)
+}
+
+/// Dynamic shared memory of a decode block: q [G][dk], K and V tiles [T][d + 4], scores
+/// [G][T] and three [G] arrays, f32.
+pub fn decode_smem_bytes(p: &AttentionParams, tile: usize) -> usize {
+    let g = group(p);
+    let (dk, dv) = (p.head_dim_k, p.head_dim_v);
+    4 * (g * dk + tile * (dk + 4) + tile * (dv + 4) + g * tile + 3 * g)
+}
+
+/// Positions per decode tile for this shape, or `None` where the decode kernel does not apply
+/// (head sizes not a multiple of 8, a group too wide for its accumulators or shared memory).
+pub fn decode_tile(p: &AttentionParams) -> Option<usize> {
+    let (dk, dv) = (p.head_dim_k, p.head_dim_v);
+    if p.n_kv_head == 0
+        || p.n_head == 0
+        || !p.n_head.is_multiple_of(p.n_kv_head)
+        || dk == 0
+        || dv == 0
+        || !dk.is_multiple_of(8)
+        || !dv.is_multiple_of(8)
+        || group(p) * dv / 4 > DECODE_THREADS * DECODE_MAX_ITEMS
+    {
+        return None;
+    }
+    [32, 16, 8]
+        .into_iter()
+        .find(|&t| decode_smem_bytes(p, t) <= DEFAULT_SMEM_BYTES)
+}
+
+/// Splits for rows of up to `positions` positions in tiles of `tile`: about
+/// [`TILES_PER_SPLIT`] tiles each, at most [`MAX_SPLITS`].
+pub fn decode_splits(positions: usize, tile: usize) -> usize {
+    positions
+        .div_ceil(tile.max(1))
+        .div_ceil(TILES_PER_SPLIT)
+        .clamp(1, MAX_SPLITS)
+}
+
+/// f32 values of decode partials for `n_rows` rows cut into `splits` (0 for one split: the
+/// kernel then writes the output directly).
+pub fn partials_len(n_rows: usize, p: &AttentionParams, splits: usize) -> usize {
+    if splits <= 1 {
+        0
+    } else {
+        n_rows * p.n_head * splits * (p.head_dim_v + 2)
+    }
+}
+
+/// Dynamic shared memory of a prefill block for head size `d`: Q, K and V tiles in f16
+/// ([64 + 32 + 32][d + 8]), per-warp scores [4][16][36] f32, per-row floats and ints.
+pub fn prefill_smem_bytes(d: usize) -> usize {
+    2 * (PREFILL_ROWS + 2 * PREFILL_TILE) * (d + 8)
+        + 4 * PREFILL_WARPS * 16 * (PREFILL_TILE + 4)
+        + 4 * PREFILL_WARPS * 16
+        + 4 * (2 * PREFILL_ROWS + 1)
+}
+
+/// The prefill kernel's name for this shape and cache type, if there is one.
+fn prefill_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'static str> {
+    if p.head_dim_k != p.head_dim_v
+        || p.n_kv_head == 0
+        || p.n_head == 0
+        || !p.n_head.is_multiple_of(p.n_kv_head)
+    {
+        return None;
+    }
+    Some(match (p.head_dim_k, kv_type) {
+        (64, KvType::F16) => "fa_prefill_d64_f16",
+        (64, KvType::Q8_0) => "fa_prefill_d64_q8_0",
+        (64, KvType::Q4_0) => "fa_prefill_d64_q4_0",
+        (128, KvType::F16) => "fa_prefill_d128_f16",
+        (128, KvType::Q8_0) => "fa_prefill_d128_q8_0",
+        (128, KvType::Q4_0) => "fa_prefill_d128_q4_0",
+        (256, KvType::F16) => "fa_prefill_d256_f16",
+        (256, KvType::Q8_0) => "fa_prefill_d256_q8_0",
+        (256, KvType::Q4_0) => "fa_prefill_d256_q4_0",
+        _ => return None,
+    })
+}
+
+/// Whether the prefill kernel takes this shape and cache type on this device (head sizes
+/// 64/128/256 equal for K and V, an f16/q8_0/q4_0 cache, its shared memory available).
+pub fn prefill_supported(dev: &CudaDevice, p: &AttentionParams, kv_type: KvType) -> bool {
+    prefill_kernel(p, kv_type).is_some()
+        && prefill_smem_bytes(p.head_dim_k) <= max_smem_per_block(dev)
+}
+
+/// Largest dynamic shared memory per block this device allows after opting in.
+fn max_smem_per_block(dev: &CudaDevice) -> usize {
+    use cudarc::driver::sys::CUdevice_attribute_enum as A;
+    dev.context()
+        .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_or(DEFAULT_SMEM_BYTES, |v| v.max(0) as usize)
+}
+
+fn kv_code(t: KvType) -> &'static str {
+    match t {
+        KvType::F32 => "f32",
+        KvType::F16 => "f16",
+        KvType::Q8_0 => "q8_0",
+        KvType::Q4_0 => "q4_0",
+    }
+}
+
+fn shape_check(p: &AttentionParams, kv: &KvRef<'_>) -> Result<()> {
+    let (dk, dv) = (p.head_dim_k, p.head_dim_v);
+    let row = |d: usize| kv.kv_type.row_bytes(p.n_kv_head * d);
+    if row(dk) != Some(kv.k_pos_bytes) || row(dv) != Some(kv.v_pos_bytes) {
+        return Err(CudaError::Shape(format!(
+            "attention cache rows of {}/{} bytes for {p:?} ({})",
+            kv.k_pos_bytes, kv.v_pos_bytes, kv.kv_type
+        )));
+    }
+    Ok(())
+}
+
+/// Decode attention for `n_rows` rows of one sequence: row i is batch row `rows[i]` of `q`
+/// (`[*, n_head * head_dim_k]`) at position `pos[i]` (device i32 arrays), attending cache
+/// positions `0..=pos[i]`; the result goes to the same row of `out` (`[*, n_head *
+/// head_dim_v]`). `splits > 1` needs `part` (a device pointer) of [`partials_len`] f32 and
+/// adds the merge launch. `tile` from [`decode_tile`]. Positions must be below the cache's
+/// `n_ctx` (the caller checks).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_decode(
+    dev: &CudaDevice,
+    q: &CudaSlice<f32>,
+    rows: u64,
+    pos: u64,
+    n_rows: usize,
+    kv: &KvRef<'_>,
+    out: &mut CudaSlice<f32>,
+    part: u64,
+    splits: usize,
+    tile: usize,
+    p: &AttentionParams,
+) -> Result<()> {
+    if n_rows == 0 {
+        return Ok(());
+    }
+    shape_check(p, kv)?;
+    if decode_tile(p).is_none_or(|t| tile > t) || splits == 0 || splits > MAX_SPLITS {
+        return Err(CudaError::Shape(format!(
+            "decode attention tile {tile} / {splits} splits for {p:?}"
+        )));
+    }
+    let f = dev.function(
+        Program::FlashAttn,
+        &format!("fa_decode_{}", kv_code(kv.kv_type)),
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (splits as u32, p.n_kv_head as u32, n_rows as u32),
+        block_dim: (DECODE_THREADS as u32, 1, 1),
+        shared_mem_bytes: decode_smem_bytes(p, tile) as u32,
+    };
+    let ints = [
+        p.n_head as i32,
+        p.n_kv_head as i32,
+        p.head_dim_k as i32,
+        p.head_dim_v as i32,
+    ];
+    let (kpb, vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
+    let tile_i = tile as i32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(&rows)
+        .arg(&pos)
+        .arg(kv.k)
+        .arg(kv.v)
+        .arg(&mut *out)
+        .arg(&part);
+    for i in &ints {
+        b.arg(i);
+    }
+    b.arg(&kpb).arg(&vpb).arg(&p.scale).arg(&tile_i);
+    // SAFETY: matches fa_decode_*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, dk, dv,
+    // kpb, vpb, scale, T); cache rows checked against the shape, head sizes multiples of 8
+    // and the group within the accumulators (decode_tile), positions < n_ctx (caller), part
+    // holds partials_len values when splits > 1 (caller), shared memory sized for tile.
+    unsafe { b.launch(cfg) }?;
+    if splits > 1 {
+        let f = dev.function(Program::FlashAttn, "fa_merge")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n_rows as u32, p.n_head as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (nh, dv, s) = (p.n_head as i32, p.head_dim_v as i32, splits as i32);
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(&part)
+            .arg(&rows)
+            .arg(&mut *out)
+            .arg(&nh)
+            .arg(&dv)
+            .arg(&s);
+        // SAFETY: matches fa_merge(part, rows, out, n_head, dv, S); part filled above with
+        // S <= FA_MAX_SPLITS partials per (row, head).
+        unsafe { b.launch(cfg) }?;
+    }
+    Ok(())
+}
+
+/// Prefill attention for `n_rows` rows of one sequence (same row/position convention as
+/// [`launch_decode`]); needs [`prefill_supported`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_prefill(
+    dev: &CudaDevice,
+    q: &CudaSlice<f32>,
+    rows: u64,
+    pos: u64,
+    n_rows: usize,
+    kv: &KvRef<'_>,
+    out: &mut CudaSlice<f32>,
+    p: &AttentionParams,
+) -> Result<()> {
+    if n_rows == 0 {
+        return Ok(());
+    }
+    shape_check(p, kv)?;
+    let name = prefill_kernel(p, kv.kv_type).ok_or_else(|| {
+        CudaError::Shape(format!(
+            "no prefill attention kernel for {p:?} over {}",
+            kv.kv_type
+        ))
+    })?;
+    let f = dev.function(Program::FlashAttn, name)?;
+    let smem = prefill_smem_bytes(p.head_dim_k);
+    if smem > DEFAULT_SMEM_BYTES {
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (n_rows.div_ceil(PREFILL_ROWS) as u32, p.n_head as u32, 1),
+        block_dim: (32, PREFILL_WARPS as u32, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (n, nh, nkv) = (n_rows as i32, p.n_head as i32, p.n_kv_head as i32);
+    let (kpb, vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(&rows)
+        .arg(&pos)
+        .arg(&n)
+        .arg(kv.k)
+        .arg(kv.v)
+        .arg(&mut *out)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&kpb)
+        .arg(&vpb)
+        .arg(&p.scale);
+    // SAFETY: matches fa_prefill_d*(q, rows, pos, n_rows, kc, vc, out, n_head, n_kv_head, kpb,
+    // vpb, scale); dk == dv == the kernel's D, cache rows checked against the shape,
+    // positions < n_ctx (caller), shared memory opted in above where it exceeds the default.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(n_head: usize, n_kv_head: usize, dk: usize, dv: usize) -> AttentionParams {
+        AttentionParams {
+            n_head,
+            n_kv_head,
+            head_dim_k: dk,
+            head_dim_v: dv,
+            scale: 1.0,
+        }
+    }
+
+    #[test]
+    fn decode_tiles_fit_default_shared_memory() {
+        // Qwen2.5-32B: 40 heads over 8, 128: G = 5, tiles of 32 positions.
+        let p = params(40, 8, 128, 128);
+        assert_eq!(decode_tile(&p), Some(32));
+        assert_eq!(
+            decode_smem_bytes(&p, 32),
+            4 * (640 + 32 * 132 * 2 + 160 + 15)
+        );
+        // Qwen3.5-27B attention: 24 heads over 4 of 256: G = 6 -> 16 positions.
+        assert_eq!(decode_tile(&params(24, 4, 256, 256)), Some(16));
+        // head size not a multiple of 8, or a group too wide for the accumulators
+        assert_eq!(decode_tile(&params(4, 1, 36, 36)), None);
+        assert_eq!(decode_tile(&params(64, 1, 128, 128)), None);
+        for (h, kv, d) in [
+            (8, 8, 64),
+            (32, 4, 128),
+            (40, 5, 128),
+            (16, 2, 256),
+            (8, 1, 256),
+        ] {
+            let p = params(h, kv, d, d);
+            let t = decode_tile(&p).expect("fits");
+            assert!(decode_smem_bytes(&p, t) <= DEFAULT_SMEM_BYTES);
+        }
+    }
+
+    #[test]
+    fn splits_and_partials() {
+        assert_eq!(decode_splits(1, 32), 1);
+        assert_eq!(decode_splits(64, 32), 1);
+        assert_eq!(decode_splits(65, 32), 2);
+        assert_eq!(decode_splits(4096 + 160, 32), MAX_SPLITS);
+        let p = params(40, 8, 128, 128);
+        assert_eq!(partials_len(1, &p, 1), 0);
+        assert_eq!(partials_len(2, &p, 64), 2 * 40 * 64 * 130);
+    }
+
+    #[test]
+    fn prefill_shared_memory() {
+        // d = 128 stays under the default 48 KiB (no opt-in needed on any card).
+        assert_eq!(prefill_smem_bytes(128), 256 * 136 + 9216 + 256 + 516);
+        assert!(prefill_smem_bytes(128) <= DEFAULT_SMEM_BYTES);
+        assert!(prefill_smem_bytes(256) <= 96 << 10);
+        let p = params(8, 2, 128, 128);
+        assert!(prefill_kernel(&p, KvType::F16).is_some());
+        assert!(prefill_kernel(&p, KvType::F32).is_none());
+        assert!(prefill_kernel(&params(8, 2, 128, 64), KvType::F16).is_none());
+        assert!(prefill_kernel(&params(8, 2, 96, 96), KvType::Q8_0).is_none());
+    }
+}
