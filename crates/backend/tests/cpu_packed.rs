@@ -1,4 +1,4 @@
-//! The CPU backend's repacked matmul (Q4_0 / Q4_K / Q6_K matrices whose rows split into
+//! The CPU backend's repacked matmul (Q4_0 / Q8_0 / Q4_K / Q6_K matrices whose rows split into
 //! 16-row groups are repacked at first use, `quant::packed`) against the row-major kernel
 //! on the same quantized activations (`quant::matmul`, tight) and against the slow
 //! reference (dequantized weights, f32 activations, f64 sums), for one token (decode, on
@@ -19,8 +19,9 @@ fn lcg(seed: &mut u64) -> f32 {
 }
 
 // (type, rows, cols): rows a multiple of 16 so the packed path runs (where the CPU has it).
-const CASES: [(GgmlType, usize, usize); 4] = [
+const CASES: [(GgmlType, usize, usize); 5] = [
     (GgmlType::Q4_0, 48, 160),
+    (GgmlType::Q8_0, 32, 96),
     (GgmlType::Q4K, 32, 512),
     (GgmlType::Q6K, 16, 768),
     (GgmlType::Q4_0, 16 * 48, 1024),

@@ -22,7 +22,7 @@ fn rand_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
 fn weights(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     let mut w = rand_bytes(rows * cols / ty.block_size() * ty.type_size(), seed);
     let offs: &[usize] = match ty {
-        GgmlType::Q4_0 => &[0],
+        GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q4K => &[0, 2],
         _ => &[208],
     };
@@ -56,7 +56,7 @@ fn main() {
         .build()
         .unwrap();
     let mut seed = 1;
-    for ty in [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
         for (rows, cols) in [(1536, 1536), (8960, 1536), (1536, 8960)] {
             let w = weights(ty, rows, cols, &mut seed);
             let x: Vec<f32> = rand_bytes(n_tokens * cols, &mut seed)

@@ -48,7 +48,7 @@ fn check(
 }
 
 fn types() -> Vec<GgmlType> {
-    [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K]
+    [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K]
         .into_iter()
         .filter(|&ty| packed::supports(ty, 16, 256))
         .collect()
@@ -124,7 +124,8 @@ fn every_x86_path_with_the_features_has_packed_kernels() {
 fn unsupported_shapes_are_refused() {
     assert!(!packed::supports(GgmlType::Q4_0, 8, 32));
     assert!(!packed::supports(GgmlType::Q4_0, 17, 32));
-    assert!(!packed::supports(GgmlType::Q8_0, 16, 32));
+    assert!(!packed::supports(GgmlType::Q5_0, 16, 32));
+    assert!(!packed::supports(GgmlType::Q8_0, 16, 48));
     assert!(!packed::supports(GgmlType::Q4K, 16, 0));
 }
 
@@ -136,6 +137,7 @@ fn packed_copy_costs_about_the_file_size() {
     let mut rng = Rng::new(3);
     for (ty, extra) in [
         (GgmlType::Q4_0, 1.0),
+        (GgmlType::Q8_0, 1.0),
         (GgmlType::Q4K, 2368.0 / 2304.0),
         (GgmlType::Q6K, 3392.0 / 3360.0),
     ] {

@@ -125,7 +125,7 @@ pub struct CpuBackend {
     team: Option<quant::Team>,
     /// Use the slow reference kernels (f32 activations, f64 accumulation) for matmul.
     reference: bool,
-    /// Repack Q4_0 / Q4_K / Q6_K matrices at first use for the interleaved kernels
+    /// Repack Q4_0 / Q8_0 / Q4_K / Q6_K matrices at first use for the interleaved kernels
     /// (`quant::packed`); `REDLINE_CPU_REPACK=0` reads every weight in place instead (A/B).
     repack: bool,
 }

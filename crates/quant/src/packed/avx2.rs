@@ -80,6 +80,7 @@ pub(super) unsafe fn group(
     }
     match ty {
         GgmlType::Q4_0 => go!(q4_0),
+        GgmlType::Q8_0 => go!(q8_0),
         GgmlType::Q4K => go!(q4_k),
         GgmlType::Q6K => go!(q6_k),
         _ => unreachable!("no packed kernel for {ty}"),
@@ -122,6 +123,45 @@ unsafe fn q4_0<const T: usize>(
                     _mm256_madd_epi16(s16, ones),
                     _mm256_set1_epi32(*tok[t].sums.add(b)),
                 );
+                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*tok[t].d.add(b)));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].add(8 * half), acc[t]);
+        }
+    }
+}
+
+/// Rows `8 half..8 half + 8` of a Q8_0 group · T Q8_0 rows. Signed × signed through
+/// `vpmaddubsw` as |w| × (a · sign w): pairs ≤ 2 · 128 · 127 = 32512, no saturation; the
+/// token sums (for the AVX-512 kernel's +128) are not needed.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0<const T: usize>(
+    w: *const u8,
+    nb: usize,
+    half: usize,
+    tok: &[Tok; MAX_T],
+    out: &[*mut f32; MAX_T],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); T];
+    // SAFETY (whole body): as `avx512::q8_0`, reading the half's 32 bytes of each chunk.
+    unsafe {
+        let ds = w.add(512 * nb);
+        for b in 0..nb {
+            let q = w.add(512 * b + 32 * half);
+            let wk: [__m256i; 8] = std::array::from_fn(|k| ld(q.add(64 * k)));
+            let wabs = wk.map(|v| _mm256_abs_epi8(v));
+            let dw = ld_f16x8(ds.add(32 * b + 16 * half));
+            for t in 0..T {
+                let a = tok[t].qs.add(32 * b);
+                let mut s = _mm256_setzero_si256();
+                for k in 0..8 {
+                    let sa = _mm256_sign_epi8(bcast4(a.add(4 * k)), wk[k]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[k], sa), ones);
+                    s = _mm256_add_epi32(s, p);
+                }
                 let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*tok[t].d.add(b)));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[t]);
             }

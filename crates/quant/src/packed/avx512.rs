@@ -71,6 +71,7 @@ pub(super) unsafe fn group(
     }
     match ty {
         GgmlType::Q4_0 => go!(q4_0),
+        GgmlType::Q8_0 => go!(q8_0),
         GgmlType::Q4K => go!(q4_k),
         GgmlType::Q6K => go!(q6_k),
         _ => unreachable!("no packed kernel for {ty}"),
@@ -104,6 +105,43 @@ unsafe fn q4_0<const T: usize>(
                 for k in 0..4 {
                     s = _mm512_dpbusd_epi32(s, lo[k], bcast4(a.add(4 * k)));
                     s = _mm512_dpbusd_epi32(s, hi[k], bcast4(a.add(16 + 4 * k)));
+                }
+                let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*tok[t].d.add(b)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm512_storeu_ps(out[t], acc[t]);
+        }
+    }
+}
+
+/// Q8_0 group · T Q8_0 rows. Per block b: quants at `512 b` (chunk k: bytes 4k..4k+4 of
+/// each row), f16 scales at `512 nb + 32 b`. The weights are made unsigned (w + 128, by
+/// flipping the sign bit) for `vpdpbusd`; the token's sum −128 Σa takes the 128 off.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8_0<const T: usize>(
+    w: *const u8,
+    nb: usize,
+    tok: &[Tok; MAX_T],
+    out: &[*mut f32; MAX_T],
+) {
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let mut acc = [_mm512_setzero_ps(); T];
+    // SAFETY (whole body): offsets stay inside the group of nb × 544 bytes and inside each
+    // token's nb × 32 activations, nb scales and nb sums.
+    unsafe {
+        let ds = w.add(512 * nb);
+        for b in 0..nb {
+            let q = w.add(512 * b);
+            let wu: [__m512i; 8] =
+                std::array::from_fn(|k| _mm512_xor_si512(ld(q.add(64 * k)), flip));
+            let dw = ld_f16x16(ds.add(32 * b));
+            for t in 0..T {
+                let a = tok[t].qs.add(32 * b);
+                let mut s = _mm512_set1_epi32(*tok[t].sums.add(b));
+                for (k, wk) in wu.iter().enumerate() {
+                    s = _mm512_dpbusd_epi32(s, *wk, bcast4(a.add(4 * k)));
                 }
                 let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*tok[t].d.add(b)));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, acc[t]);

@@ -1,5 +1,6 @@
 //! Weights repacked at load into 16-row interleaved groups, and the GEMM / GEMV over them
-//! (prefill and decode of Q4_0, Q4_K and Q6_K on x86-64 with AVX-512 VNNI).
+//! (prefill and decode of Q4_0, Q8_0, Q4_K and Q6_K on x86-64: AVX-512 VNNI kernels in
+//! `avx512.rs`, AVX2 ones in `avx2.rs`, chosen at run time by [`best_isa`]).
 //!
 //! Why: the row-major kernels (`dot::avx512_tile`) compute one weight row at a time, so
 //! every block ends in a horizontal sum and a scalar scale per (row, token), and the f16
@@ -16,6 +17,8 @@
 //! - Q4_0 (blocks of 32): `nb` × 256 bytes of quants (block b: chunk k = bytes
 //!   `4k..4k+4` of each row's `qs`, k = 0..4), then `nb` × 32 bytes of scales (block b:
 //!   the 16 rows' f16 `d`). Same size as the file's blocks.
+//! - Q8_0 (blocks of 32): `nb` × 512 bytes of quants (block b: chunk k = bytes
+//!   `4k..4k+4` of each row's `qs`, k = 0..8), then `nb` × 32 bytes of f16 scales.
 //! - Q4_K (super-blocks of 256): per super-block 2368 bytes = 16 f16 `d`, 16 f16 `dmin`,
 //!   scales `[8 sub-blocks][16 rows]` u8, mins `[4 pairs][16 rows][2]` u8, then 32
 //!   chunks of `qs` (chunk j = bytes `4j..4j+4` of each row). 2.8 % larger than the file.
@@ -26,7 +29,8 @@
 //! Activations are quantized exactly as for the row kernels (Q8_0 / Q8_K, so the results
 //! match [`crate::vec_dot`] up to float rounding) and then split into [`PackedActs`]: the
 //! int8 values, the f32 scales and per-block integer sums that fold the weights' offsets
-//! (Q4_0's −8, Q6_K's −32) and Q4_K's mins into the integer accumulators.
+//! (Q4_0's −8, Q6_K's −32, the +128 that makes Q8_0 weights unsigned for `vpdpbusd`) and
+//! Q4_K's mins into the integer accumulators.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -60,6 +64,7 @@ struct Line([u8; 64]);
 fn unit_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_0 => 288,
+        GgmlType::Q8_0 => 544,
         GgmlType::Q4K => 2368,
         GgmlType::Q6K => 3392,
         _ => unreachable!("no packed layout for {ty}"),
@@ -97,8 +102,10 @@ pub fn supports(ty: GgmlType, n_rows: usize, n_cols: usize) -> bool {
 }
 
 fn shape_supported(ty: GgmlType, n_rows: usize, n_cols: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q6K)
-        && n_rows > 0
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+    ) && n_rows > 0
         && n_rows.is_multiple_of(GROUP_ROWS)
         && n_cols > 0
         && n_cols.is_multiple_of(ty.block_size())
@@ -164,6 +171,7 @@ impl PackedMatrix {
         let rows = |g: usize| &w[g * GROUP_ROWS * row_bytes..(g + 1) * GROUP_ROWS * row_bytes];
         let pack_group: fn(&[u8], &mut [u8], usize) = match ty {
             GgmlType::Q4_0 => pack_q4_0,
+            GgmlType::Q8_0 => pack_q8_0,
             GgmlType::Q4K => pack_q4_k,
             GgmlType::Q6K => pack_q6_k,
             _ => unreachable!(),
@@ -357,6 +365,9 @@ fn parallel_chunks(team: Option<&Team>, n_chunks: usize, f: &(dyn Fn(usize) + Sy
 pub enum ActKind {
     /// Q8_0 blocks of 32; sums = −8 · Σq per block (Q4_0's offset).
     Q4_0,
+    /// Q8_0 blocks of 32; sums = −128 · Σq per block (the AVX-512 kernel dots the
+    /// weights + 128, unsigned).
+    Q8_0,
     /// Q8_K super-blocks; sums = the 8 sub-block (32) sums as i16 pairs, 4 words each.
     Q4K,
     /// Q8_K super-blocks; sums = −32 · Σq per 16 (Q6_K's offset), 16 words each.
@@ -367,6 +378,7 @@ impl ActKind {
     pub fn of(ty: GgmlType) -> ActKind {
         match ty {
             GgmlType::Q4_0 => ActKind::Q4_0,
+            GgmlType::Q8_0 => ActKind::Q8_0,
             GgmlType::Q4K => ActKind::Q4K,
             GgmlType::Q6K => ActKind::Q6K,
             _ => panic!("no packed kernel for {ty}"),
@@ -443,7 +455,7 @@ impl PackedActs {
 
 fn sums_per_row(kind: ActKind, n_cols: usize) -> usize {
     match kind {
-        ActKind::Q4_0 => n_cols / 32,
+        ActKind::Q4_0 | ActKind::Q8_0 => n_cols / 32,
         ActKind::Q4K => n_cols / 256 * 4,
         ActKind::Q6K => n_cols / 16,
     }
@@ -452,12 +464,13 @@ fn sums_per_row(kind: ActKind, n_cols: usize) -> usize {
 /// One quantized activation row `raw` (Q8_0 or Q8_K blocks) into the packed fields.
 fn split_row(kind: ActKind, raw: &[u8], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
     match kind {
-        ActKind::Q4_0 => {
+        ActKind::Q4_0 | ActKind::Q8_0 => {
+            let offset = if kind == ActKind::Q4_0 { 8 } else { 128 };
             let blocks: &[BlockQ8_0] = cast_slice(raw);
             for (b, blk) in blocks.iter().enumerate() {
                 qs[32 * b..32 * b + 32].copy_from_slice(&blk.qs);
                 d[b] = f16_le(blk.d);
-                sums[b] = -8 * blk.qs.iter().map(|&q| q as i32).sum::<i32>();
+                sums[b] = -offset * blk.qs.iter().map(|&q| q as i32).sum::<i32>();
             }
         }
         ActKind::Q4K | ActKind::Q6K => {
@@ -495,6 +508,23 @@ fn pack_q4_0(src: &[u8], dst: &mut [u8], nb: usize) {
             for k in 0..4 {
                 let o = 256 * b + 64 * k + 4 * r;
                 qs[o..o + 4].copy_from_slice(&blk.qs[4 * k..4 * k + 4]);
+            }
+        }
+    }
+}
+
+/// One group of 16 Q8_0 rows (`src`: 16 rows of `nb` blocks) into `dst`.
+fn pack_q8_0(src: &[u8], dst: &mut [u8], nb: usize) {
+    let blocks: &[BlockQ8_0] = cast_slice(src);
+    let (qs, ds) = dst.split_at_mut(nb * 512);
+    for r in 0..GROUP_ROWS {
+        for b in 0..nb {
+            let blk = &blocks[r * nb + b];
+            ds[32 * b + 2 * r..32 * b + 2 * r + 2].copy_from_slice(&blk.d);
+            let q: &[u8] = cast_slice(&blk.qs);
+            for k in 0..8 {
+                let o = 512 * b + 64 * k + 4 * r;
+                qs[o..o + 4].copy_from_slice(&q[4 * k..4 * k + 4]);
             }
         }
     }
