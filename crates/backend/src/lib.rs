@@ -105,6 +105,29 @@ pub trait Backend: Send + Sync + Sized {
         x: &Self::Tensor,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// Several products of one input: `outs[i] = x · ws[i]ᵀ (+ biases[i])`. `biases` is empty
+    /// (no biases) or one entry per weight. A device may run products that share a weight type
+    /// as one launch over their concatenated rows, quantize x once and add the bias in the
+    /// product's epilogue. Default: [`Backend::matmul`] then [`Backend::add_bias`] per weight.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Weight],
+        biases: &[Option<&Self::Weight>],
+        x: &Self::Tensor,
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        matmul_many_each(self, ws, biases, x, outs)
+    }
+    /// `out += x · wᵀ` (a residual added in the product's epilogue). Shapes as
+    /// [`Backend::matmul`]. Default: the product into a temporary, then [`Backend::add`].
+    fn matmul_add(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        matmul_add_via_temp(self, w, x, out)
+    }
     /// `x[r] += bias` for every row. bias: vector `[cols]`, x: `[n, cols]`.
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight) -> Result<(), BackendError>;
     /// `x += y`, both `[n, cols]`.
@@ -145,6 +168,19 @@ pub trait Backend: Send + Sync + Sized {
         head_dim: usize,
         p: &RopeParams,
     ) -> Result<(), BackendError>;
+    /// [`Backend::rope`] of q and k (same rows, positions and head size) in one call.
+    /// Default: two `rope` calls.
+    fn rope_qk(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        self.rope(q, positions, head_dim, p)?;
+        self.rope(k, positions, head_dim, p)
+    }
     /// `out = silu(gate) * up`, all `[n, n_ff]`.
     fn swiglu(
         &self,
@@ -263,4 +299,46 @@ pub trait Backend: Send + Sync + Sized {
         states: &mut [&mut Self::RecurrentState],
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+}
+
+/// [`Backend::matmul_many`] as separate ops: `matmul` then `add_bias` per weight (the default,
+/// and a device's fallback for cases its fused launch does not take).
+pub fn matmul_many_each<B: Backend>(
+    b: &B,
+    ws: &[&B::Weight],
+    biases: &[Option<&B::Weight>],
+    x: &B::Tensor,
+    outs: &mut [&mut B::Tensor],
+) -> Result<(), BackendError> {
+    if ws.len() != outs.len() || !(biases.is_empty() || biases.len() == ws.len()) {
+        return Err(BackendError::Shape {
+            op: "matmul_many",
+            detail: format!(
+                "{} weights, {} biases, {} outputs",
+                ws.len(),
+                biases.len(),
+                outs.len()
+            ),
+        });
+    }
+    for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+        b.matmul(w, x, out)?;
+        if let Some(Some(bias)) = biases.get(i) {
+            b.add_bias(out, bias)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`Backend::matmul_add`] as separate ops: the product into a temporary, then `add`.
+pub fn matmul_add_via_temp<B: Backend>(
+    b: &B,
+    w: &B::Weight,
+    x: &B::Tensor,
+    out: &mut B::Tensor,
+) -> Result<(), BackendError> {
+    let (rows, cols) = b.shape(out);
+    let mut t = b.zeros(rows, cols);
+    b.matmul(w, x, &mut t)?;
+    b.add(out, &t)
 }

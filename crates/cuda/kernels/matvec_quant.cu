@@ -311,3 +311,88 @@ MV_FORMAT(q3_k, FmtQ3_K)
 MV_FORMAT(q4_k, FmtQ4_K)
 MV_FORMAT(q5_k, FmtQ5_K)
 MV_FORMAT(q6_k, FmtQ6_K)
+
+// ---- several matrices and an epilogue in one launch (decode fusion) -------------------------
+//
+// Products that read the same x (Q/K/V, gate/up, the DeltaNet input projections) and share a
+// weight format run as one launch over their concatenated rows: more bytes per launch (a
+// 15-50 MB launch spends much of its time ramping up and draining, BENCHMARKS.md matvec v3),
+// one launch instead of several. Segment s owns blocks [block0[s], block0[s+1]); each keeps its
+// own matrix, output, optional f32 bias and accumulate flag (y += W x: the residual add), so
+// bias and residual adds need no launch of their own. One token (decode of one sequence).
+#define MVM_MAX_SEGS 4
+
+struct MvSeg {
+    const uint8_t* W;
+    float* y;
+    const float* bias;  // null: none
+    int nrows;
+    int block0;         // first block of this segment
+    int accumulate;     // 1: y += W x
+    int pad_;
+};
+
+struct MvSegs {
+    MvSeg seg[MVM_MAX_SEGS];
+    long long row_bytes;
+    int n_segs;
+    int ncols;
+};
+
+template <typename F, int R>
+static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                 const float* __restrict__ xds, int load_mode) {
+    // this block's segment (unrolled selects: no local-memory copy of the parameter struct)
+    const uint8_t* W = p.seg[0].W;
+    float* y = p.seg[0].y;
+    const float* bias = p.seg[0].bias;
+    int nrows = p.seg[0].nrows, block0 = 0, accumulate = p.seg[0].accumulate;
+#pragma unroll
+    for (int s = 1; s < MVM_MAX_SEGS; s++) {
+        if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
+            W = p.seg[s].W;
+            y = p.seg[s].y;
+            bias = p.seg[s].bias;
+            nrows = p.seg[s].nrows;
+            block0 = p.seg[s].block0;
+            accumulate = p.seg[s].accumulate;
+        }
+    }
+    const int lane = threadIdx.x;
+    const int row0 = (((int)blockIdx.x - block0) * MV_WARPS + threadIdx.y) * R;
+    if (row0 >= nrows) return;
+    float acc[R][1];
+    mv_quant_rows<F, 1, R>(W, xq, xds, nrows, p.ncols, p.row_bytes, 1, load_mode, row0, 0, 1, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float s = warp_sum(acc[r][0]);
+        const int row = row0 + r;
+        if (lane == 0 && row < nrows) {
+            float v = s;
+            if (bias) v += bias[row];
+            if (accumulate) v += y[row];
+            y[row] = v;
+        }
+    }
+}
+
+#define MVM_KERNEL(name, F, R)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvm_##name##_r##R(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
+                          int load_mode) {                                                             \
+        mvm_quant<F, R>(p, xq, xds, load_mode);                                                        \
+    }
+#define MVM_FORMAT(name, F) MVM_KERNEL(name, F, 2) MVM_KERNEL(name, F, 4)
+
+MVM_FORMAT(q4_0, FmtQ4_0)
+MVM_FORMAT(q4_1, FmtQ4_1)
+MVM_FORMAT(q5_0, FmtQ5_0)
+MVM_FORMAT(q5_1, FmtQ5_1)
+MVM_FORMAT(q8_0, FmtQ8_0)
+MVM_FORMAT(iq4_nl, FmtIQ4_NL)
+MVM_FORMAT(iq4_xs, FmtIQ4_XS)
+MVM_FORMAT(q2_k, FmtQ2_K)
+MVM_FORMAT(q3_k, FmtQ3_K)
+MVM_FORMAT(q4_k, FmtQ4_K)
+MVM_FORMAT(q5_k, FmtQ5_K)
+MVM_FORMAT(q6_k, FmtQ6_K)

@@ -428,3 +428,76 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
 }
+
+// ---- producers that also write the q8_1 copy of their output (decode fusion) ------------------
+//
+// The next consumer of these outputs is a quantized matvec, which reads x as q8_1 (int8 per
+// value + (d, d * sum q) per 32 values; kernels/matvec_quant.cu `quantize_q8_1`). Writing that
+// copy here saves the matvec's own quantize launch. The values and their quantization are the
+// same as quantize_q8_1 of the f32 output (same expressions), so fused == unfused bit for bit.
+
+// One warp holds 32 consecutive values v (lane i: value 32u + i); writes their q8_1 unit u.
+static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds, long long i, long long u) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (int8_t)q;
+    const float sum = warp_sum((float)q);
+    if ((threadIdx.x & 31) == 0) {
+        xds[2 * u] = d;
+        xds[2 * u + 1] = d * sum;
+    }
+}
+
+// mo_group_rms_norm with group == cols (one block per row, blockDim a multiple of 32, cols a
+// multiple of 32), no gate, plus the q8_1 copy: xq [n, cols] int8, xds [n, cols/32] float2.
+extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
+                                          int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps) {
+    const long long base = (long long)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / cols + eps);
+    // warp-uniform bound: cols and blockDim.x are multiples of 32
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = x[base + i] * s * w[i];
+        out[base + i] = v;
+        q8_1_unit(v, xq, xds, base + i, (base + i) / 32);
+    }
+}
+
+// mo_swiglu plus the q8_1 copy of out; n a multiple of 32 (rows are back to back, so unit
+// i / 32 of the flat index is unit (i % cols) / 32 of row i / cols when cols % 32 == 0).
+extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float* __restrict__ u, float* out,
+                                        int8_t* __restrict__ xq, float* __restrict__ xds, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float v = silu_f(g[i]) * u[i];
+        out[i] = v;
+        q8_1_unit(v, xq, xds, i, i / 32);
+    }
+}
+
+// mo_rope of q and k in one launch: grid (n_rows, n_heads_q + n_heads_k); heads past the
+// query heads rotate k.
+extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict__ pos, const float* __restrict__ factors,
+                                      int n_heads_q, int n_heads_k, int head_dim, int n_rot, float freq_base,
+                                      float freq_scale, int neox) {
+    const bool is_q = (int)blockIdx.y < n_heads_q;
+    float* h = is_q ? q + ((long long)blockIdx.x * n_heads_q + blockIdx.y) * head_dim
+                    : k + ((long long)blockIdx.x * n_heads_k + (blockIdx.y - n_heads_q)) * head_dim;
+    const float p = (float)pos[blockIdx.x];
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double theta = (double)p * freq_scale * pow((double)freq_base, -2.0 * i / (double)n_rot);
+        if (factors) theta /= factors[i];
+        const float c = (float)cos(theta), s = (float)sin(theta);
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float a = h[i0], b = h[i1];
+        h[i0] = a * c - b * s;
+        h[i1] = a * s + b * c;
+    }
+}

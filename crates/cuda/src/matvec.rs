@@ -5,7 +5,7 @@
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
 use crate::sources::Program;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use gguf::GgmlType;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -150,6 +150,68 @@ pub struct MatvecScratch {
     cols: usize,
     n_tokens: usize,
 }
+
+impl MatvecScratch {
+    /// The q8_1 buffers (xq int8 `[n, cols]`, xds `(d, d * sum)` per 32) for a kernel that
+    /// writes x's quantization itself (norm / SwiGLU producers), after which the scratch
+    /// holds x of `n_tokens` x `cols`. Errors if they are too small.
+    pub(crate) fn buffers_for(
+        &mut self,
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<(&mut CudaSlice<i8>, &mut CudaSlice<f32>)> {
+        if !cols.is_multiple_of(32)
+            || self.xq.len() < n_tokens * cols
+            || self.xds.len() < n_tokens * cols / 16
+        {
+            return Err(CudaError::Shape(format!(
+                "matvec scratch for {n_tokens}x{cols}"
+            )));
+        }
+        self.cols = cols;
+        self.n_tokens = n_tokens;
+        Ok((&mut self.xq, &mut self.xds))
+    }
+}
+
+/// Most matrices one [`CudaDevice::matvec_segments`] launch takes (MVM_MAX_SEGS).
+pub const MAX_SEGMENTS: usize = 4;
+
+/// One matrix of a [`CudaDevice::matvec_segments`] launch: `y (+)= W x (+ bias)`.
+pub struct Segment<'a> {
+    pub w: &'a DeviceMatrix,
+    /// Output, `w.n_rows` values.
+    pub y: u64,
+    /// f32 bias of `w.n_rows` values (device address), or none.
+    pub bias: Option<u64>,
+    /// `y += W x` instead of `y = W x`.
+    pub accumulate: bool,
+}
+
+/// Kernel parameter of the mvm_ kernels (struct MvSeg / MvSegs in kernels/matvec_quant.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MvSeg {
+    w: u64,
+    y: u64,
+    bias: u64,
+    nrows: i32,
+    block0: i32,
+    accumulate: i32,
+    pad: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MvSegs {
+    seg: [MvSeg; MAX_SEGMENTS],
+    row_bytes: i64,
+    n_segs: i32,
+    ncols: i32,
+}
+
+// SAFETY: plain repr(C) data (addresses and integers) with the layout of the kernel's struct.
+unsafe impl cudarc::driver::DeviceRepr for MvSegs {}
 
 impl CudaDevice {
     /// Uploads `bytes` (GGUF layout of a [n_rows, n_cols] tensor of type `ty`).
@@ -326,6 +388,75 @@ impl CudaDevice {
             unsafe { b.launch(cfg) }?;
             t0 += n;
         }
+        Ok(())
+    }
+
+    /// One-token products of several matrices of one block format and one width that read
+    /// the same x (already quantized into `xq` for one token), in one launch over their
+    /// concatenated rows, each with its own output, optional bias and accumulate flag
+    /// (kernels/matvec_quant.cu, mvm_*). The caller guarantees every `y` and `bias` holds
+    /// `w.n_rows` f32 (addresses, as the kernel takes them).
+    pub fn matvec_segments(&self, segs: &[Segment<'_>], xq: &MatvecScratch) -> Result<()> {
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        let (ty, cols) = (first.w.ty, first.w.n_cols);
+        let (stem, quantized) = kernel_stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
+        if !quantized
+            || segs.len() > MAX_SEGMENTS
+            || xq.n_tokens != 1
+            || xq.cols != cols
+            || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
+        {
+            return Err(CudaError::Shape(format!(
+                "{} segments of {} x {cols} with x quantized as {}x{}",
+                segs.len(),
+                ty.name(),
+                xq.n_tokens,
+                xq.cols
+            )));
+        }
+        let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
+        let r = rows_per_warp(ty, total_rows, cols, 1);
+        let rows_per_block = (r * WARPS_PER_BLOCK) as usize;
+        let mut p = MvSegs {
+            row_bytes: first.w.row_bytes as i64,
+            n_segs: segs.len() as i32,
+            ncols: cols as i32,
+            ..MvSegs::default()
+        };
+        let mut blocks = 0usize;
+        for (i, s) in segs.iter().enumerate() {
+            p.seg[i] = MvSeg {
+                w: {
+                    let (ptr, _sync) = s.w.data.device_ptr(self.stream());
+                    ptr
+                },
+                y: s.y,
+                bias: s.bias.unwrap_or(0),
+                nrows: s.w.n_rows as i32,
+                block0: blocks as i32,
+                accumulate: s.accumulate as i32,
+                pad: 0,
+            };
+            blocks += s.w.n_rows.div_ceil(rows_per_block);
+        }
+        if blocks == 0 {
+            return Ok(());
+        }
+        let f = self.function(Program::MatvecQuant, &format!("mvm_{stem}_r{r}"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32, WARPS_PER_BLOCK, 1),
+            shared_mem_bytes: 0,
+        };
+        let load_mode = self.matvec_load_mode();
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&p).arg(&xq.xq).arg(&xq.xds).arg(&load_mode);
+        // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode); every segment's matrix
+        // is a live DeviceMatrix of this type and width, outputs/biases hold n_rows f32 (the
+        // caller's contract), x was quantized for one token of `cols`.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 

@@ -111,7 +111,8 @@ pub fn attention_params(cfg: &ModelConfig) -> AttentionParams {
     }
 }
 
-/// Self-attention of the normed input `h` (`[n, n_embd]`); returns `[n, n_embd]`.
+/// Self-attention of the normed input `h` (`[n, n_embd]`), added to the residual stream
+/// `x` (`[n, n_embd]`).
 pub fn attention<B: Backend>(
     b: &B,
     cfg: &ModelConfig,
@@ -119,24 +120,31 @@ pub fn attention<B: Backend>(
     batch: &Batch,
     caches: &mut [&mut B::KvCache],
     h: &B::Tensor,
-) -> Result<B::Tensor, ModelError> {
-    let mut q = linear(b, &w.wq, h)?;
-    let mut k = linear(b, &w.wk, h)?;
-    let mut v = linear(b, &w.wv, h)?;
-    for (t, bias) in [(&mut q, &w.bq), (&mut k, &w.bk), (&mut v, &w.bv)] {
-        if let Some(bias) = bias {
-            b.add_bias(t, bias)?;
-        }
-    }
+    x: &mut B::Tensor,
+) -> Result<(), ModelError> {
+    let n = batch.len();
+    let mut q = b.zeros(n, b.weight_shape(&w.wq).0);
+    let mut k = b.zeros(n, b.weight_shape(&w.wk).0);
+    let mut v = b.zeros(n, b.weight_shape(&w.wv).0);
+    let biases = match (&w.bq, &w.bk, &w.bv) {
+        (None, None, None) => vec![],
+        (bq, bk, bv) => vec![bq.as_ref(), bk.as_ref(), bv.as_ref()],
+    };
+    // Q, K and V read the same h: one call (x quantized once, same-type products in one launch).
+    b.matmul_many(
+        &[&w.wq, &w.wk, &w.wv],
+        &biases,
+        h,
+        &mut [&mut q, &mut k, &mut v],
+    )?;
     if let Some(qn) = &w.q_norm {
         b.rms_norm_inplace(&mut q, qn, cfg.rms_eps)?;
     }
     if let Some(kn) = &w.k_norm {
         b.rms_norm_inplace(&mut k, kn, cfg.rms_eps)?;
     }
-    b.rope(&mut q, &batch.positions, cfg.head_dim_k, &cfg.rope)?;
-    b.rope(&mut k, &batch.positions, cfg.head_dim_k, &cfg.rope)?;
-    let mut o = b.zeros(batch.len(), cfg.n_head * cfg.head_dim_v);
+    b.rope_qk(&mut q, &mut k, &batch.positions, cfg.head_dim_k, &cfg.rope)?;
+    let mut o = b.zeros(n, cfg.n_head * cfg.head_dim_v);
     b.attention(
         &q,
         &k,
@@ -146,7 +154,8 @@ pub fn attention<B: Backend>(
         &attention_params(cfg),
         &mut o,
     )?;
-    linear(b, &w.wo, &o)
+    b.matmul_add(&w.wo, &o, x)?;
+    Ok(())
 }
 
 /// SwiGLU MLP: `down(silu(gate(h)) * up(h))`.
@@ -166,14 +175,18 @@ impl<B: Backend> FfnWeights<B> {
         })
     }
 
-    /// h: `[n, n_embd]` → `[n, n_embd]`.
-    pub fn forward(&self, b: &B, h: &B::Tensor) -> Result<B::Tensor, ModelError> {
-        let gate = linear(b, &self.gate, h)?;
-        let up = linear(b, &self.up, h)?;
-        let (n, f) = b.shape(&gate);
+    /// `x += mlp(h)`; h, x: `[n, n_embd]`.
+    pub fn forward_add(&self, b: &B, h: &B::Tensor, x: &mut B::Tensor) -> Result<(), ModelError> {
+        let (n, _) = b.shape(h);
+        let f = b.weight_shape(&self.gate).0;
+        let mut gate = b.zeros(n, f);
+        let mut up = b.zeros(n, b.weight_shape(&self.up).0);
+        // gate and up read the same h: one call (one launch when they share a weight type).
+        b.matmul_many(&[&self.gate, &self.up], &[], h, &mut [&mut gate, &mut up])?;
         let mut act = b.zeros(n, f);
         b.swiglu(&gate, &up, &mut act)?;
-        linear(b, &self.down, &act)
+        b.matmul_add(&self.down, &act, x)?;
+        Ok(())
     }
 }
 
@@ -210,11 +223,9 @@ impl<B: Backend> DenseLayer<B> {
         x: &mut B::Tensor,
     ) -> Result<(), ModelError> {
         let h = norm(b, &self.attn_norm, x, cfg.rms_eps)?;
-        let a = attention(b, cfg, &self.attn, batch, caches, &h)?;
-        b.add(x, &a)?;
+        attention(b, cfg, &self.attn, batch, caches, &h, x)?;
         let h = norm(b, &self.ffn_norm, x, cfg.rms_eps)?;
-        let f = self.ffn.forward(b, &h)?;
-        b.add(x, &f)?;
+        self.ffn.forward_add(b, &h, x)?;
         Ok(())
     }
 }

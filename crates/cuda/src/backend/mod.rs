@@ -14,12 +14,14 @@
 //! of another thread on the same backend: a capture records everything on the stream.
 
 mod dense;
+mod fused;
 mod profile;
 mod recurrent;
 mod sequence;
 mod step;
 
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use backend::{BackendError, GgufFile};
@@ -31,8 +33,8 @@ use crate::matvec::{self, DeviceMatrix, MatvecScratch};
 use step::{Mode, StepCtl};
 
 pub use profile::{op_profile_enabled, op_profile_report, op_profile_reset};
-pub use sequence::{CudaKvCache, CudaRecurrentState};
 pub use recurrent::{Conv1dForm, DeltaRuleForm, CHUNKED_MIN_RUN};
+pub use sequence::{CudaKvCache, CudaRecurrentState};
 
 /// Tensors of at most this many elements are also kept as f32 on the device (norm weights,
 /// biases, conv taps, small test matrices), like the CPU backend's small-tensor copies.
@@ -100,6 +102,8 @@ struct Scratch {
     buf: Option<MatvecScratch>,
     /// Elements of x it can hold (tokens × columns rounded up to 32).
     capacity: usize,
+    /// The tensor whose q8_1 copy `buf` holds, for reuse by the fused paths ([`fused`]).
+    holds: Option<fused::Holds>,
 }
 
 /// The GPU backend. Cheap to share: ops take `&self`; the matvec scratch and the decode-step
@@ -110,6 +114,10 @@ pub struct CudaBackend {
     step: Mutex<StepCtl>,
     /// Per-op device timing (`REDLINE_PROFILE_OPS=1`, see [`profile`]).
     profile: Option<Mutex<profile::OpProfile>>,
+    /// Fused decode paths on ([`fused`]; `REDLINE_FUSED=1`, default off until verified).
+    fused: AtomicBool,
+    /// Backend ops run so far: the fused paths reuse a q8_1 copy only from the op before.
+    ops: AtomicU64,
 }
 
 /// Host integers on the device for one launch: a staging slot inside a step, else a buffer
@@ -149,9 +157,12 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch {
                 buf: None,
                 capacity: 0,
+                holds: None,
             }),
             step: Mutex::new(StepCtl::new()),
             profile: None,
+            fused: AtomicBool::new(std::env::var("REDLINE_FUSED").is_ok_and(|v| v == "1")),
+            ops: AtomicU64::new(0),
         };
         if profile::op_profile_enabled() {
             // Timed ops run eagerly: a graph replay has no per-op boundaries.
@@ -277,6 +288,8 @@ impl CudaBackend {
         f: impl FnOnce(&mut MatvecScratch) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        // `f` quantizes some x into the buffer: it no longer holds what the fused paths noted.
+        s.holds = None;
         let need = n_tokens.max(1) * cols.div_ceil(32) * 32;
         if s.buf.is_none() || s.capacity < need {
             // Recorded steps point at the old scratch.
@@ -373,11 +386,15 @@ impl backend::Backend for CudaBackend {
         // The trait's `zeros` cannot fail; running out of device memory here is fatal. Inside
         // a decode step the tensor comes from the arena uninitialized: every op overwrites
         // its whole output, and the model only hands fresh tensors to ops as outputs.
-        self.scratch_tensor(rows, cols)
-            .unwrap_or_else(|e| panic!("cuda zeros [{rows}, {cols}]: {e}"))
+        let t = self
+            .scratch_tensor(rows, cols)
+            .unwrap_or_else(|e| panic!("cuda zeros [{rows}, {cols}]: {e}"));
+        self.forget_q8_at(&t);
+        t
     }
 
     fn begin_step(&self, key: u64) -> backend::StepMode {
+        self.forget_q8();
         let mode = self.step_ctl().begin(key, self.dev.stream());
         if let Err(e) = self.profile_begin_step() {
             eprintln!("cuda: op profile: {e}");
@@ -386,11 +403,13 @@ impl backend::Backend for CudaBackend {
     }
 
     fn end_step(&self) -> Result<(), BackendError> {
+        self.forget_q8();
         self.step_ctl().end(self.dev.stream())?;
         self.profile_end_step()
     }
 
     fn abort_step(&self) {
+        self.forget_q8();
         self.step_ctl().abort(self.dev.stream())
     }
 
@@ -401,7 +420,9 @@ impl backend::Backend for CudaBackend {
                 format!("{} values for [{rows}, {cols}]", data.len()),
             ));
         }
-        Ok(CudaTensor::owned(self.upload_f32(data)?, rows, cols))
+        let t = CudaTensor::owned(self.upload_f32(data)?, rows, cols);
+        self.forget_q8_at(&t);
+        Ok(t)
     }
 
     fn download(&self, t: &CudaTensor) -> Vec<f32> {
@@ -440,7 +461,78 @@ impl backend::Backend for CudaBackend {
         skip_in_replay!(self);
         self.timed(
             || format!("matmul {} {}x{} n={}", w.ty.name(), w.rows, w.cols, x.rows),
-            || self.matmul_impl(w, x, out),
+            || {
+                if self.fused() {
+                    self.matmul_fused_impl(w, x, out)
+                } else {
+                    self.matmul_impl(w, x, out)
+                }
+            },
+        )
+    }
+
+    fn matmul_many(
+        &self,
+        ws: &[&CudaWeight],
+        biases: &[Option<&CudaWeight>],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        if !self.fused() {
+            return backend::matmul_many_each(self, ws, biases, x, outs);
+        }
+        skip_in_replay!(self);
+        self.timed(
+            || {
+                let mut l = format!("matmul_many n={}", x.rows);
+                for w in ws {
+                    l.push_str(&format!(" {}:{}x{}", w.ty.name(), w.rows, w.cols));
+                }
+                l
+            },
+            || self.matmul_many_impl(ws, biases, x, outs),
+        )
+    }
+
+    fn matmul_add(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        if !self.fused() {
+            return backend::matmul_add_via_temp(self, w, x, out);
+        }
+        skip_in_replay!(self);
+        self.timed(
+            || {
+                format!(
+                    "matmul_add {} {}x{} n={}",
+                    w.ty.name(),
+                    w.rows,
+                    w.cols,
+                    x.rows
+                )
+            },
+            || self.matmul_add_impl(w, x, out),
+        )
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &backend::RopeParams,
+    ) -> Result<(), BackendError> {
+        if !self.fused() {
+            self.rope(q, positions, head_dim, p)?;
+            return self.rope(k, positions, head_dim, p);
+        }
+        self.timed(
+            || "rope_qk".to_string(),
+            || self.rope_qk_impl(q, k, positions, head_dim, p),
         )
     }
 
@@ -464,7 +556,12 @@ impl backend::Backend for CudaBackend {
         skip_in_replay!(self);
         self.timed(
             || "rms_norm".to_string(),
-            || self.rms_norm_impl(Some(x), w, None, eps, out),
+            || {
+                if self.fused() && self.rms_norm_q8_impl(x, w, eps, out)? {
+                    return Ok(());
+                }
+                self.rms_norm_impl(Some(x), w, None, eps, out)
+            },
         )
     }
 
@@ -516,7 +613,15 @@ impl backend::Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         skip_in_replay!(self);
-        self.timed(|| "swiglu".to_string(), || self.swiglu_impl(gate, up, out))
+        self.timed(
+            || "swiglu".to_string(),
+            || {
+                if self.fused() && self.swiglu_q8_impl(gate, up, out)? {
+                    return Ok(());
+                }
+                self.swiglu_impl(gate, up, out)
+            },
+        )
     }
 
     fn silu(&self, x: &mut CudaTensor) -> Result<(), BackendError> {

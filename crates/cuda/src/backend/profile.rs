@@ -146,6 +146,8 @@ impl CudaBackend {
         label: impl FnOnce() -> String,
         op: impl FnOnce() -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
+        // Every op counts (the fused paths reuse a q8_1 copy only from the op before).
+        self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(p) = &self.profile else {
             return op();
         };

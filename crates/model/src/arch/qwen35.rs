@@ -9,7 +9,7 @@
 
 use backend::{Backend, ColumnCopy, RecurrentShape};
 
-use crate::blocks::{attention_params, linear, norm, Batch, FfnWeights};
+use crate::blocks::{attention_params, norm, Batch, FfnWeights};
 use crate::config::{ModelConfig, SsmConfig};
 use crate::loader::Loader;
 use crate::ModelError;
@@ -143,12 +143,12 @@ impl<B: Backend> Layer<B> {
         x: &mut B::Tensor,
     ) -> Result<(), ModelError> {
         let h = norm(b, &self.attn_norm, x, cfg.rms_eps)?;
-        let m = match (&self.mixer, states) {
+        match (&self.mixer, states) {
             (Mixer::Attention(w), LayerStates::Kv(mut caches)) => {
-                w.forward(b, cfg, batch, &mut caches, &h)?
+                w.forward(b, cfg, batch, &mut caches, &h, x)?
             }
             (Mixer::DeltaNet(w), LayerStates::Recurrent(mut rs)) => {
-                w.forward(b, cfg, batch, &mut rs, &h)?
+                w.forward(b, cfg, batch, &mut rs, &h, x)?
             }
             _ => {
                 return Err(ModelError::ForeignState {
@@ -157,10 +157,8 @@ impl<B: Backend> Layer<B> {
                 })
             }
         };
-        b.add(x, &m)?;
         let h = norm(b, &self.post_norm, x, cfg.rms_eps)?;
-        let f = self.ffn.forward(b, &h)?;
-        b.add(x, &f)?;
+        self.ffn.forward_add(b, &h, x)?;
         Ok(())
     }
 }
@@ -173,10 +171,19 @@ impl<B: Backend> GatedAttention<B> {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         h: &B::Tensor,
-    ) -> Result<B::Tensor, ModelError> {
+        x: &mut B::Tensor,
+    ) -> Result<(), ModelError> {
         let (n, hd, nh) = (batch.len(), cfg.head_dim_k, cfg.n_head);
-        // qg: [n, n_head * 2 * hd], per head [q | gate]
-        let qg = linear(b, &self.wq, h)?;
+        // qg: [n, n_head * 2 * hd], per head [q | gate]; q, k, v read the same h: one call
+        let mut qg = b.zeros(n, b.weight_shape(&self.wq).0);
+        let mut k = b.zeros(n, b.weight_shape(&self.wk).0);
+        let mut v = b.zeros(n, b.weight_shape(&self.wv).0);
+        b.matmul_many(
+            &[&self.wq, &self.wk, &self.wv],
+            &[],
+            h,
+            &mut [&mut qg, &mut k, &mut v],
+        )?;
         let split = |offset: usize| -> Result<B::Tensor, ModelError> {
             let mut t = b.zeros(n, nh * hd);
             let c = ColumnCopy {
@@ -192,12 +199,9 @@ impl<B: Backend> GatedAttention<B> {
         };
         let mut q = split(0)?;
         let gate = split(hd)?;
-        let mut k = linear(b, &self.wk, h)?;
-        let v = linear(b, &self.wv, h)?;
         b.rms_norm_inplace(&mut q, &self.q_norm, cfg.rms_eps)?;
         b.rms_norm_inplace(&mut k, &self.k_norm, cfg.rms_eps)?;
-        b.rope(&mut q, &batch.positions, hd, &cfg.rope)?;
-        b.rope(&mut k, &batch.positions, hd, &cfg.rope)?;
+        b.rope_qk(&mut q, &mut k, &batch.positions, hd, &cfg.rope)?;
         let mut o = b.zeros(n, nh * cfg.head_dim_v);
         b.attention(
             &q,
@@ -209,7 +213,8 @@ impl<B: Backend> GatedAttention<B> {
             &mut o,
         )?;
         b.mul_sigmoid(&mut o, &gate)?;
-        linear(b, &self.wo, &o)
+        b.matmul_add(&self.wo, &o, x)?;
+        Ok(())
     }
 }
 
@@ -221,14 +226,23 @@ impl<B: Backend> DeltaNet<B> {
         batch: &Batch,
         states: &mut [&mut B::RecurrentState],
         h: &B::Tensor,
-    ) -> Result<B::Tensor, ModelError> {
+        x: &mut B::Tensor,
+    ) -> Result<(), ModelError> {
         let ssm = ssm_config(cfg)?;
         let n = batch.len();
         let kd = ssm.key_dim();
-        let qkv = linear(b, &self.qkv, h)?; // [n, 2 * key_dim + d_inner]
-        let z = linear(b, &self.gate, h)?; // [n, d_inner]
-        let mut beta = linear(b, &self.beta, h)?; // [n, n_v_heads]
-        let mut g = linear(b, &self.alpha, h)?; // [n, n_v_heads]
+        let rows = |w: &B::Weight| b.weight_shape(w).0;
+        let mut qkv = b.zeros(n, rows(&self.qkv)); // [n, 2 * key_dim + d_inner]
+        let mut z = b.zeros(n, rows(&self.gate)); // [n, d_inner]
+        let mut beta = b.zeros(n, rows(&self.beta)); // [n, n_v_heads]
+        let mut g = b.zeros(n, rows(&self.alpha)); // [n, n_v_heads]
+                                                   // the four projections read the same h: one call
+        b.matmul_many(
+            &[&self.qkv, &self.gate, &self.beta, &self.alpha],
+            &[],
+            h,
+            &mut [&mut qkv, &mut z, &mut beta, &mut g],
+        )?;
         b.delta_rule_gates(&mut g, &mut beta, &self.dt_bias, &self.a)?;
         let mut conv = b.zeros(n, ssm.conv_channels());
         b.conv1d(&qkv, &self.conv, &batch.rows, states, &mut conv)?;
@@ -247,6 +261,7 @@ impl<B: Backend> DeltaNet<B> {
         let mut o = b.zeros(n, ssm.d_inner);
         b.delta_rule(&q, &k, &v, &g, &beta, &batch.rows, states, &mut o)?;
         b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
-        linear(b, &self.out, &o)
+        b.matmul_add(&self.out, &o, x)?;
+        Ok(())
     }
 }

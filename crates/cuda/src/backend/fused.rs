@@ -1,0 +1,459 @@
+//! Decode fusion (issue #4 point 4): fewer launches and passes per layer, behind
+//! `REDLINE_FUSED=1` / [`CudaBackend::set_fused`] until a device window has verified it.
+//!
+//! - **x quantized once**: the matvec scratch remembers which tensor its q8_1 copy was made
+//!   from ([`Holds`]) and at which op; a later quantized product of the same tensor reuses it
+//!   if no other op ran in between (every backend op bumps `ops`, so an op that wrote the
+//!   tensor, or anything else, breaks the chain — no per-writer bookkeeping needed). A freshly
+//!   allocated tensor at the remembered address (the old one died) also forgets it.
+//! - **producers write q8_1**: `rms_norm` over whole rows and `swiglu` also write the q8_1 copy
+//!   of their output into the scratch (kernels/model_ops.cu `mo_rms_norm_q8`, `mo_swiglu_q8`),
+//!   so the next product (Q/K/V, gate/up, down) launches no quantize kernel at all.
+//! - **several matrices per launch**: `matmul_many` runs the one-token products of one weight
+//!   format as one `mvm_` launch over the concatenated rows, the bias in the epilogue;
+//!   `matmul_add` adds the residual in the epilogue ([`crate::matvec::Segment`]).
+//! - **RoPE of q and k in one launch** (`mo_rope_qk`).
+//!
+//! Every decision here is host-side and depends only on the op sequence and tensor addresses,
+//! which repeat between a decode step's warm run, its capture and its replays.
+
+use std::sync::atomic::Ordering;
+
+use backend::{BackendError, RopeMode, RopeParams};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::step::{dev_ptr, Mode};
+use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, Scratch};
+use crate::matvec::{self, MatvecScratch, Segment, MAX_SEGMENTS};
+
+/// Which tensor the matvec scratch holds the q8_1 copy of, and the op that made or last
+/// used it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Holds {
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+    seq: u64,
+}
+
+/// Tokens at most for the fused paths (the one-token `mvm_` launch takes 1; the rest reuse x
+/// through the per-matrix kernels, which take up to 8 per launch).
+const MAX_FUSED_TOKENS: usize = matvec::MAX_TOKENS_PER_LAUNCH;
+
+impl CudaBackend {
+    /// Turns the fused decode paths on or off (default: `REDLINE_FUSED=1`). Recorded steps are
+    /// dropped (their op sequence changes).
+    pub fn set_fused(&self, on: bool) {
+        self.fused.store(on, Ordering::Relaxed);
+        self.step_ctl().forget_graphs();
+        self.forget_q8();
+    }
+
+    /// Whether the fused decode paths are on.
+    pub fn fused(&self) -> bool {
+        self.fused.load(Ordering::Relaxed)
+    }
+
+    fn lock_scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets which tensor the scratch holds (step boundaries, knob changes).
+    pub(super) fn forget_q8(&self) {
+        self.lock_scratch().holds = None;
+    }
+
+    /// A fresh tensor now lives at `t`'s address: whatever the scratch held of the tensor
+    /// that was there is stale.
+    pub(super) fn forget_q8_at(&self, t: &CudaTensor) {
+        let ptr = dev_ptr(&*t.data, self.dev.stream());
+        let mut s = self.lock_scratch();
+        if s.holds.is_some_and(|h| h.ptr == ptr) {
+            s.holds = None;
+        }
+    }
+
+    /// Runs `f` with the scratch grown to hold x of `n_tokens × cols` and its `holds`.
+    fn with_q8<T>(
+        &self,
+        n_tokens: usize,
+        cols: usize,
+        f: impl FnOnce(&mut MatvecScratch, &mut Option<Holds>) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let mut s = self.lock_scratch();
+        let need = n_tokens.max(1) * cols.div_ceil(32) * 32;
+        if s.buf.is_none() || s.capacity < need {
+            // Recorded steps point at the old scratch.
+            self.step_ctl().forget_graphs();
+            s.buf = Some(
+                self.dev
+                    .matvec_scratch(n_tokens.max(1), cols)
+                    .map_err(dev_err)?,
+            );
+            s.capacity = need;
+            s.holds = None;
+        }
+        let Scratch { buf, holds, .. } = &mut *s;
+        f(buf.as_mut().expect("scratch allocated above"), holds)
+    }
+
+    /// Quantizes x into the scratch unless it already holds x's copy from this op or the one
+    /// before; records that it holds x as of this op.
+    fn ensure_q8(
+        &self,
+        x: &CudaTensor,
+        s: &mut MatvecScratch,
+        holds: &mut Option<Holds>,
+    ) -> Result<(), BackendError> {
+        let seq = self.ops.load(Ordering::Relaxed);
+        let ptr = dev_ptr(&*x.data, self.dev.stream());
+        let fresh = holds.is_some_and(|h| {
+            h.ptr == ptr && h.rows == x.rows && h.cols == x.cols && h.seq + 1 >= seq
+        });
+        if !fresh {
+            self.dev
+                .quantize_for_matvec(&x.data, x.rows, x.cols, s)
+                .map_err(dev_err)?;
+        }
+        *holds = Some(Holds {
+            ptr,
+            rows: x.rows,
+            cols: x.cols,
+            seq,
+        });
+        Ok(())
+    }
+
+    /// The quantized matrix of `w` when a fused product can take it for x of `n` tokens.
+    fn fusable<'w>(
+        &self,
+        w: &'w CudaWeight,
+        x: &CudaTensor,
+    ) -> Option<&'w crate::matvec::DeviceMatrix> {
+        let m = w.matrix.as_ref()?;
+        let ok = matvec::quantizes_activations(m.ty)
+            && x.cols == w.cols
+            && (1..=MAX_FUSED_TOKENS).contains(&x.rows)
+            // prefill outside steps may take the GEMM (matmul_impl decides)
+            && !(self.mode() == Mode::Off && x.rows > 1);
+        ok.then_some(m)
+    }
+
+    /// `matmul` with x quantized once (see the module notes); other cases: `matmul_impl`.
+    pub(super) fn matmul_fused_impl(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let Some(m) = self.fusable(w, x) else {
+            return self.matmul_impl(w, x, out);
+        };
+        if (out.rows, out.cols) != (x.rows, w.rows) {
+            return self.matmul_impl(w, x, out); // reports the shape error
+        }
+        self.with_q8(x.rows, x.cols, |s, holds| {
+            self.ensure_q8(x, s, holds)?;
+            self.dev
+                .matvec_prequantized(m, s, &mut out.data)
+                .map_err(dev_err)
+        })
+    }
+
+    pub(super) fn matmul_many_impl(
+        &self,
+        ws: &[&CudaWeight],
+        biases: &[Option<&CudaWeight>],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        if ws.len() != outs.len() || !(biases.is_empty() || biases.len() == ws.len()) {
+            return Err(shape_err(
+                "matmul_many",
+                format!(
+                    "{} weights, {} biases, {} outputs",
+                    ws.len(),
+                    biases.len(),
+                    outs.len()
+                ),
+            ));
+        }
+        let bias_of = |i: usize| biases.get(i).copied().flatten();
+        // One-token products of quantized matrices as segments; everything else one by one.
+        let mut segs: Vec<(usize, &crate::matvec::DeviceMatrix)> = Vec::new();
+        let mut rest: Vec<usize> = Vec::new();
+        for (i, w) in ws.iter().enumerate() {
+            let seg = match self.fusable(w, x) {
+                Some(m)
+                    if x.rows == 1
+                        && (outs[i].rows, outs[i].cols) == (1, w.rows)
+                        && bias_of(i)
+                            .is_none_or(|b| b.dense.is_some() && b.rows * b.cols == w.rows) =>
+                {
+                    Some(m)
+                }
+                _ => None,
+            };
+            match seg {
+                Some(m) => segs.push((i, m)),
+                None => rest.push(i),
+            }
+        }
+        if !segs.is_empty() {
+            self.matmul_segments(&segs, &bias_of, x, outs)?;
+        }
+        // after the segments: a float matrix's matvec may reuse the scratch
+        for i in rest {
+            self.matmul_fused_impl(ws[i], x, outs[i])?;
+            if let Some(b) = bias_of(i) {
+                self.add_bias_impl(outs[i], b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The segment launches of `matmul_many` (one token, quantized matrices).
+    fn matmul_segments<'w>(
+        &self,
+        segs: &[(usize, &crate::matvec::DeviceMatrix)],
+        bias_of: &dyn Fn(usize) -> Option<&'w CudaWeight>,
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        let stream = self.dev.stream();
+        self.with_q8(1, x.cols, |s, holds| {
+            self.ensure_q8(x, s, holds)?;
+            // group by weight type, in order of first appearance
+            let mut types = Vec::new();
+            for (_, m) in segs {
+                if !types.contains(&m.ty) {
+                    types.push(m.ty);
+                }
+            }
+            for ty in types {
+                let group: Vec<Segment<'_>> = segs
+                    .iter()
+                    .filter(|(_, m)| m.ty == ty)
+                    .map(|&(i, m)| Segment {
+                        w: m,
+                        y: dev_ptr(&*outs[i].data, stream),
+                        bias: bias_of(i)
+                            .and_then(|b| b.dense.as_ref())
+                            .map(|d| dev_ptr(d, stream)),
+                        accumulate: false,
+                    })
+                    .collect();
+                for chunk in group.chunks(MAX_SEGMENTS) {
+                    self.dev.matvec_segments(chunk, s).map_err(dev_err)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn matmul_add_impl(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        match self.fusable(w, x) {
+            Some(m) if x.rows == 1 && (out.rows, out.cols) == (1, w.rows) => {
+                let y = dev_ptr(&*out.data, self.dev.stream());
+                self.with_q8(1, x.cols, |s, holds| {
+                    self.ensure_q8(x, s, holds)?;
+                    let seg = Segment {
+                        w: m,
+                        y,
+                        bias: None,
+                        accumulate: true,
+                    };
+                    self.dev.matvec_segments(&[seg], s).map_err(dev_err)
+                })
+            }
+            _ => {
+                let mut t = self.scratch_tensor(out.rows, out.cols)?;
+                self.matmul_fused_impl(w, x, &mut t)?;
+                self.add_impl(out, &t)
+            }
+        }
+    }
+
+    /// `rms_norm` of whole rows that also writes the q8_1 copy of `out`; `Ok(false)` when
+    /// the case is not taken (the caller runs the plain kernel).
+    pub(super) fn rms_norm_q8_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<bool, BackendError> {
+        let cols = out.cols;
+        let Some(wv) = w.dense.as_ref() else {
+            return Ok(false);
+        };
+        if w.rows * w.cols != cols
+            || !cols.is_multiple_of(32)
+            || (x.rows, x.cols) != (out.rows, out.cols)
+            || !(1..=MAX_FUSED_TOKENS).contains(&out.rows)
+        {
+            return Ok(false);
+        }
+        let f = self.function("mo_rms_norm_q8")?;
+        let seq = self.ops.load(Ordering::Relaxed);
+        let stream = self.dev.stream();
+        let ptr = dev_ptr(&*out.data, stream);
+        self.with_q8(out.rows, cols, |s, holds| {
+            let (xq, xds) = s.buffers_for(out.rows, cols).map_err(dev_err)?;
+            let cfg = LaunchConfig {
+                grid_dim: (out.rows as u32, 1, 1),
+                block_dim: (cols.next_power_of_two().clamp(32, 256) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let cols_i = cols as i32;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&*x.data)
+                .arg(wv)
+                .arg(&mut *out.data)
+                .arg(xq)
+                .arg(xds)
+                .arg(&cols_i)
+                .arg(&eps);
+            // SAFETY: matches mo_rms_norm_q8(x, w, out, xq, xds, cols, eps); x and out hold
+            // rows * cols values, w cols, the scratch rows * cols int8 and rows * cols / 16
+            // f32 (buffers_for checked); block size a multiple of 32, cols % 32 == 0.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            *holds = Some(Holds {
+                ptr,
+                rows: out.rows,
+                cols,
+                seq,
+            });
+            Ok(true)
+        })
+    }
+
+    /// `swiglu` that also writes the q8_1 copy of `out`; `Ok(false)` when not taken.
+    pub(super) fn swiglu_q8_impl(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<bool, BackendError> {
+        let (rows, cols) = (out.rows, out.cols);
+        if (gate.rows, gate.cols) != (rows, cols)
+            || (up.rows, up.cols) != (rows, cols)
+            || !cols.is_multiple_of(32)
+            || !(1..=MAX_FUSED_TOKENS).contains(&rows)
+        {
+            return Ok(false);
+        }
+        let f = self.function("mo_swiglu_q8")?;
+        let seq = self.ops.load(Ordering::Relaxed);
+        let stream = self.dev.stream();
+        let ptr = dev_ptr(&*out.data, stream);
+        let n = rows * cols;
+        self.with_q8(rows, cols, |s, holds| {
+            let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
+            let n_i = n as i64;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&*gate.data)
+                .arg(&*up.data)
+                .arg(&mut *out.data)
+                .arg(xq)
+                .arg(xds)
+                .arg(&n_i);
+            // SAFETY: matches mo_swiglu_q8(g, u, out, xq, xds, n); all three hold n values,
+            // the scratch n int8 and n / 16 f32; n % 32 == 0 and the grid-stride loop keeps
+            // every warp on 32 consecutive values.
+            unsafe { b.launch(elems_cfg(n)) }.map_err(dev_err)?;
+            *holds = Some(Holds {
+                ptr,
+                rows,
+                cols,
+                seq,
+            });
+            Ok(true)
+        })
+    }
+
+    /// RoPE of q and k in one launch (same checks as `rope_impl` for both).
+    pub(super) fn rope_qk_impl(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        let bad = |x: &CudaTensor| {
+            head_dim == 0
+                || !x.cols.is_multiple_of(head_dim)
+                || positions.len() != x.rows
+                || !p.n_rot.is_multiple_of(2)
+                || p.n_rot > head_dim
+        };
+        if bad(q)
+            || bad(k)
+            || p.freq_factors
+                .as_ref()
+                .is_some_and(|f| f.len() < p.n_rot / 2)
+        {
+            return Err(shape_err(
+                "rope_qk",
+                format!(
+                    "q [{}, {}], k [{}, {}], {} positions, head_dim {head_dim}, n_rot {}",
+                    q.rows,
+                    q.cols,
+                    k.rows,
+                    k.cols,
+                    positions.len(),
+                    p.n_rot
+                ),
+            ));
+        }
+        let (hq, hk) = (q.cols / head_dim, k.cols / head_dim);
+        if q.rows == 0 || hq + hk == 0 || p.n_rot == 0 {
+            return Ok(());
+        }
+        let pos: Vec<i32> = positions.iter().map(|&v| v as i32).collect();
+        let pos = self.host_ints(&pos)?;
+        let factors = match &p.freq_factors {
+            Some(f) => Some(self.host_floats(f)?),
+            None => None,
+        };
+        if self.replaying() {
+            return Ok(());
+        }
+        let neox: i32 = match p.mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox | RopeMode::Mrope { .. } => 1,
+        };
+        let f = self.function("mo_rope_qk")?;
+        let cfg = LaunchConfig {
+            grid_dim: (q.rows as u32, (hq + hk) as u32, 1),
+            block_dim: ((p.n_rot / 2).clamp(1, 256) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [hq as i32, hk as i32, head_dim as i32, p.n_rot as i32];
+        let null = 0u64;
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&mut *q.data).arg(&mut *k.data).arg(&pos.ptr);
+        match &factors {
+            Some(fs) => b.arg(&fs.ptr),
+            None => b.arg(&null),
+        };
+        b.arg(&ints[0])
+            .arg(&ints[1])
+            .arg(&ints[2])
+            .arg(&ints[3])
+            .arg(&p.freq_base)
+            .arg(&p.freq_scale)
+            .arg(&neox);
+        // SAFETY: matches mo_rope_qk(q, k, pos, factors, n_heads_q, n_heads_k, head_dim,
+        // n_rot, freq_base, freq_scale, neox); q and k have positions.len() rows of hq / hk
+        // heads, factors n_rot / 2 (checked) or null.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+}
