@@ -16,6 +16,7 @@ pub mod gemm;
 pub mod hybrid;
 pub mod kernel_cache;
 pub mod matvec;
+pub mod mmq;
 pub mod multi;
 pub mod nvrtc;
 pub mod ops;

@@ -25,10 +25,12 @@ pub enum Program {
     Gemm,
     /// Attention over the KV cache: split-KV decode and tensor-core prefill (crate::attention).
     FlashAttn,
+    /// Small-batch (2..32 tokens) quantized products on int8 tensor cores (crate::mmq).
+    Mmq,
 }
 
 impl Program {
-    pub const ALL: [Program; 8] = [
+    pub const ALL: [Program; 9] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
@@ -37,6 +39,7 @@ impl Program {
         Program::ModelOps,
         Program::Gemm,
         Program::FlashAttn,
+        Program::Mmq,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -49,6 +52,7 @@ impl Program {
             Program::ModelOps => "model_ops.cu",
             Program::Gemm => "gemm.cu",
             Program::FlashAttn => "flash_attn.cu",
+            Program::Mmq => "mmq.cu",
         }
     }
 
@@ -62,6 +66,7 @@ impl Program {
             Program::ModelOps => include_str!("../kernels/model_ops.cu"),
             Program::Gemm => include_str!("../kernels/gemm.cu"),
             Program::FlashAttn => include_str!("../kernels/flash_attn.cu"),
+            Program::Mmq => include_str!("../kernels/mmq.cu"),
         }
     }
 

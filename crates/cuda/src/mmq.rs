@@ -1,0 +1,213 @@
+//! Small-batch quantized matrix products y = W x (2..32 tokens) on int8 tensor cores
+//! (kernels/mmq.cu): each weight is decoded once into `mma.sync m16n8k32 s8` fragments and
+//! multiplied against every token, where the dp4a matvec (crate::matvec) re-does its per-token
+//! dot work for each token and is instruction bound beyond one or two tokens.
+//!
+//! x is quantized to q8_1 into the same [`MatvecScratch`] the matvec uses (so a producer that
+//! writes q8_1 itself serves both). sm_80+ runs the tensor-core path; sm_70 runs the same
+//! kernel with the mma emulated by warp shuffles + dp4a (correct, slower than the matvec there:
+//! [`supports_device`] says no on sm_70).
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, Result};
+use crate::matvec::{DeviceMatrix, MatvecScratch};
+use crate::sources::Program;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use gguf::GgmlType;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// Tokens per launch at most (kernels for 8, 16, 24 and 32 tokens); more are looped.
+pub const MAX_TOKENS_PER_LAUNCH: usize = 32;
+/// The token counts the dispatch should send here (beyond them the f16 GEMM path wins or
+/// the matvec is as fast).
+pub const MIN_TOKENS: usize = 2;
+pub const MAX_TOKENS: usize = 32;
+/// Most warps per block (MMQ_MAX_WARPS in the kernel).
+const MAX_WARPS: u32 = 8;
+/// Rows per block (the mma's m).
+const ROWS_PER_BLOCK: usize = 16;
+
+/// Forces the shuffle + dp4a emulation of the mma on every arch (tests: the sm_70 path).
+static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
+/// Forced warps per block (1..=8); 0 = per-shape choice.
+static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Runs the sm_70 fallback (warp shuffles + dp4a instead of mma) on every card, for tests.
+pub fn set_force_emulation(on: bool) {
+    FORCE_EMULATION.store(on, Ordering::Relaxed);
+}
+
+/// Forces the warps per block (1..=8; they split the columns of one 16-row tile); 0 restores
+/// the per-shape choice. For benchmarks and tests.
+pub fn set_warps_override(w: u32) {
+    WARPS_OVERRIDE.store(w.min(MAX_WARPS), Ordering::Relaxed);
+}
+
+/// Per format: kernel stem, bytes per 256-weight chunk, and the alignment of chunk starts
+/// (must match CB / ALIGN of the Mq* structs in kernels/mmq.cu).
+fn format(ty: GgmlType) -> Option<(&'static str, usize, usize)> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => ("q4_0", 8 * 18, 2),
+        Q8_0 => ("q8_0", 8 * 34, 2),
+        Q4K => ("q4_k", 144, 16),
+        Q5K => ("q5_k", 176, 16),
+        Q6K => ("q6_k", 210, 2),
+        IQ4XS => ("iq4_xs", 136, 8),
+        _ => return None,
+    })
+}
+
+/// Whether the tensor-core product handles weight type `ty` for `n` tokens (the dispatch's
+/// question; other formats and counts stay on the matvec / GEMM paths).
+pub fn supports(ty: GgmlType, n: usize) -> bool {
+    format(ty).is_some() && (MIN_TOKENS..=MAX_TOKENS).contains(&n)
+}
+
+/// [`supports`] on this card: tensor cores (sm_80+) only; sm_70 keeps the matvec.
+pub fn supports_device(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+    dev.arch() >= 80 && supports(ty, n)
+}
+
+/// Warps per block for a rows x cols product: the warps split the 256-weight chunks of one
+/// 16-row tile, so few tiles (a 5120-row matrix is 320) want more warps to keep enough bytes in
+/// flight per SM, many tiles fewer (less reduction, more blocks per SM).
+pub fn warps_per_block(n_rows: usize, n_cols: usize) -> u32 {
+    let forced = WARPS_OVERRIDE.load(Ordering::Relaxed);
+    if forced > 0 {
+        return forced;
+    }
+    let tiles = n_rows.div_ceil(ROWS_PER_BLOCK);
+    let chunks = n_cols.div_ceil(256);
+    let w = if tiles >= 1024 { 4 } else { 8 };
+    // no idle warps: at least one chunk each
+    (w as usize).min(chunks.max(1)) as u32
+}
+
+/// Dynamic shared memory of one block: the warps' staging buffers (16 rows x VPR vectors of
+/// 16 bytes each), reused for the partial sums (nw x NT x 4 x 32 f32).
+fn shared_bytes(chunk_bytes: usize, align: usize, warps: u32, tiles: usize) -> usize {
+    let vpr = (chunk_bytes + (16 - align) + 15) / 16;
+    let stage = warps as usize * ROWS_PER_BLOCK * vpr * 16;
+    let red = warps as usize * tiles * 4 * 32 * 4;
+    stage.max(red)
+}
+
+impl CudaDevice {
+    /// y = W x for `n_tokens` tokens on the int8 tensor-core path: x [n_tokens, n_cols] f32,
+    /// y [n_tokens, n_rows] f32. x is first quantized to q8_1 into `scratch` (which must hold
+    /// n_tokens rows). Weights are read once per group of up to 32 tokens. Asynchronous.
+    pub fn mmq(
+        &self,
+        w: &DeviceMatrix,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+        scratch: &mut MatvecScratch,
+    ) -> Result<()> {
+        if format(w.ty).is_none() {
+            return Err(CudaError::UnsupportedType(w.ty.name()));
+        }
+        self.quantize_for_matvec(x, n_tokens, w.n_cols, scratch)?;
+        self.mmq_prequantized(w, n_tokens, scratch, y)
+    }
+
+    /// y = W x with x (`n_tokens` rows of `w.n_cols`) already quantized into `scratch` by
+    /// [`CudaDevice::quantize_for_matvec`] or a producer kernel that writes q8_1.
+    pub fn mmq_prequantized(
+        &self,
+        w: &DeviceMatrix,
+        n_tokens: usize,
+        scratch: &mut MatvecScratch,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (stem, chunk_bytes, align) =
+            format(w.ty).ok_or(CudaError::UnsupportedType(w.ty.name()))?;
+        let (rows, cols) = (w.n_rows, w.n_cols);
+        if y.len() < n_tokens * rows {
+            return Err(CudaError::Shape(format!(
+                "mmq {} {rows}x{cols} for {n_tokens} tokens into y of {}",
+                w.ty.name(),
+                y.len()
+            )));
+        }
+        if n_tokens == 0 || rows == 0 {
+            return Ok(());
+        }
+        // checks cols % 32 and the buffer sizes; x is what the caller quantized into it
+        let (xq, xds) = scratch.buffers_for(n_tokens, cols)?;
+        let warps = warps_per_block(rows, cols);
+        let emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
+        let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes() as i64);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
+            let tiles = n.div_ceil(8);
+            let f = self.function(Program::Mmq, &format!("mmq_{stem}_t{tiles}"))?;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+                block_dim: (32, warps, 1),
+                shared_mem_bytes: shared_bytes(chunk_bytes, align, warps, tiles) as u32,
+            };
+            let xqs = xq.slice(t0 * cols..(t0 + n) * cols);
+            let xdss = xds.slice(t0 * cols / 16..(t0 + n) * cols / 16);
+            let mut ys = y.slice_mut(t0 * rows..(t0 + n) * rows);
+            let n_i = n as i32;
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(&w.data).arg(&xqs).arg(&xdss).arg(&mut ys);
+            b.arg(&rows_i)
+                .arg(&cols_i)
+                .arg(&row_bytes)
+                .arg(&n_i)
+                .arg(&emulate);
+            // SAFETY: matches mmq_<fmt>_t<NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens,
+            // emulate) with n <= 8 * NT; W is a live DeviceMatrix of this format with >= 16
+            // bytes of padding (the rounded-out 16-byte loads); xq/xds/y slices hold n tokens
+            // (sizes checked above and by buffers_for); the dynamic shared memory is what the
+            // kernel indexes for `warps` warps (< 48 KiB: at most 8 x 16 x 18 x 16 bytes).
+            unsafe { b.launch(cfg) }?;
+            t0 += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_fits_the_default_limit() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::IQ4XS,
+        ] {
+            let (_, cb, al) = format(ty).unwrap();
+            for tiles in 1..=4 {
+                assert!(shared_bytes(cb, al, MAX_WARPS, tiles) <= 48 * 1024, "{}", ty.name());
+            }
+        }
+    }
+
+    #[test]
+    fn supports_formats_and_counts() {
+        assert!(supports(GgmlType::Q4K, 2));
+        assert!(supports(GgmlType::Q6K, 32));
+        assert!(!supports(GgmlType::Q4K, 1));
+        assert!(!supports(GgmlType::Q4K, 33));
+        assert!(!supports(GgmlType::Q3K, 8));
+        assert!(!supports(GgmlType::F16, 8));
+    }
+
+    #[test]
+    fn warps_split_at_least_one_chunk_each() {
+        set_warps_override(0);
+        assert_eq!(warps_per_block(5120, 27648), 8);
+        assert_eq!(warps_per_block(27648, 5120), 4);
+        assert_eq!(warps_per_block(100, 512), 2);
+    }
+}

@@ -1,0 +1,311 @@
+//! The int8 tensor-core small-batch product (crate::mmq, kernels/mmq.cu) against the CPU
+//! reference (`quant::dequantize_row` + f64 dot) on random weights of every supported format,
+//! odd row counts (not multiples of the 16-row tile), partial 256-weight chunks, 1..40 tokens
+//! (one launch takes 32: 40 loops), every warps-per-block split, on tensor cores and on the
+//! sm_70 fallback (mma emulated by shuffles + dp4a, forced on any card).
+//! Skipped (with a message) when no CUDA device is present.
+//!
+//! Two checks per output, as tests/gpu_matvec.rs:
+//! 1. exact pipeline: x quantized to q8_1 on the CPU as the kernel's quantizer does, then
+//!    dot(dequantized w, d*q) in f64; |err| <= 2e-5 * sum|w*xq| (+ tiny) — any decode or
+//!    fragment-layout bug is far beyond that.
+//! 2. end to end vs the unquantized x: |err| <= sum_i |w_i| * |x_i - xq_i| (+ the same term).
+//!
+//! `cargo test -p cuda --test gpu_mmq -- --ignored --nocapture` times the 32B / 27B FFN shapes
+//! against the matvec in the same run.
+
+use cuda::synthetic::{random_activations, random_matrix};
+use cuda::{open_or_cpu, CudaDevice, CudaOptions};
+use cudarc::driver::sys::CUevent_flags;
+use gguf::GgmlType;
+
+const FORMATS: [GgmlType; 6] = [
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+    GgmlType::IQ4XS,
+    GgmlType::Q5K,
+];
+
+fn q8_1_reference(x: &[f32]) -> Vec<f32> {
+    // what quantize_q8_1 in kernels/matvec_quant.cu produces, dequantized: d * q per element
+    let mut out = vec![0f32; x.len()];
+    for (xs, os) in x.chunks(32).zip(out.chunks_mut(32)) {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        for (o, &v) in os.iter_mut().zip(xs) {
+            let q = if amax == 0.0 {
+                0.0
+            } else {
+                (v / d).round_ties_even()
+            };
+            *o = d * q;
+        }
+    }
+    out
+}
+
+/// Reference outputs of one matrix for `tokens` tokens: (exact q8_1 pipeline, magnitude,
+/// unquantized f64, q8_1 error bound), each [tokens, rows].
+struct Reference {
+    exact: Vec<f64>,
+    mag: Vec<f64>,
+    full: Vec<f64>,
+    bound: Vec<f64>,
+}
+
+fn reference(ty: GgmlType, wbytes: &[u8], rows: usize, cols: usize, x: &[f32], tokens: usize) -> Reference {
+    let row_bytes = wbytes.len() / rows;
+    let mut wf = vec![0f32; rows * cols];
+    for r in 0..rows {
+        quant::dequantize_row(
+            ty,
+            &wbytes[r * row_bytes..(r + 1) * row_bytes],
+            &mut wf[r * cols..(r + 1) * cols],
+        )
+        .expect("dequantize");
+    }
+    let n = tokens * rows;
+    let mut out = Reference {
+        exact: vec![0.0; n],
+        mag: vec![0.0; n],
+        full: vec![0.0; n],
+        bound: vec![0.0; n],
+    };
+    for t in 0..tokens {
+        let xt = &x[t * cols..(t + 1) * cols];
+        let xq = q8_1_reference(xt);
+        for r in 0..rows {
+            let wr = &wf[r * cols..(r + 1) * cols];
+            let (mut exact, mut mag, mut full, mut bound) = (0f64, 0f64, 0f64, 0f64);
+            for i in 0..cols {
+                let (w, q, f) = (wr[i] as f64, xq[i] as f64, xt[i] as f64);
+                exact += w * q;
+                mag += (w * q).abs();
+                full += w * f;
+                bound += w.abs() * (f - q).abs();
+            }
+            let o = t * rows + r;
+            out.exact[o] = exact;
+            out.mag[o] = mag;
+            out.full[o] = full;
+            out.bound[o] = bound;
+        }
+    }
+    out
+}
+
+/// Runs the product for the first `n` tokens and checks it; returns the worst relative error.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    dev: &CudaDevice,
+    w: &cuda::DeviceMatrix,
+    xd: &cuda::CudaSlice<f32>,
+    rf: &Reference,
+    n: usize,
+    scratch: &mut cuda::MatvecScratch,
+) -> Result<f64, String> {
+    let (rows, cols) = (w.n_rows, w.n_cols);
+    // one row of NaN past the outputs: nothing may be written there
+    let mut y = dev
+        .stream()
+        .clone_htod(&vec![f32::NAN; (n + 1) * rows])
+        .map_err(|e| e.to_string())?;
+    dev.mmq(w, xd, n, &mut y, scratch)
+        .map_err(|e| e.to_string())?;
+    let y = dev.stream().clone_dtoh(&y).map_err(|e| e.to_string())?;
+    let name = w.ty.name();
+    let mut worst = 0f64;
+    for t in 0..n {
+        for r in 0..rows {
+            let o = t * rows + r;
+            let got = y[o] as f64;
+            let tol = 2e-5 * rf.mag[o] + 1e-6;
+            let err = (got - rf.exact[o]).abs();
+            if err.is_nan() || err > tol {
+                return Err(format!(
+                    "{name} {rows}x{cols} n={n}: y[{t},{r}] = {got}, exact-q8_1 reference {} (err {err:.3e} > tol {tol:.3e})",
+                    rf.exact[o]
+                ));
+            }
+            if (got - rf.full[o]).abs() > rf.bound[o] * 1.0001 + tol {
+                return Err(format!(
+                    "{name} {rows}x{cols} n={n}: y[{t},{r}] = {got} vs f64 {}: beyond the q8_1 bound {:.3e}",
+                    rf.full[o], rf.bound[o]
+                ));
+            }
+            worst = worst.max(err / rf.mag[o].max(1e-30));
+        }
+    }
+    if let Some(i) = y[n * rows..].iter().position(|v| !v.is_nan()) {
+        return Err(format!("{name} {rows}x{cols} n={n}: wrote y[{n},{i}] past the outputs"));
+    }
+    Ok(worst)
+}
+
+#[test]
+fn mmq_matches_cpu_reference_for_every_format() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let t = std::time::Instant::now();
+    dev.module(cuda::Program::Mmq).expect("mmq kernels compile");
+    dev.module(cuda::Program::MatvecQuant)
+        .expect("matvec kernels compile");
+    eprintln!("mmq kernels ready in {:.1} s", t.elapsed().as_secs_f64());
+    const MAX_N: usize = 40;
+    let token_counts = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 25, 31, 32, 40];
+    let mut failures = Vec::new();
+    let mut seed = 7u64;
+    for ty in FORMATS {
+        let bs = ty.block_size();
+        // 16-row tiles: 1 row, 15, 17, 37, 129, 523 rows; columns: one block, partial 256-weight
+        // chunks (32-wide formats), more chunks than warps, a long row
+        let mut shapes = vec![(1, bs), (15, 3 * bs), (17, 9 * bs), (37, 33 * bs), (523, 10 * bs)];
+        shapes.push((129, (4096 / bs + 5) * bs));
+        for &(rows, cols) in &shapes {
+            seed += 1;
+            let wbytes = random_matrix(ty, rows, cols, seed);
+            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
+            let rf = reference(ty, &wbytes, rows, cols, &x, MAX_N);
+            let w = dev
+                .upload_matrix(ty, rows, cols, &wbytes)
+                .expect("upload");
+            let xd = dev.stream().clone_htod(&x).expect("upload x");
+            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let mut worst = 0f64;
+            for (i, &n) in token_counts.iter().enumerate() {
+                for emulate in [false, true] {
+                    // cycle the warps per block: the per-shape choice, 1, 3 (not a power of
+                    // two), 8
+                    let warps = [0, 1, 3, 8][(i + emulate as usize) % 4];
+                    cuda::mmq::set_force_emulation(emulate);
+                    cuda::mmq::set_warps_override(warps);
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch) {
+                        Ok(e) => worst = worst.max(e),
+                        Err(e) => failures.push(format!(
+                            "{e} ({}, warps {warps})",
+                            if emulate { "emulated mma" } else { "mma" }
+                        )),
+                    }
+                }
+            }
+            eprintln!(
+                "checked {:>7} {:>4}x{:<5} n=1..{MAX_N}: max rel err {worst:.2e}",
+                ty.name(),
+                rows,
+                cols
+            );
+        }
+    }
+    cuda::mmq::set_force_emulation(false);
+    cuda::mmq::set_warps_override(0);
+    for f in failures.iter().take(40) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(failures.is_empty(), "{} failures (first above)", failures.len());
+}
+
+/// µs per launch of `run` over `copies` weight copies (cycled so the weights come from DRAM,
+/// not L2), timed with CUDA events after one warm-up round.
+fn time_us(
+    dev: &CudaDevice,
+    copies: usize,
+    iters: usize,
+    mut run: impl FnMut(usize) -> cuda::Result<()>,
+) -> cuda::Result<f64> {
+    for i in 0..copies {
+        run(i)?;
+    }
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let start = dev.stream().record_event(flags)?;
+    for i in 0..iters {
+        run(i % copies)?;
+    }
+    let end = dev.stream().record_event(flags)?;
+    Ok(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64)
+}
+
+#[test]
+#[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
+fn mmq_timing_vs_matvec() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmq).expect("mmq kernels compile");
+    dev.module(cuda::Program::MatvecQuant)
+        .expect("matvec kernels compile");
+    let shapes = [(27648usize, 5120usize), (5120, 27648), (5120, 5120), (17408, 5120)];
+    let counts = [1usize, 2, 3, 4, 8, 16, 32];
+    let only: Option<Vec<String>> = std::env::var("MMQ_TYPES")
+        .ok()
+        .map(|s| s.split(',').map(|t| t.to_string()).collect());
+    println!(
+        "{:>7} {:>12} {:>3} {:>9} {:>9} {:>7} {:>7} {:>6}  warps sweep (mmq µs)",
+        "type", "shape", "n", "matvec", "mmq", "mv/mv1", "mmq/mv1", "best"
+    );
+    for ty in FORMATS {
+        if let Some(o) = &only {
+            if !o.iter().any(|t| t.eq_ignore_ascii_case(ty.name())) {
+                continue;
+            }
+        }
+        for &(rows, cols) in &shapes {
+            let bytes = random_matrix(ty, rows, cols, 99);
+            // >= 400 MB of weight copies: L2 (50 MB on the H200) cannot hold them
+            let copies = (400_000_000 / bytes.len()).clamp(2, 16);
+            let ws: Vec<_> = (0..copies)
+                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
+                .collect();
+            drop(bytes);
+            let nmax = *counts.last().unwrap();
+            let x = dev
+                .stream()
+                .clone_htod(&random_activations(nmax * cols, 5))
+                .expect("x");
+            let mut y = dev.stream().alloc_zeros::<f32>(nmax * rows).expect("y");
+            let mut s = dev.matvec_scratch(nmax, cols).expect("scratch");
+            let mut mv1 = 0.0;
+            for &n in &counts {
+                dev.quantize_for_matvec(&x, n, cols, &mut s).expect("quantize");
+                let mv = time_us(&dev, copies, 40, |i| dev.matvec_prequantized(&ws[i], &s, &mut y))
+                    .expect("matvec timing");
+                if n == 1 {
+                    mv1 = mv;
+                }
+                let mut sweep = Vec::new();
+                for warps in [0u32, 2, 4, 8] {
+                    cuda::mmq::set_warps_override(warps);
+                    let us = time_us(&dev, copies, 40, |i| {
+                        dev.mmq_prequantized(&ws[i], n, &mut s, &mut y)
+                    })
+                    .expect("mmq timing");
+                    sweep.push((warps, us));
+                }
+                cuda::mmq::set_warps_override(0);
+                let mq = sweep[0].1;
+                let best = sweep.iter().skip(1).fold((0, f64::MAX), |b, &(w, t)| if t < b.1 { (w, t) } else { b });
+                println!(
+                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6}  {}",
+                    ty.name(),
+                    format!("{rows}x{cols}"),
+                    n,
+                    mv,
+                    mq,
+                    mv / mv1,
+                    mq / mv1,
+                    format!("w{}", best.0),
+                    sweep
+                        .iter()
+                        .skip(1)
+                        .map(|(w, t)| format!("w{w} {t:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+            }
+        }
+    }
+}
