@@ -13,16 +13,22 @@
 //! first eighth of `ffn_down` to Q5_K; Q3_K_M puts the first two `attn_v` at Q5_K and the rest at
 //! Q4_K, the first sixteenth of `ffn_down` at Q5_K and the rest at Q4_K, and `attn_output` at
 //! Q4_K; Q3_K_S and Q6_K have no per-tensor rules. llama.cpp's 70B-only and MoE-only rules do not
-//! apply to our shapes and are left out; the DeltaNet `attn_qkv` keeps the base type as in Q4_K_M.
+//! apply to our shapes and are left out.
 //!
-//! Q4_0, IQ4_XS and Q8_0 are *pure* files (`llama-quantize --pure`): every quantizable tensor,
-//! output head and embedding included, gets that one type.
+//! Two rule sets differ only on Qwen3.5 (and on Q4_0 / IQ4_XS):
 //!
-//! Both choices reproduce the sizes of the peer files measured in shared/BENCHMARKING.md
-//! (asserted in the tests below). Two Qwen3.5 details follow those measured files rather than
-//! current llama.cpp master: the DeltaNet `attn_qkv` keeps the base type (master counts it with
-//! `attn_v`, which would make the 27B Q4_K_M 0.33 GB larger), and `ssm_alpha` / `ssm_beta`
-//! stay F32 (as converted; quantizing them would make the 27B IQ4_XS 0.08 GB smaller).
+//! - [`plan_types`], the peer files measured in shared/BENCHMARKING.md (`redline synth`, the
+//!   planner's table; their sizes are asserted in the tests below): Q4_0, IQ4_XS and Q8_0 are
+//!   *pure* (every quantizable tensor, head and embedding included, at that one type), the
+//!   DeltaNet `attn_qkv` keeps the base type and `ssm_alpha` / `ssm_beta` stay F32.
+//! - [`plan_types_default`] / [`plan_types_for_quantize`], `redline quantize`: llama-quantize
+//!   0c1e570 itself. Its `category_is_attn_v` counts the DeltaNet `attn_qkv` with `attn_v` (the
+//!   bumps and the layer counter), and `ssm_alpha` / `ssm_beta` are quantized like any 2-D
+//!   weight; `--pure` gives every quantizable tensor the base type. Both were measured against
+//!   the peer-file choice before adopting them (BENCHMARKS.md, Quantization quality): the
+//!   `attn_qkv` bumps cut KL divergence by up to 17 % for 1-2 % of size, keeping `ssm_alpha` /
+//!   `ssm_beta` F32 bought < 1 % of KL for about the same size. On the 27B this makes Q4_K_M
+//!   0.24 GB larger than the peer file (+0.32 GB of Q6_K `attn_qkv`, −0.08 GB of alpha/beta).
 
 use gguf::GgmlType;
 
@@ -173,15 +179,38 @@ fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
+/// Which rule set picks the types.
+#[derive(Debug, Clone, Copy)]
+struct Rules {
+    /// llama-quantize `--pure`: every quantizable tensor at the base type. In the peer-file
+    /// rules only Q4_0 / IQ4_XS are pure (those files were made that way).
+    pure: bool,
+    has_imatrix: bool,
+    /// llama-quantize 0c1e570's own rules (`redline quantize`): the DeltaNet `attn_qkv` counts
+    /// with `attn_v` and `ssm_alpha` / `ssm_beta` are quantized. False: the peer files measured
+    /// in shared/BENCHMARKING.md (`redline synth`, the planner's table).
+    llama_quantize: bool,
+}
+
 /// Whether llama-quantize would quantize this tensor at all (`tensor_allows_quantization`,
-/// restricted to the tensors our shapes have), given the converter's F32 choices.
-fn is_quantizable(name: &str, dims: &[u64]) -> bool {
+/// restricted to the tensors our shapes have), given the converter's F32 choices. llama.cpp
+/// quantizes Qwen3.5's `ssm_alpha` / `ssm_beta` ([n_embd, n_v_heads]) like any 2-D weight
+/// (its converter writes them Q8_0 too: tests/data/fixtures/qwen35/model-q8_0.gguf); the peer
+/// files kept them F32.
+fn is_quantizable(name: &str, dims: &[u64], rules: Rules) -> bool {
+    let ssm_gate = name.contains("ssm_alpha") || name.contains("ssm_beta");
     dims.len() >= 2
         && name.ends_with("weight")
         && !name.contains("_norm.weight")
         && !name.contains("ssm_conv1d")
-        && !name.contains("ssm_alpha")
-        && !name.contains("ssm_beta")
+        && (rules.llama_quantize || !ssm_gate)
+}
+
+/// llama.cpp's `category_is_attn_v`: the tensors that take `attn_v`'s bumps and share its
+/// counter. llama.cpp 0c1e570 counts the fused `attn_qkv` (Qwen3.5's DeltaNet input
+/// projection) with `attn_v`; the peer files left it at the base type.
+fn is_attn_v_like(name: &str, rules: Rules) -> bool {
+    name.contains("attn_v.weight") || (rules.llama_quantize && name.contains("attn_qkv.weight"))
 }
 
 /// llama.cpp's `tensor_type_fallback`: a type whose block does not divide the row length.
@@ -206,7 +235,12 @@ fn fallback(ty: GgmlType, row_len: u64) -> GgmlType {
 
 /// Assigns a type to every tensor of `tensors` ((name, dims), in the file's order).
 pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
-    plan_types_with(tensors, ftype, true, false)
+    let rules = Rules {
+        pure: true,
+        has_imatrix: false,
+        llama_quantize: false,
+    };
+    plan_types_with(tensors, ftype, rules)
 }
 
 /// llama-quantize's default choice (without `--pure`), as `redline quantize` makes it: as
@@ -214,7 +248,7 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
 /// take their per-tensor rules: the head goes to Q6_K, and IQ4_XS also bumps `attn_v` to Q5_K
 /// on GQA >= 4 and the first eighth of `ffn_down` to Q5_K.
 pub fn plan_types_default(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
-    plan_types_with(tensors, ftype, false, false)
+    plan_types_for_quantize(tensors, ftype, false, false)
 }
 
 /// [`plan_types_default`] (or [`plan_types`] when `pure`) for a quantization with an importance
@@ -226,20 +260,23 @@ pub fn plan_types_for_quantize(
     pure: bool,
     has_imatrix: bool,
 ) -> Vec<GgmlType> {
-    plan_types_with(tensors, ftype, pure, has_imatrix)
+    let rules = Rules {
+        pure,
+        has_imatrix,
+        llama_quantize: true,
+    };
+    plan_types_with(tensors, ftype, rules)
 }
 
-fn plan_types_with(
-    tensors: &[(String, Vec<u64>)],
-    ftype: FileType,
-    pure: bool,
-    has_imatrix: bool,
-) -> Vec<GgmlType> {
+fn plan_types_with(tensors: &[(String, Vec<u64>)], ftype: FileType, rules: Rules) -> Vec<GgmlType> {
+    let Rules {
+        pure, has_imatrix, ..
+    } = rules;
     let tied = !tensors.iter().any(|(n, _)| n == "output.weight");
     let base = ftype.base_type();
     let n_attn_v = tensors
         .iter()
-        .filter(|(n, _)| n.contains("attn_v.weight"))
+        .filter(|(n, _)| is_attn_v_like(n, rules))
         .count();
     let n_ffn_down = tensors
         .iter()
@@ -262,36 +299,51 @@ fn plan_types_with(
         _ => 1,
     };
 
-    // llama.cpp walks tensors sorted by layer; our tables are already in layer order, and the
-    // counters only see tensors of one kind, so the file order gives the same indices.
-    let mut i_attn_v = 0;
-    let mut i_ffn_down = 0;
-    tensors
-        .iter()
-        .map(|(name, dims)| {
-            if !is_quantizable(name, dims) || matches!(ftype, FileType::F32) {
-                return GgmlType::F32;
-            }
+    // The counters (`use_more_bits`, "first n") index tensors in llama-quantize's walk order:
+    // its weights map sorts by layer number, then by name (`weight_name_comparer`), whatever
+    // the file order is. Files from HF converters list layers by name (blk.0, blk.1, blk.10,
+    // …, blk.2), so the file order would put the bumps on the wrong layers from 11 layers up.
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (na, nb) = (&tensors[a].0, &tensors[b].0);
+        (layer_of(na), na).cmp(&(layer_of(nb), nb))
+    });
+    let mut c = Counters {
+        i_attn_v: 0,
+        n_attn_v,
+        i_ffn_down: 0,
+        n_ffn_down,
+    };
+    let mut types = vec![GgmlType::F32; tensors.len()];
+    for i in order {
+        let (name, dims) = &tensors[i];
+        if !is_quantizable(name, dims, rules) || matches!(ftype, FileType::F32) {
+            continue; // stays F32
+        }
+        types[i] = {
+            let attn_v_like = is_attn_v_like(name, rules);
             let ty = match ftype {
+                // llama-quantize --pure: no mix at all (head and embedding included).
+                _ if pure && rules.llama_quantize => base,
                 FileType::Q4KM => {
                     let is_head = name == "output.weight" || (tied && name == "token_embd.weight");
                     if is_head {
                         GgmlType::Q6K
-                    } else if name.contains("attn_v.weight") {
-                        let t = if use_more_bits(i_attn_v, n_attn_v) {
+                    } else if attn_v_like {
+                        let t = if use_more_bits(c.i_attn_v, c.n_attn_v) {
                             GgmlType::Q6K
                         } else {
                             base
                         };
-                        i_attn_v += 1;
+                        c.i_attn_v += 1;
                         t
                     } else if name.contains("ffn_down") {
-                        let t = if use_more_bits(i_ffn_down, n_ffn_down) {
+                        let t = if use_more_bits(c.i_ffn_down, c.n_ffn_down) {
                             GgmlType::Q6K
                         } else {
                             base
                         };
-                        i_ffn_down += 1;
+                        c.i_ffn_down += 1;
                         t
                     } else {
                         base
@@ -301,82 +353,77 @@ fn plan_types_with(
                 | FileType::Q5KM
                 | FileType::Q4KS
                 | FileType::Q3KM
-                | FileType::Q3KS => k_mix_type(
-                    ftype,
-                    name,
-                    tied,
-                    &mut i_attn_v,
-                    n_attn_v,
-                    &mut i_ffn_down,
-                    n_ffn_down,
-                ),
-                FileType::Q4_0 | FileType::IQ4XS if !pure => more_mix_type(
-                    ftype,
-                    name,
-                    tied,
-                    gqa,
-                    has_imatrix,
-                    (&mut i_attn_v, n_attn_v),
-                    (&mut i_ffn_down, n_ffn_down),
-                ),
+                | FileType::Q3KS => k_mix_type(ftype, name, attn_v_like, tied, &mut c),
+                FileType::Q4_0 | FileType::IQ4XS if !pure => {
+                    more_mix_type(ftype, name, attn_v_like, tied, gqa, has_imatrix, &mut c)
+                }
                 FileType::Q4_1
                 | FileType::Q5_0
                 | FileType::Q5_1
                 | FileType::Q2K
                 | FileType::Q3KL
                 | FileType::Q5KS
-                | FileType::IQ4NL => more_mix_type(
-                    ftype,
-                    name,
-                    tied,
-                    gqa,
-                    has_imatrix,
-                    (&mut i_attn_v, n_attn_v),
-                    (&mut i_ffn_down, n_ffn_down),
-                ),
+                | FileType::IQ4NL => {
+                    more_mix_type(ftype, name, attn_v_like, tied, gqa, has_imatrix, &mut c)
+                }
                 _ => base,
             };
             fallback(ty, dims[0])
-        })
-        .collect()
+        };
+    }
+    types
+}
+
+/// The block number of `blk.N.…` (llama.cpp's `sscanf(name, "blk.%d.")`), -1 for the rest.
+fn layer_of(name: &str) -> i64 {
+    name.strip_prefix("blk.")
+        .and_then(|r| r.split_once('.'))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// llama.cpp's `qs.i_attention_wv` / `qs.n_attention_wv` and `qs.i_ffn_down` /
+/// `qs.n_ffn_down`: tensors of that kind seen so far, and in all.
+struct Counters {
+    i_attn_v: usize,
+    n_attn_v: usize,
+    i_ffn_down: usize,
+    n_ffn_down: usize,
 }
 
 /// The other k-quant mixes of `llama_tensor_get_type` (Q4_K_M keeps its own branch above).
-/// `i_attn_v` / `i_ffn_down` count the tensors of that kind seen so far, as llama.cpp's
-/// `qs.i_attention_wv` / `qs.i_ffn_down`.
+/// `attn_v_like`: the tensor takes `attn_v`'s rules ([`is_attn_v_like`]).
 fn k_mix_type(
     ftype: FileType,
     name: &str,
+    attn_v_like: bool,
     tied: bool,
-    i_attn_v: &mut usize,
-    n_attn_v: usize,
-    i_ffn_down: &mut usize,
-    n_ffn_down: usize,
+    c: &mut Counters,
 ) -> GgmlType {
     use GgmlType::{Q4K, Q5K, Q6K};
     let base = ftype.base_type();
     if name == "output.weight" || (tied && name == "token_embd.weight") {
         return Q6K;
     }
-    if name.contains("attn_v.weight") {
-        let i = *i_attn_v;
-        *i_attn_v += 1;
+    if attn_v_like {
+        let i = c.i_attn_v;
+        c.i_attn_v += 1;
         return match ftype {
             FileType::Q3KM if i < 2 => Q5K,
             FileType::Q3KM => Q4K,
-            FileType::Q5KM if use_more_bits(i, n_attn_v) => Q6K,
+            FileType::Q5KM if use_more_bits(i, c.n_attn_v) => Q6K,
             FileType::Q4KS if i < 4 => Q5K,
             _ => base,
         };
     }
     if name.contains("ffn_down") {
-        let i = *i_ffn_down;
-        *i_ffn_down += 1;
+        let i = c.i_ffn_down;
+        c.i_ffn_down += 1;
         return match ftype {
-            FileType::Q3KM if i < n_ffn_down / 16 => Q5K,
+            FileType::Q3KM if i < c.n_ffn_down / 16 => Q5K,
             FileType::Q3KM => Q4K,
-            FileType::Q5KM if use_more_bits(i, n_ffn_down) => Q6K,
-            FileType::Q4KS if i < n_ffn_down / 8 => Q5K,
+            FileType::Q5KM if use_more_bits(i, c.n_ffn_down) => Q6K,
+            FileType::Q4KS if i < c.n_ffn_down / 8 => Q5K,
             _ => base,
         };
     }
@@ -388,23 +435,23 @@ fn k_mix_type(
 
 /// `llama_tensor_get_type` for the types `redline quantize` adds (Q4_1, Q5_0, Q5_1, Q2_K,
 /// Q3_K_L, Q5_K_S, IQ4_NL), without an imatrix: the head goes to Q6_K (no per-tensor rules for
-/// Q4_1 / Q5_0 / Q5_1 / Q5_K_S beyond that). `attn_v` / `ffn_down` are (index, count) counters.
+/// Q4_1 / Q5_0 / Q5_1 / Q5_K_S beyond that).
 fn more_mix_type(
     ftype: FileType,
     name: &str,
+    attn_v_like: bool,
     tied: bool,
     gqa: u64,
     has_imatrix: bool,
-    attn_v: (&mut usize, usize),
-    ffn_down: (&mut usize, usize),
+    c: &mut Counters,
 ) -> GgmlType {
     use GgmlType::{Q3K, Q4K, Q5K, Q6K};
     let base = ftype.base_type();
     if name == "output.weight" || (tied && name == "token_embd.weight") {
         return Q6K;
     }
-    if name.contains("attn_v.weight") {
-        *attn_v.0 += 1;
+    if attn_v_like {
+        c.i_attn_v += 1;
         return match ftype {
             FileType::Q2K if gqa >= 4 => Q4K,
             FileType::Q2K => Q3K,
@@ -414,14 +461,14 @@ fn more_mix_type(
         };
     }
     if name.contains("ffn_down") {
-        let i = *ffn_down.0;
-        *ffn_down.0 += 1;
+        let i = c.i_ffn_down;
+        c.i_ffn_down += 1;
         return match ftype {
             FileType::Q2K => Q3K,
             FileType::Q3KL => Q5K,
-            FileType::IQ4NL | FileType::IQ4XS if i < ffn_down.1 / 8 && !has_imatrix => Q5K,
-            FileType::Q4_0 if i < ffn_down.1 / 8 && has_imatrix => GgmlType::Q4_1,
-            FileType::Q5_0 if i < ffn_down.1 / 8 && has_imatrix => GgmlType::Q5_1,
+            FileType::IQ4NL | FileType::IQ4XS if i < c.n_ffn_down / 8 && !has_imatrix => Q5K,
+            FileType::Q4_0 if i < c.n_ffn_down / 8 && has_imatrix => GgmlType::Q4_1,
+            FileType::Q5_0 if i < c.n_ffn_down / 8 && has_imatrix => GgmlType::Q5_1,
             _ => base,
         };
     }
@@ -648,6 +695,165 @@ mod tests {
         let t = real.tensors();
         assert_eq!(plan_types_default(&t, FileType::IQ4XS)[v], Q5K);
         assert_eq!(plan_types(&t, FileType::Q2K)[v], Q4K);
+    }
+
+    /// `redline quantize` on Qwen3.5 follows llama.cpp 0c1e570 (src/llama-quant.cpp:
+    /// `category_is_attn_v` takes ATTENTION_QKV, counted in `n_attention_wv` too): the DeltaNet
+    /// `attn_qkv` takes `attn_v`'s bumps and shares its layer counter. Measured before choosing
+    /// (BENCHMARKS.md, Quantization quality, 2026-12-02 "attn_qkv and ssm_alpha/ssm_beta"): on
+    /// the Qwen3.5 fixture the bumps of the first layer's `attn_qkv` cut KL divergence by 15-17 %
+    /// (Q4_K_S, Q3_K_M, Q3_K_L) at +1-2 % size, far more than the next type up buys per byte.
+    /// The peer-file mix of `plan_types` (synthetic speed files, planner) keeps the base type.
+    #[test]
+    fn qwen35_attn_qkv_counts_with_attn_v_in_quantize_rules() {
+        let s = Shape::qwen3_5_27b(); // 48 DeltaNet attn_qkv + 16 attn_v; GQA 24 / 4 = 6
+        let t = s.tensors();
+        let at = |n: &str| t.iter().position(|(x, _)| x == n).unwrap();
+        let q = |ftype: FileType, n: &str| plan_types_default(&t, ftype)[at(n)];
+        use GgmlType::*;
+        // Q4_K_M / Q5_K_M: use_more_bits over all 64 attn_v-like tensors, one per layer, so the
+        // index is the layer: 0..8, 56..64 and every third from 10 (10, 13, …, 55).
+        for (il, more) in [
+            (0, true),
+            (7, true),
+            (8, false),
+            (10, true),
+            (11, false),
+            (55, true),
+        ] {
+            let kind = if il % 4 == 3 { "attn_v" } else { "attn_qkv" };
+            let name = format!("blk.{il}.{kind}.weight");
+            let want = if more { Q6K } else { Q4K };
+            assert_eq!(q(FileType::Q4KM, &name), want, "Q4_K_M {name}");
+            let want = if more { Q6K } else { Q5K };
+            assert_eq!(q(FileType::Q5KM, &name), want, "Q5_K_M {name}");
+        }
+        assert_eq!(q(FileType::Q4KM, "blk.63.attn_v.weight"), Q6K);
+        // Q4_K_S: the first four attn_v-like tensors (layers 0-3) at Q5_K.
+        assert_eq!(q(FileType::Q4KS, "blk.2.attn_qkv.weight"), Q5K);
+        assert_eq!(q(FileType::Q4KS, "blk.3.attn_v.weight"), Q5K);
+        assert_eq!(q(FileType::Q4KS, "blk.4.attn_qkv.weight"), Q4K);
+        assert_eq!(q(FileType::Q4KS, "blk.7.attn_v.weight"), Q4K);
+        // Q3_K_M: first two Q5_K, the rest Q4_K; Q3_K_L: Q5_K; GQA >= 4: IQ4 at Q5_K, Q2_K at Q4_K.
+        assert_eq!(q(FileType::Q3KM, "blk.1.attn_qkv.weight"), Q5K);
+        assert_eq!(q(FileType::Q3KM, "blk.2.attn_qkv.weight"), Q4K);
+        assert_eq!(q(FileType::Q3KL, "blk.9.attn_qkv.weight"), Q5K);
+        assert_eq!(q(FileType::IQ4XS, "blk.9.attn_qkv.weight"), Q5K);
+        assert_eq!(q(FileType::IQ4NL, "blk.9.attn_qkv.weight"), Q5K);
+        assert_eq!(q(FileType::Q2K, "blk.9.attn_qkv.weight"), Q4K);
+        // No attn_v rule: the base type.
+        assert_eq!(q(FileType::Q3KS, "blk.0.attn_qkv.weight"), Q3K);
+        assert_eq!(q(FileType::Q4_0, "blk.0.attn_qkv.weight"), Q4_0);
+        // The peer-file mix (synthetic files, planner) keeps attn_qkv at the base type.
+        assert_eq!(
+            plan_types(&t, FileType::Q4KM)[at("blk.0.attn_qkv.weight")],
+            Q4K
+        );
+        assert_eq!(
+            plan_types(&t, FileType::Q4KM)[at("blk.3.attn_v.weight")],
+            Q6K
+        );
+    }
+
+    /// llama.cpp 0c1e570 quantizes Qwen3.5's `ssm_alpha` / `ssm_beta` ([n_embd, n_v_heads]) like
+    /// any 2-D weight (no rule names them; its converter writes them Q8_0 as well). Keeping them
+    /// F32 measured 0.3-0.8 % lower KL for +0.9-1.5 % size on the fixture, less than a type step
+    /// buys per byte, so `redline quantize` quantizes them; the peer-file mix keeps them F32.
+    #[test]
+    fn qwen35_ssm_alpha_beta_are_quantized_by_quantize_rules() {
+        let s = Shape::qwen3_5_27b();
+        let t = s.tensors();
+        let at = |n: &str| t.iter().position(|(x, _)| x == n).unwrap();
+        use GgmlType::*;
+        for name in ["blk.0.ssm_alpha.weight", "blk.62.ssm_beta.weight"] {
+            assert_eq!(plan_types_default(&t, FileType::Q4KM)[at(name)], Q4K);
+            assert_eq!(plan_types_default(&t, FileType::IQ4XS)[at(name)], IQ4XS);
+            assert_eq!(plan_types_default(&t, FileType::Q8_0)[at(name)], Q8_0);
+            assert_eq!(
+                plan_types_for_quantize(&t, FileType::Q4KM, true, false)[at(name)],
+                Q4K
+            );
+            assert_eq!(plan_types(&t, FileType::Q4KM)[at(name)], F32);
+        }
+        // The rest of the DeltaNet block is as before.
+        assert_eq!(
+            plan_types_default(&t, FileType::Q4KM)[at("blk.0.ssm_conv1d.weight")],
+            F32
+        );
+        assert_eq!(
+            plan_types_default(&t, FileType::Q4KM)[at("blk.0.ssm_out.weight")],
+            Q4K
+        );
+    }
+
+    /// What the llama-quantize rules cost on the 27B next to the peer files' mix (which equals
+    /// them for the K-mixes except for these two rules): Q4_K_M +0.324 GB of Q6_K `attn_qkv`
+    /// (24 of 48) − 0.081 GB of quantized `ssm_alpha` / `ssm_beta` = +0.243 GB (+1.5 %); Q5_K_M
+    /// +0.167 − 0.078 GB. (IQ4_XS, GQA 6: all 48 `attn_qkv` at Q5_K, +0.393 − 0.082 GB.)
+    #[test]
+    fn qwen35_quantize_rules_size_on_the_27b() {
+        let s = Shape::qwen3_5_27b();
+        let t = s.tensors();
+        let gb = |types: Vec<GgmlType>| -> f64 {
+            t.iter()
+                .zip(types)
+                .map(|((_, d), ty)| ty.bytes_for(d.iter().product()).unwrap() as f64)
+                .sum::<f64>()
+                / 1e9
+        };
+        for (ftype, delta) in [(FileType::Q4KM, 0.243), (FileType::Q5KM, 0.089)] {
+            let got = gb(plan_types_default(&t, ftype)) - gb(plan_types(&t, ftype));
+            assert!(
+                (got - delta).abs() < 0.002,
+                "{}: {got:.4} GB over the peer mix, want {delta}",
+                ftype.name()
+            );
+        }
+    }
+
+    /// llama-quantize --pure: every quantizable tensor at the base type, head included.
+    #[test]
+    fn pure_quantize_has_no_mix() {
+        let s = Shape::llama3_8b();
+        let t = s.tensors();
+        let pure = plan_types_for_quantize(&t, FileType::Q4KM, true, false);
+        for ((name, dims), ty) in t.iter().zip(pure) {
+            let want = if dims.len() < 2 || name.contains("_norm") {
+                GgmlType::F32
+            } else {
+                GgmlType::Q4K
+            };
+            assert_eq!(ty, want, "{name}");
+        }
+    }
+
+    /// The layer counters follow llama-quantize's walk (layer number, then name), not the file
+    /// order: a file listing blk.0, blk.1, blk.10, … blk.2 (HF converters sort by name) gets
+    /// the same type per tensor as one in layer order.
+    #[test]
+    fn counters_follow_layer_order_not_file_order() {
+        for shape in [Shape::qwen2_5_1_5b(), Shape::qwen3_5_27b()] {
+            let t = shape.tensors();
+            let mut by_name = t.clone();
+            by_name.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_ne!(by_name, t);
+            for ftype in [
+                FileType::Q4KM,
+                FileType::Q3KM,
+                FileType::IQ4XS,
+                FileType::Q5KM,
+            ] {
+                let want = plan_types_default(&t, ftype);
+                let got = plan_types_default(&by_name, ftype);
+                for ((name, _), ty) in by_name.iter().zip(got) {
+                    let i = t.iter().position(|(n, _)| n == name).unwrap();
+                    assert_eq!(ty, want[i], "{} {} {name}", shape.name, ftype.name());
+                }
+            }
+        }
+        assert_eq!(layer_of("blk.12.ffn_down.weight"), 12);
+        assert_eq!(layer_of("output.weight"), -1);
+        assert_eq!(layer_of("blk.x.attn_v.weight"), -1);
     }
 
     #[test]
