@@ -52,7 +52,13 @@ fn check(arch: &str, outtype: OutType, oracle: &str) {
     let Some(out) = convert(arch, outtype) else {
         return;
     };
-    let ours = GgufFile::open(&out).unwrap();
+    assert_same_as(arch, &out, oracle);
+    let _ = std::fs::remove_file(out);
+}
+
+/// `out` has the oracle fixture's tensors (names, order, types, bytes) and inference metadata.
+fn assert_same_as(arch: &str, out: &Path, oracle: &str) {
+    let ours = GgufFile::open(out).unwrap();
     let theirs = GgufFile::open(fixture(arch, oracle)).unwrap();
     let names = |f: &GgufFile| {
         f.tensors()
@@ -82,7 +88,55 @@ fn check(arch: &str, outtype: OutType, oracle: &str) {
     for ((k, a), (_, b)) in ours_md.iter().zip(&theirs_md) {
         assert_eq!(a, b, "{arch}: {k}");
     }
-    let _ = std::fs::remove_file(out);
+}
+
+/// Real Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`: hyperparameters under
+/// `text_config`, text tensors under `model.language_model.`, a vision tower under
+/// `model.visual.` (llama.cpp puts it in a separate mmproj file). The fixture rewritten that
+/// way converts to exactly the fixture's GGUF.
+#[test]
+fn qwen35_conditional_generation_text_part() {
+    let src = Path::new(HF).join("qwen35");
+    if !src.exists() {
+        eprintln!("skipping: {} is absent", src.display());
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("redline-cg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let text_cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let cfg = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text_cfg,
+        "vision_config": {"depth": 1, "hidden_size": 16},
+    });
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let st = convert::safetensors::StFile::open(&src.join("model.safetensors")).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = st
+        .tensors
+        .iter()
+        .map(|t| {
+            let name = match t.name.strip_prefix("model.") {
+                Some(rest) => format!("model.language_model.{rest}"),
+                None => t.name.clone(),
+            };
+            (name, t.shape.clone(), st.to_f32(t))
+        })
+        .collect();
+    tensors.push((
+        "model.visual.patch_embed.proj.weight".into(),
+        vec![16, 12],
+        vec![0.5; 16 * 12],
+    ));
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    let out = dir.join("out.gguf");
+    convert_hf(&dir, &out, OutType::F32, &mut |_, _| {}).unwrap();
+    assert_same_as("qwen35", &out, "model-f32.gguf");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -252,5 +306,62 @@ fn chunked_streaming_gives_the_same_file() {
         );
         let _ = std::fs::remove_file(whole);
         let _ = std::fs::remove_file(chunked);
+    }
+}
+
+/// `--outtype f16` / `bf16`: llama.cpp's converter picks the same tensors for the 16-bit type
+/// as for Q8_0 (conversion/base.py: 1-D, norms, `ssm_conv1d` and non-`.weight` stay F32), and
+/// stores `np.float16` / gguf-py's round-to-nearest-even bf16 of its F32 values. So the Q8_0
+/// fixture says which tensors are 16-bit, and the F32 fixture (bit-equal to our F32 output)
+/// gives their values through an independent rounding (the `half` crate).
+#[test]
+fn f16_and_bf16_follow_llama_cpp_type_choice_and_rounding() {
+    for arch in ["llama", "qwen2", "qwen3", "qwen35"] {
+        let f32_file = GgufFile::open(fixture(arch, "model-f32.gguf")).unwrap();
+        let q8 = GgufFile::open(fixture(arch, "model-q8_0.gguf")).unwrap();
+        for outtype in [OutType::F16, OutType::BF16] {
+            let Some(out) = convert(arch, outtype) else {
+                return;
+            };
+            let ours = GgufFile::open(&out).unwrap();
+            assert_eq!(ours.tensors().len(), f32_file.tensors().len(), "{arch}");
+            let mut n16 = 0;
+            for t in ours.tensors() {
+                let src = f32_file.tensor(&t.name).unwrap();
+                let q = q8.tensor(&t.name).unwrap();
+                assert_eq!(t.dims, src.dims, "{arch} {}", t.name);
+                let x = f32_file.tensor_data(src);
+                if q.ty == gguf::GgmlType::F32 {
+                    assert_eq!(t.ty, gguf::GgmlType::F32, "{arch} {outtype:?} {}", t.name);
+                    assert!(ours.tensor_data(t) == x, "{arch} {}", t.name);
+                    continue;
+                }
+                let want: Vec<u8> = x
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .flat_map(|v| match outtype {
+                        OutType::F16 => half::f16::from_f32(v).to_le_bytes(),
+                        _ => half::bf16::from_f32(v).to_le_bytes(),
+                    })
+                    .collect();
+                let ty = match outtype {
+                    OutType::F16 => gguf::GgmlType::F16,
+                    _ => gguf::GgmlType::BF16,
+                };
+                assert_eq!(t.ty, ty, "{arch} {}", t.name);
+                assert!(
+                    ours.tensor_data(t) == want.as_slice(),
+                    "{arch} {outtype:?} {}: values",
+                    t.name
+                );
+                n16 += 1;
+            }
+            assert!(n16 >= 9, "{arch}: {n16} 16-bit tensors");
+            let ftype = ours.metadata().get_u32("general.file_type");
+            let want_ftype = if outtype == OutType::F16 { 1 } else { 32 };
+            assert_eq!(ftype, Some(want_ftype), "{arch}");
+            drop(ours);
+            let _ = std::fs::remove_file(out);
+        }
     }
 }

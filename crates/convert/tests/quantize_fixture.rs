@@ -40,33 +40,26 @@ fn quantize(arch: &str, ftype: FileType) -> PathBuf {
     out
 }
 
-/// Tensors llama.cpp's converter wrote as Q8_0 are byte-identical in ours; the rest (which
-/// our llama-quantize mix keeps F32, e.g. ssm_alpha / ssm_beta) are the F32 input bytes.
+/// Every tensor gets the type llama.cpp's converter gave it (Q8_0 for every 2-D weight, Qwen3.5's
+/// `ssm_alpha` / `ssm_beta` included; F32 for norms, 1-D and the conv kernel), and the bytes
+/// are identical: Q8_0 through the same quantizer, F32 copied from the input.
 #[test]
 fn q8_0_matches_llama_cpp_converter() {
     for arch in ["llama", "qwen2", "qwen3", "qwen35"] {
         let out = quantize(arch, FileType::Q8_0);
         let ours = GgufFile::open(&out).unwrap();
         let theirs = GgufFile::open(fixture(arch, "model-q8_0.gguf")).unwrap();
-        let f32 = GgufFile::open(fixture(arch, "model-f32.gguf")).unwrap();
         assert_eq!(ours.tensors().len(), theirs.tensors().len());
         let mut n_q8 = 0;
         for t in ours.tensors() {
             let th = theirs.tensor(&t.name).unwrap();
-            assert_eq!(t.dims, th.dims, "{arch} {}", t.name);
-            if t.ty == GgmlType::Q8_0 {
-                assert_eq!(th.ty, GgmlType::Q8_0, "{arch} {}", t.name);
-                assert!(
-                    ours.tensor_data(t) == theirs.tensor_data(th),
-                    "{arch} {} bytes",
-                    t.name
-                );
-                n_q8 += 1;
-            } else {
-                assert_eq!(t.ty, GgmlType::F32, "{arch} {}", t.name);
-                let src = f32.tensor(&t.name).unwrap();
-                assert!(ours.tensor_data(t) == f32.tensor_data(src));
-            }
+            assert_eq!((&t.dims, t.ty), (&th.dims, th.ty), "{arch} {}", t.name);
+            assert!(
+                ours.tensor_data(t) == theirs.tensor_data(th),
+                "{arch} {} bytes",
+                t.name
+            );
+            n_q8 += usize::from(t.ty == GgmlType::Q8_0);
         }
         assert!(n_q8 >= 9, "{arch}: only {n_q8} Q8_0 tensors");
         let md = ours.metadata();
@@ -74,6 +67,7 @@ fn q8_0_matches_llama_cpp_converter() {
         assert_eq!(md.get_u32("general.quantization_version"), Some(2));
         // Everything else copied in order.
         let keys: Vec<&str> = md.iter().map(|(k, _)| k).collect();
+        let f32 = GgufFile::open(fixture(arch, "model-f32.gguf")).unwrap();
         let f32_keys: Vec<&str> = f32.metadata().iter().map(|(k, _)| k).collect();
         assert_eq!(keys, f32_keys);
         let _ = std::fs::remove_file(out);
