@@ -1,5 +1,6 @@
 //! Quantize a whole GGUF file (llama-quantize): metadata copied, each tensor's type chosen by
-//! `model::synth::plan_types` (llama.cpp's per-tensor mix), data streamed tensor by tensor.
+//! `model::synth::plan_types_for_quantize` (llama-quantize 0c1e570's per-tensor mix), data
+//! streamed tensor by tensor.
 //!
 //! Memory stays bounded: a tensor is converted in chunks of whole rows (at most
 //! [`CHUNK_ELEMENTS`] f32 at a time), read from the mmapped input and written straight out.
@@ -26,7 +27,8 @@ pub struct QuantizeOptions {
     pub imatrix: Option<HashMap<String, Vec<f32>>>,
     /// Worker threads; `None` = rayon's default (all cores).
     pub threads: Option<usize>,
-    /// llama-quantize `--pure`: no per-tensor mix for Q4_0 / IQ4_XS (see `plan_types_default`).
+    /// llama-quantize `--pure`: every quantizable tensor at the base type, no per-tensor mix
+    /// (see `plan_types_for_quantize`).
     pub pure: bool,
 }
 

@@ -22,8 +22,8 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// One type for every quantizable tensor (llama-quantize --pure; no Q6_K head for Q4_0 /
-    /// IQ4_XS).
+    /// One type for every quantizable tensor, head and embedding included (llama-quantize
+    /// --pure: no per-tensor mix).
     #[arg(long)]
     pub pure: bool,
 }
