@@ -391,6 +391,59 @@ impl<B: Backend> ModelOn<B> {
         Ok(logits)
     }
 
+    /// [`ModelOn::forward_multi`] with chosen outputs, for speculative verify passes inside a
+    /// scheduler step: sequence `i` gets the logits of every one of its tokens when `all[i]`,
+    /// else of its last token only (rows in sequence order, `[Σ rows, n_vocab]`). With
+    /// `want_hidden` also the final (normed) hidden state of every token of every sequence,
+    /// `[Σ tokens.len(), n_embd]`, which the MTP drafter reads.
+    pub fn forward_multi_rows(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+        all: &[bool],
+        want_hidden: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        if states.len() != tokens.len() || all.len() != tokens.len() {
+            return Err(ModelError::BatchMismatch {
+                n_states: states.len(),
+                n_tokens: tokens.len(),
+            });
+        }
+        if tokens.is_empty() || tokens.iter().any(|t| t.is_empty()) {
+            return Err(ModelError::EmptyInput);
+        }
+        for (s, t) in states.iter().zip(tokens) {
+            self.check_state(s, t.len())?;
+            self.check_tokens(t)?;
+        }
+        // (row, token, gives logits), rows of one sequence consecutive.
+        let mut flat: Vec<(Row, u32, bool)> = Vec::new();
+        for (i, (s, t)) in states.iter().zip(tokens).enumerate() {
+            for (j, &tok) in t.iter().enumerate() {
+                let row = Row {
+                    seq: i,
+                    pos: s.len + j,
+                };
+                flat.push((row, tok, all[i] || j + 1 == t.len()));
+            }
+        }
+        let mut logits = Vec::new();
+        let mut hidden = Vec::new();
+        for chunk in flat.chunks(self.ubatch_size) {
+            let rows: Vec<Row> = chunk.iter().map(|c| c.0).collect();
+            let toks: Vec<u32> = chunk.iter().map(|c| c.1).collect();
+            let out_rows: Vec<usize> = (0..chunk.len()).filter(|&r| chunk[r].2).collect();
+            let (l, h) =
+                self.run_with_hidden(states, &toks, Batch::new(rows), &out_rows, want_hidden)?;
+            logits.extend(l);
+            hidden.extend(h);
+        }
+        for (s, t) in states.iter_mut().zip(tokens) {
+            s.len += t.len();
+        }
+        Ok((logits, hidden))
+    }
+
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
         match tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
             Some(&token) => Err(ModelError::TokenOutOfRange {

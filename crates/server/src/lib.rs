@@ -16,7 +16,7 @@ pub mod validate;
 
 pub use app::{router, AppState, ServerConfig};
 pub use error::ApiError;
-pub use model_service::{ModelService, ModelServiceOptions};
+pub use model_service::{DraftOptions, ModelService, ModelServiceOptions};
 pub use service::{InferenceService, ModelInfo};
 pub use shutdown::serve;
 

@@ -9,6 +9,7 @@ use engine::scheduler::{
     BatchModel, GenerationRequest, GenerationStream, Scheduler, SchedulerConfig, SchedulerStats,
     TokenConstraint,
 };
+use engine::speculative::{SpecBatch, SpecOptions};
 use engine::tool_calls::ToolFamily;
 use engine::{ChatTemplate, ConstraintError, ConstraintVocab, Tokenizer};
 use model::{KvType, ModelOn, SeqStateOn};
@@ -138,6 +139,14 @@ pub struct ModelServiceOptions {
     pub chat_template: Option<String>,
 }
 
+/// The drafter the slots speculate with (`redline serve --md DRAFT.gguf`).
+pub struct DraftOptions<B: Backend> {
+    pub model: Arc<ModelOn<B>>,
+    /// KV cache type of the drafter's per-slot caches.
+    pub kv_type: KvType,
+    pub spec: SpecOptions,
+}
+
 pub struct ModelService {
     info: ModelInfo,
     tokenizer: Arc<Tokenizer>,
@@ -151,6 +160,17 @@ impl ModelService {
     /// Starts the scheduler over `model` on any backend (`model::Model` is the CPU one).
     pub fn new<B: Backend + 'static>(
         model: Arc<ModelOn<B>>,
+        opts: ModelServiceOptions,
+    ) -> Result<ModelService, ApiError> {
+        Self::with_drafter(model, None, opts)
+    }
+
+    /// [`ModelService::new`], with every slot speculating with `draft` when given: each
+    /// scheduler step drafts for all decoding slots in batched draft steps and verifies them
+    /// inside the step's one mixed forward (`engine::speculative::SpecBatch`).
+    pub fn with_drafter<B: Backend + 'static>(
+        model: Arc<ModelOn<B>>,
+        draft: Option<DraftOptions<B>>,
         opts: ModelServiceOptions,
     ) -> Result<ModelService, ApiError> {
         let meta = model.gguf().metadata();
@@ -187,15 +207,23 @@ impl ModelService {
             prefill_chunk: opts.prefill_chunk,
             eog_tokens: tokenizer.eog_ids().collect(),
         };
-        let scheduler = Scheduler::start(
-            Arc::new(ModelBatch {
-                model,
-                kv_type: opts.kv_type,
-                mixed: std::env::var("REDLINE_MIXED_STEPS").map_or(true, |v| v != "0"),
-                n_use: n_vocab,
-            }),
-            config,
-        )?;
+        let scheduler = match draft {
+            None => Scheduler::start(
+                Arc::new(ModelBatch {
+                    model,
+                    kv_type: opts.kv_type,
+                    mixed: std::env::var("REDLINE_MIXED_STEPS").map_or(true, |v| v != "0"),
+                    n_use: n_vocab,
+                }),
+                config,
+            )?,
+            Some(d) => {
+                let batch =
+                    SpecBatch::new(model, d.model, opts.kv_type, d.kv_type, n_vocab, d.spec)
+                        .map_err(|e| ApiError::Internal(format!("speculative decoding: {e}")))?;
+                Scheduler::start(Arc::new(batch), config)?
+            }
+        };
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

@@ -9,38 +9,42 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::sampling::{token_logprob, RequestSampler};
+use super::speculation::{draft_rows, judge_verify_rows, SlotSpec};
 use super::{
     lock, BatchModel, FinishReason, GenerationEvent, GenerationRequest, Job, SchedulerConfig,
-    SchedulerStats, Shared, Usage,
+    SchedulerStats, Shared, TokenLogprob, Usage,
 };
 
 /// A request being served by a slot.
-struct Active {
-    request: GenerationRequest,
-    sampler: RequestSampler,
+pub(super) struct Active {
+    pub(super) request: GenerationRequest,
+    pub(super) sampler: RequestSampler,
     events: mpsc::UnboundedSender<GenerationEvent>,
     /// Admission order; the oldest prefilling request goes first.
     seq: u64,
     /// Prompt tokens already in the cache.
     prompt_pos: usize,
     /// Sampled and sent, not yet fed to the model.
-    pending: Option<u32>,
-    n_generated: usize,
+    pub(super) pending: Option<u32>,
+    pub(super) n_generated: usize,
+    /// Drafting and acceptance state when the model speculates (not for constrained
+    /// requests: their mask must see each token before the next one is proposed).
+    pub(super) spec: Option<SlotSpec>,
     cached_tokens: usize,
     admitted: Instant,
     first_token: Option<Instant>,
 }
 
-struct Slot<S> {
-    state: Option<S>,
+pub(super) struct Slot<S> {
+    pub(super) state: Option<S>,
     /// Tokens held in `state`, in order (for prefix reuse).
-    cached: Vec<u32>,
-    active: Option<Active>,
+    pub(super) cached: Vec<u32>,
+    pub(super) active: Option<Active>,
     last_used: u64,
 }
 
 /// Runs a model call, turning a panic into an error so one bad step cannot kill the thread.
-fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+pub(super) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
         let msg = p
             .downcast_ref::<&str>()
@@ -120,13 +124,38 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
         // the oldest prefilling slots (at most `prefill_chunk` prompt tokens in all), in one
         // `forward_multi` call. A running stream gets a token every step; a long prompt
         // only makes each step up to one chunk larger.
-        let plan = plan_step(&slots, config.prefill_chunk);
+        // With speculation each decode row becomes a verify pass: the pending token plus the
+        // drafts proposed for it by batched draft steps over all decoding slots.
+        let mut plan = plan_step(&slots, config.prefill_chunk);
+        let spec = model.speculation();
+        let mut drafts = match &spec {
+            Some(opts) => draft_rows(&*model, &mut slots, &plan, opts, &config, clock, &mut tally),
+            None => vec![Vec::new(); plan.len()],
+        };
+        // A slot whose drafter failed has ended with an error: drop its row.
+        let mut r = 0;
+        plan.retain(|p| {
+            let keep = slots[p.slot].active.is_some() && slots[p.slot].state.is_some();
+            if !keep {
+                drafts.remove(r);
+            } else {
+                r += 1;
+            }
+            keep
+        });
+        let verify: Vec<bool> = plan
+            .iter()
+            .map(|p| spec.is_some() && !p.is_prefill())
+            .collect();
         let (mut prefill_stats, mut decode_stats) = ((0u64, 0f64), (0u64, 0f64));
         if !plan.is_empty() {
             let inputs: Vec<Vec<u32>> = plan
                 .iter()
-                .map(|p| match p.kind {
-                    RowKind::Decode(t) => vec![t],
+                .zip(&drafts)
+                .map(|(p, d)| match p.kind {
+                    RowKind::Decode(t) => std::iter::once(t)
+                        .chain(d.iter().map(|d| d.token))
+                        .collect(),
                     RowKind::Prefill { from, to } => slots[p.slot]
                         .active
                         .as_ref()
@@ -140,8 +169,13 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                     RowKind::Decode(_) => 0,
                 })
                 .sum();
-            let n_decode =
-                plan.len() as u64 - plan.iter().filter(|p| p.is_prefill()).count() as u64;
+            // Tokens run for decoding slots (a verify pass counts all of its tokens).
+            let n_decode: u64 = plan
+                .iter()
+                .zip(&inputs)
+                .filter(|(p, _)| !p.is_prefill())
+                .map(|(_, i)| i.len() as u64)
+                .sum();
             let t0 = Instant::now();
             let result = {
                 // `plan` is in slot order and names each slot once.
@@ -160,11 +194,20 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                     if states.len() != refs.len() {
                         return Err("a planned slot has no state".to_string());
                     }
-                    let logits = model.forward_multi(&mut states, &refs)?;
-                    let expected = refs.len() * model.n_vocab();
+                    let (logits, n_rows) = if spec.is_some() {
+                        let n_rows: usize = refs
+                            .iter()
+                            .zip(&verify)
+                            .map(|(t, &v)| if v { t.len() } else { 1 })
+                            .sum();
+                        (model.forward_verify(&mut states, &refs, &verify)?, n_rows)
+                    } else {
+                        (model.forward_multi(&mut states, &refs)?, refs.len())
+                    };
+                    let expected = n_rows * model.n_vocab();
                     if logits.len() != expected {
                         return Err(format!(
-                            "forward_multi returned {} logits, expected {expected}",
+                            "the step returned {} logits, expected {expected}",
                             logits.len()
                         ));
                     }
@@ -179,9 +222,22 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             match result {
                 Ok(mut logits) => {
                     let n_vocab = model.n_vocab();
-                    for (row, p) in plan.iter().enumerate() {
+                    let mut row = 0;
+                    // Verify passes to settle: (slot, tokens kept).
+                    let mut settle: Vec<(usize, usize)> = Vec::new();
+                    for ((p, d), &is_verify) in plan.iter().zip(&drafts).zip(&verify) {
                         let slot = &mut slots[p.slot];
-                        let row_logits = &mut logits[row * n_vocab..(row + 1) * n_vocab];
+                        let n_rows = if is_verify { 1 + d.len() } else { 1 };
+                        let rows = &mut logits[row * n_vocab..(row + n_rows) * n_vocab];
+                        row += n_rows;
+                        if is_verify {
+                            let RowKind::Decode(t) = p.kind else { continue };
+                            let keep =
+                                judge_verify_rows(slot, t, d, rows, &config, clock, &mut tally);
+                            settle.push((p.slot, keep));
+                            continue;
+                        }
+                        let row_logits = rows;
                         match p.kind {
                             RowKind::Decode(t) => {
                                 if let Some(a) = slot.active.as_mut() {
@@ -205,6 +261,7 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                             }
                         }
                     }
+                    settle_verified(&*model, &mut slots, &settle, clock, &mut tally);
                 }
                 Err(e) => {
                     for p in &plan {
@@ -240,12 +297,20 @@ enum RowKind {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct PlannedRow {
-    slot: usize,
+pub(super) struct PlannedRow {
+    pub(super) slot: usize,
     kind: RowKind,
 }
 
 impl PlannedRow {
+    /// The token a decode row feeds (`None` for a prompt chunk).
+    pub(super) fn decode_token(&self) -> Option<u32> {
+        match self.kind {
+            RowKind::Decode(t) => Some(t),
+            RowKind::Prefill { .. } => None,
+        }
+    }
+
     fn is_prefill(&self) -> bool {
         matches!(self.kind, RowKind::Prefill { .. })
     }
@@ -345,6 +410,8 @@ fn admit<M: BatchModel>(
     }
     slot.cached.truncate(keep);
     let sampler = RequestSampler::new(job.request.sampling.clone());
+    let spec = (model.speculation().is_some() && job.request.constraint.is_none())
+        .then(|| SlotSpec::new(sampler.config()));
     let _ = job.enqueued;
     slot.active = Some(Active {
         request: job.request,
@@ -354,6 +421,7 @@ fn admit<M: BatchModel>(
         prompt_pos: keep,
         pending: None,
         n_generated: 0,
+        spec,
         cached_tokens: keep,
         admitted: Instant::now(),
         first_token: None,
@@ -362,7 +430,7 @@ fn admit<M: BatchModel>(
 }
 
 /// Samples from a slot's logits ([n_vocab]), sends the token, and decides whether to go on.
-fn on_logits<S>(
+pub(super) fn on_logits<S>(
     slot: &mut Slot<S>,
     logits: &mut [f32],
     config: &SchedulerConfig,
@@ -384,7 +452,28 @@ fn on_logits<S>(
             tally,
         );
     };
+    let logprob = logprob_of.map(|(raw, n)| token_logprob(&raw, token, n));
+    emit(slot, token, logprob, config, clock, tally);
+}
+
+/// Records a decided token of a slot (penalty window, constraint, counters), sends it unless
+/// it ends the generation, and decides whether to go on; going on leaves it `pending`.
+/// `logprob`: its log-probability under the raw logits, when the request asked for them.
+pub(super) fn emit<S>(
+    slot: &mut Slot<S>,
+    token: u32,
+    logprob: Option<TokenLogprob>,
+    config: &SchedulerConfig,
+    clock: u64,
+    tally: &mut Tally,
+) {
+    let Some(a) = slot.active.as_mut() else {
+        return;
+    };
     a.sampler.accept(token);
+    if let Some(spec) = a.spec.as_mut() {
+        spec.drafts.accept(token);
+    }
     a.first_token.get_or_insert_with(Instant::now);
     a.n_generated += 1;
     let constraint_ok = a
@@ -404,7 +493,6 @@ fn on_logits<S>(
     if eog {
         return finish(slot, FinishReason::Stop, clock, tally);
     }
-    let logprob = logprob_of.map(|(raw, n)| token_logprob(&raw, token, n));
     if a.events
         .send(GenerationEvent::Token { id: token, logprob })
         .is_err()
@@ -435,12 +523,13 @@ fn usage_of(a: &Active) -> Usage {
         completion_tokens: a.n_generated,
         prefill_seconds: (first - a.admitted).as_secs_f64(),
         decode_seconds: first.elapsed().as_secs_f64(),
+        speculative: a.spec.as_ref().map(|s| s.usage),
     }
 }
 
 /// What happened to requests during one step, folded into the stats at its end.
 #[derive(Default)]
-struct Tally {
+pub(super) struct Tally {
     /// Usage of each request that ended, and whether it ended without an error.
     ended: Vec<(Usage, bool)>,
     cancelled: u64,
@@ -461,7 +550,7 @@ fn finish<S>(slot: &mut Slot<S>, reason: FinishReason, clock: u64, tally: &mut T
 }
 
 /// Ends a slot's request with an error and forgets its cache (it may be inconsistent).
-fn fail<S>(slot: &mut Slot<S>, message: String, clock: u64, tally: &mut Tally) {
+pub(super) fn fail<S>(slot: &mut Slot<S>, message: String, clock: u64, tally: &mut Tally) {
     if let Some(a) = slot.active.take() {
         let usage = usage_of(&a);
         tally
@@ -472,6 +561,47 @@ fn fail<S>(slot: &mut Slot<S>, message: String, clock: u64, tally: &mut Tally) {
     slot.state = None;
     slot.cached.clear();
     slot.last_used = clock;
+}
+
+/// Settles the step's verify passes (`(slot, tokens kept)`) in one model call; the slots'
+/// caches already hold the kept tokens. A failure ends those slots' requests.
+fn settle_verified<M: BatchModel>(
+    model: &M,
+    slots: &mut [Slot<M::State>],
+    settle: &[(usize, usize)],
+    clock: u64,
+    tally: &mut Tally,
+) {
+    let mut states: Vec<&mut M::State> = Vec::with_capacity(settle.len());
+    let mut keep = Vec::with_capacity(settle.len());
+    let mut which = Vec::with_capacity(settle.len());
+    let mut want = settle.iter().peekable();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if let Some(&&(si, k)) = want.peek() {
+            if si == i {
+                want.next();
+                if let Some(st) = slot.state.as_mut() {
+                    states.push(st);
+                    keep.push(k);
+                    which.push(i);
+                }
+            }
+        }
+    }
+    if states.is_empty() {
+        return;
+    }
+    if let Err(e) = guarded(|| model.settle(&mut states, &keep)) {
+        drop(states);
+        for i in which {
+            fail(
+                &mut slots[i],
+                format!("settling a speculative step: {e}"),
+                clock,
+                tally,
+            );
+        }
+    }
 }
 
 fn tally_into_stats(st: &mut SchedulerStats, tally: Tally) {

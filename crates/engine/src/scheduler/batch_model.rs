@@ -1,8 +1,11 @@
 //! The narrow view of a model that the scheduler needs: per-sequence state, prefill of one
 //! sequence, one batched decode step over many sequences, and the mixed step the scheduler
-//! actually runs (decode tokens of some sequences plus prompt chunks of others in one pass).
+//! actually runs (decode tokens of some sequences plus prompt chunks of others in one pass),
+//! and, for speculative decoding, batched draft steps, verify rows inside that mixed step and
+//! the settling of each verify pass.
 //!
-//! `model::Model` implements it in `model_adapter.rs`; tests use a small deterministic fake.
+//! The server implements it over `model::ModelOn` (crates/server/src/model_service.rs; with a
+//! drafter: `engine::speculative::SpecBatch`); tests use small deterministic fakes.
 
 /// A model the scheduler can drive. Called only from the scheduler thread.
 pub trait BatchModel: Send + Sync + 'static {
@@ -45,8 +48,48 @@ pub trait BatchModel: Send + Sync + 'static {
     ) -> Result<Vec<f32>, String> {
         forward_multi_by_parts(self, states, tokens)
     }
-}
 
+    /// Speculative decoding settings when this model drafts (`None`: plain decoding, and the
+    /// three methods below are never called).
+    fn speculation(&self) -> Option<crate::speculative::SpecOptions> {
+        None
+    }
+
+    /// One batched draft step: the drafter of `states[i]` reads `tokens[i]` and returns its
+    /// logits for the next token, `[states.len(), n_vocab]`. The first call of a round (since
+    /// the sequence's last `settle`) gets the last decided token, and the drafter first
+    /// catches up on what the target holds; later calls get the sequence's previous draft.
+    fn draft_step(
+        &self,
+        _states: &mut [&mut Self::State],
+        _tokens: &[u32],
+    ) -> Result<Vec<f32>, String> {
+        Err("this model has no drafter".into())
+    }
+
+    /// [`BatchModel::forward_multi`] with verify passes: a sequence with `verify[i]` (its
+    /// tokens: the last decided token, then its drafts) returns the logits of every one of
+    /// its tokens, the others of their last token; rows in sequence order. Each verified
+    /// sequence must be settled with [`BatchModel::settle`] before its next step.
+    fn forward_verify(
+        &self,
+        states: &mut [&mut Self::State],
+        tokens: &[&[u32]],
+        verify: &[bool],
+    ) -> Result<Vec<f32>, String> {
+        if verify.iter().any(|&v| v) {
+            return Err("this model cannot run verify passes".into());
+        }
+        self.forward_multi(states, tokens)
+    }
+
+    /// Settles the verify passes of the last step: `states[i]` keeps the first `keep[i]`
+    /// (1..=len) tokens of its verify pass and drops the rest (its drafter follows), all
+    /// sequences in one call so rollbacks that rerun tokens share a pass over the weights.
+    fn settle(&self, _states: &mut [&mut Self::State], _keep: &[usize]) -> Result<(), String> {
+        Err("this model cannot run verify passes".into())
+    }
+}
 /// [`BatchModel::forward_multi`] built from `prefill` (each multi-token sequence alone) and
 /// one `decode_batch` over the single-token ones.
 pub fn forward_multi_by_parts<M: BatchModel + ?Sized>(

@@ -18,10 +18,11 @@ mod batch_model;
 mod fake_model;
 mod request;
 mod sampling;
+mod speculation;
 
 pub use batch_model::{forward_multi_by_parts, BatchModel};
 pub use request::{
-    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams,
+    FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams, SpecUsage,
     TokenConstraint, TokenLogprob, Usage,
 };
 pub use sampling::{token_logprob, RequestSampler};
@@ -224,5 +225,7 @@ impl Scheduler {
     }
 }
 
+#[cfg(test)]
+mod spec_tests;
 #[cfg(test)]
 mod tests;

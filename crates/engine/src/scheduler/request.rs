@@ -102,6 +102,29 @@ pub struct Usage {
     pub prefill_seconds: f64,
     /// Seconds from the first to the last sampled token.
     pub decode_seconds: f64,
+    /// Speculative decoding counters (`None`: the request decoded plainly).
+    pub speculative: Option<SpecUsage>,
+}
+
+/// What speculation did for one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpecUsage {
+    /// Verify passes (steps) of the target.
+    pub verify_passes: usize,
+    /// Draft tokens proposed for verification, and how many the target kept.
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl SpecUsage {
+    /// accepted / drafted (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
 }
 
 /// What the scheduler sends back over a request's channel, in order: any number of

@@ -56,6 +56,16 @@ impl RequestSampler {
         Some(self.sampler.sample(logits))
     }
 
+    /// The engine sampler's settings (with the seed actually used).
+    pub fn config(&self) -> &SamplerConfig {
+        self.sampler.config()
+    }
+
+    /// The engine sampler itself (speculative acceptance judges verify rows with it).
+    pub fn engine_sampler(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
     /// Records a generated token for the penalties.
     pub fn accept(&mut self, token: u32) {
         self.sampler.accept(token);

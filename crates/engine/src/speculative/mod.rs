@@ -25,6 +25,8 @@
 //! exact and backend-generic. The draft model rolls back the same way, but lazily: its kept
 //! tokens are re-fed together with the next draft step.
 
+pub mod acceptance;
+pub mod batch;
 pub mod decoder;
 pub mod draft_model;
 pub mod generate;
@@ -33,6 +35,8 @@ pub mod target;
 #[cfg(test)]
 mod tests;
 
+pub use acceptance::{Draft, DraftSampler, Verdict};
+pub use batch::{SpecBatch, SpecSeq};
 pub use decoder::SpeculativeDecoder;
 pub use draft_model::{check_same_vocab, DraftModelSpec};
 pub use generate::generate_speculative;

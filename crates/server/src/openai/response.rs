@@ -23,6 +23,12 @@ pub struct Timings {
     pub predicted_n: usize,
     pub predicted_ms: f64,
     pub predicted_per_second: f64,
+    /// Speculative decoding (llama.cpp's names): draft tokens proposed and kept; absent when
+    /// the server does not speculate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n_accepted: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -190,6 +196,8 @@ impl Timings {
             } else {
                 0.0
             },
+            draft_n: u.speculative.map(|s| s.drafted),
+            draft_n_accepted: u.speculative.map(|s| s.accepted),
         }
     }
 }

@@ -315,10 +315,21 @@ impl Meta {
 /// A short usage summary for the request's log line.
 pub fn usage_note(u: &engine::scheduler::Usage, reason: &str) -> String {
     let t = Timings::from_engine(u);
-    format!(
+    let mut note = format!(
         "prompt={} cached={} gen={} ttft={:.0}ms decode={:.1}tok/s finish={reason}",
         u.prompt_tokens, u.cached_tokens, u.completion_tokens, t.prompt_ms, t.predicted_per_second
-    )
+    );
+    if let Some(s) = &u.speculative {
+        // Speculative acceptance of this request: drafts kept / proposed, verify passes.
+        note.push_str(&format!(
+            " spec={}/{} accepted ({:.1}%) in {} verify passes",
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance_rate(),
+            s.verify_passes
+        ));
+    }
+    note
 }
 
 /// Records time to first token in the metrics histogram.

@@ -1,0 +1,276 @@
+//! Speculative decoding per slot through the real HTTP server (a TCP socket, `server::serve`),
+//! on the CPU: greedy output with speculation equals output without it — stories260K drafted
+//! by itself (every draft kept) and the hybrid Qwen3.5 fixture (Gated DeltaNet layers: the
+//! recurrent state rolls back) drafted by its Q8_0 copy (some drafts rejected) — for several
+//! concurrent requests whose verify passes share steps with each other and with prompt
+//! chunks; logprobs, stop strings and streaming give the same answers; sampled requests run
+//! and report their acceptance.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use model::{KvType, LoadOptions, Model};
+use serde_json::{json, Value};
+use server::{AppState, DraftOptions, ModelService, ModelServiceOptions, ServerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn data(rel: &str) -> String {
+    format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn load(rel: &str) -> Arc<Model> {
+    Arc::new(Model::load(data(rel).as_ref(), &LoadOptions::default()).unwrap())
+}
+
+/// A server on an ephemeral port; dropping `stop` shuts it down.
+struct Running {
+    addr: std::net::SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(service: ModelService) -> Running {
+    let state = AppState::new(ServerConfig::default());
+    state.set_service(Arc::new(service));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server::serve(
+        listener,
+        state,
+        async move {
+            let _ = rx.await;
+        },
+        Duration::from_secs(1),
+    ));
+    Running { addr, _stop: tx }
+}
+
+fn service(
+    target: &str,
+    draft: Option<(&str, usize)>,
+    n_slots: usize,
+    prefill_chunk: usize,
+) -> ModelService {
+    let opts = ModelServiceOptions {
+        id: "m".into(),
+        n_slots,
+        n_ctx_per_slot: 256,
+        kv_type: KvType::F32,
+        max_queue: 16,
+        prefill_chunk,
+        chat_template: None,
+    };
+    let draft = draft.map(|(path, draft_max)| DraftOptions {
+        model: load(path),
+        kv_type: KvType::F32,
+        spec: engine::speculative::SpecOptions {
+            draft_max,
+            draft_min: 0,
+            p_min: 0.0,
+        },
+    });
+    ModelService::with_drafter(load(target), draft, opts).unwrap()
+}
+
+/// One HTTP/1.1 POST over a fresh connection; the body, de-chunked.
+async fn post_raw(addr: std::net::SocketAddr, path: &str, body: &Value) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    if !chunked {
+        return (status, rest.to_string());
+    }
+    let mut out = String::new();
+    let mut rest = rest;
+    loop {
+        let (size, tail) = rest.split_once("\r\n").unwrap();
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = &tail[n + 2..];
+    }
+    (status, out)
+}
+
+async fn post(addr: std::net::SocketAddr, path: &str, body: Value) -> Value {
+    let (status, text) = post_raw(addr, path, &body).await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The same requests sent to a server at once (so their steps are batched together).
+async fn all_at_once(addr: std::net::SocketAddr, bodies: &[Value]) -> Vec<Value> {
+    let tasks: Vec<_> = bodies
+        .iter()
+        .map(|b| tokio::spawn(post(addr, "/v1/completions", b.clone())))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// (drafted, accepted) summed over responses.
+fn acceptance(bodies: &[Value]) -> (u64, u64) {
+    bodies.iter().fold((0, 0), |(d, a), b| {
+        (
+            d + b["timings"]["draft_n"]
+                .as_u64()
+                .expect("draft_n in timings"),
+            a + b["timings"]["draft_n_accepted"].as_u64().unwrap(),
+        )
+    })
+}
+
+fn texts(bodies: &[Value]) -> Vec<(String, String)> {
+    bodies
+        .iter()
+        .map(|b| {
+            (
+                b["choices"][0]["text"].as_str().unwrap().to_string(),
+                b["choices"][0]["finish_reason"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+const STORIES: &str = "models/stories260K.gguf";
+
+fn story_requests() -> Vec<Value> {
+    [
+        "Once upon a time",
+        "The little dog",
+        "Lily and Tom went to the park. They",
+        "One day, a big",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, p)| json!({"prompt": p, "max_tokens": 30 + 7 * i, "temperature": 0}))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stories_drafted_by_itself_equals_plain_greedy_over_http() {
+    let plain = start(service(STORIES, None, 3, 4)).await;
+    let spec = start(service(STORIES, Some((STORIES, 4)), 3, 4)).await;
+    let reqs = story_requests();
+    let want = all_at_once(plain.addr, &reqs).await;
+    let got = all_at_once(spec.addr, &reqs).await;
+    assert_eq!(texts(&got), texts(&want));
+    assert!(want[0]["timings"].get("draft_n").is_none());
+    let (drafted, accepted) = acceptance(&got);
+    assert!(drafted > 40, "{drafted}");
+    assert_eq!(
+        accepted, drafted,
+        "a model drafting for itself is always right"
+    );
+
+    // Log-probabilities of every token (each from its own verify row), stop strings and
+    // streaming: the same answers as without speculation.
+    let lp =
+        json!({"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0, "logprobs": 3});
+    let (a, b) = (
+        post(plain.addr, "/v1/completions", lp.clone()).await,
+        post(spec.addr, "/v1/completions", lp).await,
+    );
+    let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+    assert_eq!(la["tokens"], lb["tokens"]);
+    let close = |x: &Value, y: &Value| (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-4;
+    for (x, y) in la["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lb["token_logprobs"].as_array().unwrap())
+    {
+        assert!(close(x, y), "{x} vs {y}");
+    }
+    for (x, y) in la["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lb["top_logprobs"].as_array().unwrap())
+    {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>());
+        assert!(x.iter().all(|(k, v)| close(v, &y[k])));
+    }
+
+    let stop =
+        json!({"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0, "stop": ["."]});
+    let (a, b) = (
+        post(plain.addr, "/v1/completions", stop.clone()).await,
+        post(spec.addr, "/v1/completions", stop).await,
+    );
+    assert_eq!(texts(&[b]), texts(std::slice::from_ref(&a)));
+    assert_eq!(a["choices"][0]["finish_reason"], "stop");
+
+    let stream =
+        json!({"prompt": "The little dog", "max_tokens": 37, "temperature": 0, "stream": true});
+    let (_, sse) = post_raw(spec.addr, "/v1/completions", &stream).await;
+    let streamed: String = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    assert_eq!(streamed, texts(&want[1..2])[0].0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_fixture_drafted_by_its_q8_copy_equals_plain_greedy_over_http() {
+    let target = "tests/data/fixtures/qwen35/model-f32.gguf";
+    let draft = "tests/data/fixtures/qwen35/model-q8_0.gguf";
+    let plain = start(service(target, None, 2, 5)).await;
+    let spec = start(service(target, Some((draft, 5)), 2, 5)).await;
+    let reqs: Vec<Value> = ["Hello world", "a b c d e f", "The quick brown fox"]
+        .iter()
+        .map(|p| json!({"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": true}))
+        .collect();
+    let want = all_at_once(plain.addr, &reqs).await;
+    let got = all_at_once(spec.addr, &reqs).await;
+    assert_eq!(texts(&got), texts(&want));
+    let (drafted, accepted) = acceptance(&got);
+    assert!(drafted > 0 && accepted < drafted, "{accepted}/{drafted}");
+    assert!(accepted > 0, "{accepted}/{drafted}");
+    // A second round on the same server (slots reused, prefixes restored from snapshots).
+    let again = all_at_once(spec.addr, &reqs).await;
+    assert_eq!(texts(&again), texts(&want));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_requests_with_a_seed_repeat_and_report_acceptance() {
+    let spec = start(service(STORIES, Some(("models/stories260K.gguf", 4)), 2, 8)).await;
+    let req = json!({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.8,
+        "top_k": 40, "seed": 11});
+    let a = post(spec.addr, "/v1/completions", req.clone()).await;
+    let b = post(spec.addr, "/v1/completions", req).await;
+    assert_eq!(texts(std::slice::from_ref(&a)), texts(&[b]));
+    assert_eq!(a["usage"]["completion_tokens"], 40);
+    let (drafted, accepted) = acceptance(&[a]);
+    // The drafter is the target: p == q, so every draft is kept.
+    assert!(drafted > 0);
+    assert_eq!(accepted, drafted);
+}
