@@ -87,7 +87,7 @@ pub fn warps_per_block(n_rows: usize, n_cols: usize) -> u32 {
 /// Dynamic shared memory of one block: the warps' staging buffers (16 rows x VPR vectors of
 /// 16 bytes each), reused for the partial sums (nw x NT x 4 x 32 f32).
 fn shared_bytes(chunk_bytes: usize, align: usize, warps: u32, tiles: usize) -> usize {
-    let vpr = (chunk_bytes + (16 - align) + 15) / 16;
+    let vpr = (chunk_bytes + (16 - align)).div_ceil(16);
     let stage = warps as usize * ROWS_PER_BLOCK * vpr * 16;
     let red = warps as usize * tiles * 4 * 32 * 4;
     stage.max(red)
@@ -188,7 +188,11 @@ mod tests {
         ] {
             let (_, cb, al) = format(ty).unwrap();
             for tiles in 1..=4 {
-                assert!(shared_bytes(cb, al, MAX_WARPS, tiles) <= 48 * 1024, "{}", ty.name());
+                assert!(
+                    shared_bytes(cb, al, MAX_WARPS, tiles) <= 48 * 1024,
+                    "{}",
+                    ty.name()
+                );
             }
         }
     }

@@ -55,7 +55,14 @@ struct Reference {
     bound: Vec<f64>,
 }
 
-fn reference(ty: GgmlType, wbytes: &[u8], rows: usize, cols: usize, x: &[f32], tokens: usize) -> Reference {
+fn reference(
+    ty: GgmlType,
+    wbytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    tokens: usize,
+) -> Reference {
     let row_bytes = wbytes.len() / rows;
     let mut wf = vec![0f32; rows * cols];
     for r in 0..rows {
@@ -139,7 +146,9 @@ fn check(
         }
     }
     if let Some(i) = y[n * rows..].iter().position(|v| !v.is_nan()) {
-        return Err(format!("{name} {rows}x{cols} n={n}: wrote y[{n},{i}] past the outputs"));
+        return Err(format!(
+            "{name} {rows}x{cols} n={n}: wrote y[{n},{i}] past the outputs"
+        ));
     }
     Ok(worst)
 }
@@ -163,16 +172,20 @@ fn mmq_matches_cpu_reference_for_every_format() {
         let bs = ty.block_size();
         // 16-row tiles: 1 row, 15, 17, 37, 129, 523 rows; columns: one block, partial 256-weight
         // chunks (32-wide formats), more chunks than warps, a long row
-        let mut shapes = vec![(1, bs), (15, 3 * bs), (17, 9 * bs), (37, 33 * bs), (523, 10 * bs)];
+        let mut shapes = vec![
+            (1, bs),
+            (15, 3 * bs),
+            (17, 9 * bs),
+            (37, 33 * bs),
+            (523, 10 * bs),
+        ];
         shapes.push((129, (4096 / bs + 5) * bs));
         for &(rows, cols) in &shapes {
             seed += 1;
             let wbytes = random_matrix(ty, rows, cols, seed);
             let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
             let rf = reference(ty, &wbytes, rows, cols, &x, MAX_N);
-            let w = dev
-                .upload_matrix(ty, rows, cols, &wbytes)
-                .expect("upload");
+            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
             let xd = dev.stream().clone_htod(&x).expect("upload x");
             let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
             let mut worst = 0f64;
@@ -205,7 +218,11 @@ fn mmq_matches_cpu_reference_for_every_format() {
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
-    assert!(failures.is_empty(), "{} failures (first above)", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} failures (first above)",
+        failures.len()
+    );
 }
 
 /// µs per launch of `run` over `copies` weight copies (cycled so the weights come from DRAM,
@@ -238,7 +255,12 @@ fn mmq_timing_vs_matvec() {
     dev.module(cuda::Program::Mmq).expect("mmq kernels compile");
     dev.module(cuda::Program::MatvecQuant)
         .expect("matvec kernels compile");
-    let shapes = [(27648usize, 5120usize), (5120, 27648), (5120, 5120), (17408, 5120)];
+    let shapes = [
+        (27648usize, 5120usize),
+        (5120, 27648),
+        (5120, 5120),
+        (17408, 5120),
+    ];
     let counts = [1usize, 2, 3, 4, 8, 16, 32];
     let only: Option<Vec<String>> = std::env::var("MMQ_TYPES")
         .ok()
@@ -270,9 +292,12 @@ fn mmq_timing_vs_matvec() {
             let mut s = dev.matvec_scratch(nmax, cols).expect("scratch");
             let mut mv1 = 0.0;
             for &n in &counts {
-                dev.quantize_for_matvec(&x, n, cols, &mut s).expect("quantize");
-                let mv = time_us(&dev, copies, 40, |i| dev.matvec_prequantized(&ws[i], &s, &mut y))
-                    .expect("matvec timing");
+                dev.quantize_for_matvec(&x, n, cols, &mut s)
+                    .expect("quantize");
+                let mv = time_us(&dev, copies, 40, |i| {
+                    dev.matvec_prequantized(&ws[i], &s, &mut y)
+                })
+                .expect("matvec timing");
                 if n == 1 {
                     mv1 = mv;
                 }
@@ -287,7 +312,11 @@ fn mmq_timing_vs_matvec() {
                 }
                 cuda::mmq::set_warps_override(0);
                 let mq = sweep[0].1;
-                let best = sweep.iter().skip(1).fold((0, f64::MAX), |b, &(w, t)| if t < b.1 { (w, t) } else { b });
+                let best =
+                    sweep
+                        .iter()
+                        .skip(1)
+                        .fold((0, f64::MAX), |b, &(w, t)| if t < b.1 { (w, t) } else { b });
                 println!(
                     "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6}  {}",
                     ty.name(),
