@@ -23,6 +23,8 @@ pub enum Program {
     ModelOps,
     /// Prefill GEMM feeding: dequantize to f16, x to f16 (crate::gemm).
     Gemm,
+    /// Gated DeltaNet conv1d and delta rule, recurrent and chunked (crate::backend::recurrent).
+    DeltaNet,
     /// Attention over the KV cache: split-KV decode and tensor-core prefill (crate::attention).
     FlashAttn,
     /// Small-batch (2..32 tokens) quantized products on int8 tensor cores (crate::mmq).
@@ -30,7 +32,7 @@ pub enum Program {
 }
 
 impl Program {
-    pub const ALL: [Program; 9] = [
+    pub const ALL: [Program; 10] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
@@ -38,6 +40,7 @@ impl Program {
         Program::Attention,
         Program::ModelOps,
         Program::Gemm,
+        Program::DeltaNet,
         Program::FlashAttn,
         Program::Mmq,
     ];
@@ -52,6 +55,7 @@ impl Program {
             Program::ModelOps => "model_ops.cu",
             Program::Gemm => "gemm.cu",
             Program::FlashAttn => "flash_attn.cu",
+            Program::DeltaNet => "deltanet.cu",
             Program::Mmq => "mmq.cu",
         }
     }
@@ -66,6 +70,7 @@ impl Program {
             Program::ModelOps => include_str!("../kernels/model_ops.cu"),
             Program::Gemm => include_str!("../kernels/gemm.cu"),
             Program::FlashAttn => include_str!("../kernels/flash_attn.cu"),
+            Program::DeltaNet => include_str!("../kernels/deltanet.cu"),
             Program::Mmq => include_str!("../kernels/mmq.cu"),
         }
     }

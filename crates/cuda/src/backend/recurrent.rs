@@ -1,0 +1,610 @@
+//! Gated DeltaNet recurrent state on the device and its ops: conv1d with the rolling window,
+//! the delta-rule gates and the gated delta rule (kernels/deltanet.cu, and the first kernels in
+//! kernels/model_ops.cu that this file keeps as the `Legacy` form).
+//!
+//! A batch may mix sequences: rows are grouped by sequence (in batch order) and each group is
+//! one run over its own state. How a run is computed:
+//! - conv1d: one parallel launch over (token, channel) plus one launch that rolls the window,
+//!   for runs of two or more tokens; one token keeps the single sequential launch.
+//! - delta rule: runs of at least [`CHUNKED_MIN_RUN`] tokens outside a recorded decode step
+//!   use the chunked (WY) form: `dn_chunk_prepare` over every (64-token chunk, head) at once,
+//!   then `dn_chunk_state` walks the chunks per (head, 32 state rows). Shorter runs and decode
+//!   steps use `dn_recurrent`, a warp per 4 state rows kept in registers across the run.
+//!
+//! `REDLINE_CUDA_DELTANET=fast` selects these kernels (the sequential model_ops.cu kernels stay
+//! the default until the fast ones have passed their GPU test on a card). The state layout is
+//! the same for every form, so snapshots and decode steps do not care which form wrote it.
+
+use std::sync::OnceLock;
+
+use backend::{BackendError, RecurrentShape, Row};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::step::Mode;
+use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
+use crate::sources::Program;
+
+/// Largest conv kernel (MO_CONV_MAX in model_ops.cu, the window array of dn_conv1d_state).
+pub(super) const MAX_D_CONV: usize = 16;
+/// Tokens per chunk of the chunked delta rule (DN_C).
+const CHUNK: usize = 64;
+/// Largest key head size of the chunked form (DN_MAX_DK); larger heads run recurrently.
+const CHUNKED_MAX_DK: usize = 128;
+/// State rows per `dn_chunk_state` block (DN_J).
+const CHUNK_ROWS: usize = 32;
+/// Largest key head size of `dn_recurrent` (32 * DN_REC_K).
+const RECURRENT_MAX_DK: usize = 256;
+/// State rows per `dn_recurrent` block (DN_REC_ROWS * DN_REC_WARPS).
+const RECURRENT_BLOCK_ROWS: usize = 16;
+/// Runs of at least this many tokens use the chunked form (its two launches cost about as
+/// much as this many sequential tokens).
+pub const CHUNKED_MIN_RUN: usize = 32;
+
+/// One Gated DeltaNet layer's state of one sequence: the conv window `[d_conv - 1, channels]`
+/// (oldest first) and the delta-rule matrices `[n_v_heads, d_v, d_k]`, f32. `Clone` copies on
+/// the device (a snapshot).
+#[derive(Clone)]
+pub struct CudaRecurrentState {
+    conv: CudaSlice<f32>,
+    s: CudaSlice<f32>,
+    shape: RecurrentShape,
+}
+
+impl CudaRecurrentState {
+    pub(super) fn bytes(&self) -> usize {
+        4 * ((self.shape.d_conv.saturating_sub(1)) * self.shape.conv_channels
+            + self.shape.n_v_heads * self.shape.d_v * self.shape.d_k)
+    }
+}
+
+/// Which kernels run a sequence's rows of `delta_rule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaRuleForm {
+    /// `mo_delta_rule` (model_ops.cu): a thread per state row, token by token.
+    Legacy,
+    /// `dn_recurrent`: token by token, a warp per 4 state rows.
+    Recurrent,
+    /// The chunked form for every run outside a decode step, whatever its length.
+    Chunked,
+    /// Chunked for runs of at least [`CHUNKED_MIN_RUN`] tokens, else `Recurrent`.
+    Auto,
+}
+
+/// Which kernels run a sequence's rows of `conv1d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conv1dForm {
+    /// `mo_conv1d`: a thread per channel walks the tokens.
+    Sequential,
+    /// `dn_conv1d_out` + `dn_conv1d_state`: a thread per (token, channel).
+    Parallel,
+    /// Parallel for two or more tokens.
+    Auto,
+}
+
+/// The forms the `Backend` ops use: `REDLINE_CUDA_DELTANET=fast` → (Auto, Auto), `chunked` →
+/// (Chunked, Auto), anything else → (Legacy, Sequential). Read once.
+pub fn configured_forms() -> (DeltaRuleForm, Conv1dForm) {
+    static FORMS: OnceLock<(DeltaRuleForm, Conv1dForm)> = OnceLock::new();
+    *FORMS.get_or_init(|| match std::env::var("REDLINE_CUDA_DELTANET").as_deref() {
+        Ok("fast") => (DeltaRuleForm::Auto, Conv1dForm::Auto),
+        // every multi-token run chunked, whatever its length (tests on short prompts)
+        Ok("chunked") => (DeltaRuleForm::Chunked, Conv1dForm::Auto),
+        _ => (DeltaRuleForm::Legacy, Conv1dForm::Sequential),
+    })
+}
+
+/// Row indices of each sequence, in batch order.
+fn rows_by_seq(rows: &[Row], n_seqs: usize) -> Result<Vec<Vec<i32>>, BackendError> {
+    let mut by = vec![Vec::new(); n_seqs];
+    for (i, r) in rows.iter().enumerate() {
+        by.get_mut(r.seq)
+            .ok_or(BackendError::BadSequence { seq: r.seq, n_seqs })?
+            .push(i as i32);
+    }
+    Ok(by)
+}
+
+fn check_cols(
+    op: &'static str,
+    t: &CudaTensor,
+    rows: usize,
+    cols: usize,
+) -> Result<(), BackendError> {
+    if (t.rows, t.cols) != (rows, cols) {
+        return Err(shape_err(
+            op,
+            format!("[{}, {}], expected [{rows}, {cols}]", t.rows, t.cols),
+        ));
+    }
+    Ok(())
+}
+
+fn blocks_1d(n: usize, threads: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(threads) as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    fn deltanet_function(&self, name: &str) -> Result<cudarc::driver::CudaFunction, BackendError> {
+        self.dev.function(Program::DeltaNet, name).map_err(dev_err)
+    }
+
+    pub(super) fn new_recurrent_state_rec(
+        &self,
+        shape: &RecurrentShape,
+    ) -> Result<CudaRecurrentState, BackendError> {
+        if shape.d_conv == 0 || shape.d_conv > MAX_D_CONV || shape.n_k_heads == 0 {
+            return Err(shape_err(
+                "new_recurrent_state",
+                format!("{shape:?} (d_conv 1..={MAX_D_CONV})"),
+            ));
+        }
+        let conv = self.alloc_f32((shape.d_conv - 1) * shape.conv_channels)?;
+        let s = self.alloc_f32(shape.n_v_heads * shape.d_v * shape.d_k)?;
+        Ok(CudaRecurrentState {
+            conv,
+            s,
+            shape: *shape,
+        })
+    }
+
+    pub(super) fn reset_recurrent_state_rec(&self, st: &mut CudaRecurrentState) {
+        // The trait's reset cannot fail; a lost device here is fatal.
+        let stream = self.dev.stream();
+        stream
+            .memset_zeros(&mut st.conv)
+            .and_then(|_| stream.memset_zeros(&mut st.s))
+            .unwrap_or_else(|e| panic!("cuda reset_recurrent_state: {e}"));
+    }
+
+    /// A state's conv window `[d_conv - 1, channels]` and delta-rule matrices
+    /// `[n_v_heads, d_v, d_k]` on the host (tests; waits for the stream).
+    pub fn recurrent_state_to_host(
+        &self,
+        st: &CudaRecurrentState,
+    ) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        let stream = self.dev.stream();
+        let mut conv = stream.clone_dtoh(&st.conv).map_err(dev_err)?;
+        conv.truncate((st.shape.d_conv - 1) * st.shape.conv_channels);
+        let mut s = stream.clone_dtoh(&st.s).map_err(dev_err)?;
+        s.truncate(st.shape.n_v_heads * st.shape.d_v * st.shape.d_k);
+        Ok((conv, s))
+    }
+
+    /// Overwrites a state with host values laid out as [`Self::recurrent_state_to_host`]
+    /// returns them.
+    pub fn recurrent_state_from_host(
+        &self,
+        st: &mut CudaRecurrentState,
+        conv: &[f32],
+        s: &[f32],
+    ) -> Result<(), BackendError> {
+        let sh = st.shape;
+        if conv.len() != (sh.d_conv - 1) * sh.conv_channels
+            || s.len() != sh.n_v_heads * sh.d_v * sh.d_k
+        {
+            return Err(shape_err(
+                "recurrent_state_from_host",
+                format!("{} + {} values for {sh:?}", conv.len(), s.len()),
+            ));
+        }
+        let stream = self.dev.stream();
+        if !conv.is_empty() {
+            stream
+                .memcpy_htod(conv, &mut st.conv.slice_mut(..conv.len()))
+                .map_err(dev_err)?;
+        }
+        if !s.is_empty() {
+            stream
+                .memcpy_htod(s, &mut st.s.slice_mut(..s.len()))
+                .map_err(dev_err)?;
+        }
+        Ok(())
+    }
+
+    /// `Backend::conv1d` with the form chosen by the caller (tests compare the forms).
+    pub fn conv1d_with(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+        form: Conv1dForm,
+    ) -> Result<(), BackendError> {
+        let n = rows.len();
+        let ch = x.cols;
+        check_cols("conv1d x", x, n, ch)?;
+        check_cols("conv1d out", out, n, ch)?;
+        let wd = match &w.dense {
+            Some(d) if w.rows == ch => d,
+            _ => {
+                return Err(shape_err(
+                    "conv1d",
+                    format!("weight [{}, {}] for {ch} channels", w.rows, w.cols),
+                ))
+            }
+        };
+        let d_conv = w.cols;
+        for st in states.iter() {
+            if st.shape.conv_channels != ch || st.shape.d_conv != d_conv {
+                return Err(shape_err(
+                    "conv1d",
+                    format!("state {:?} for {ch} channels, d_conv {d_conv}", st.shape),
+                ));
+            }
+        }
+        let by_seq = rows_by_seq(rows, states.len())?;
+        for (s, idx) in by_seq.iter().enumerate() {
+            if idx.is_empty() || ch == 0 {
+                continue;
+            }
+            let row_ids = self.host_ints(idx)?;
+            if self.replaying() {
+                continue;
+            }
+            let parallel = match form {
+                Conv1dForm::Sequential => false,
+                Conv1dForm::Parallel => true,
+                Conv1dForm::Auto => idx.len() >= 2,
+            };
+            let st = &mut *states[s];
+            if parallel {
+                self.conv1d_parallel(x, wd, &row_ids, idx.len(), &mut st.conv, out, ch, d_conv)?;
+            } else {
+                self.conv1d_sequential(x, wd, &row_ids, idx.len(), &mut st.conv, out, ch, d_conv)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_sequential(
+        &self,
+        x: &CudaTensor,
+        wd: &CudaSlice<f32>,
+        row_ids: &HostInts,
+        n_rows: usize,
+        conv: &mut CudaSlice<f32>,
+        out: &mut CudaTensor,
+        ch: usize,
+        d_conv: usize,
+    ) -> Result<(), BackendError> {
+        let f = self.function("mo_conv1d")?;
+        let ints = [n_rows as i32, ch as i32, d_conv as i32];
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*x.data)
+            .arg(wd)
+            .arg(&row_ids.ptr)
+            .arg(&ints[0])
+            .arg(conv)
+            .arg(&mut *out.data)
+            .arg(&ints[1])
+            .arg(&ints[2]);
+        // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv); w is
+        // [ch, d_conv], the state [d_conv - 1, ch], d_conv <= 16 (checked at creation), rows
+        // index rows of x and out (checked shapes).
+        unsafe { b.launch(blocks_1d(ch, 128)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_parallel(
+        &self,
+        x: &CudaTensor,
+        wd: &CudaSlice<f32>,
+        row_ids: &HostInts,
+        n_rows: usize,
+        conv: &mut CudaSlice<f32>,
+        out: &mut CudaTensor,
+        ch: usize,
+        d_conv: usize,
+    ) -> Result<(), BackendError> {
+        let ints = [n_rows as i32, ch as i32, d_conv as i32];
+        let f = self.deltanet_function("dn_conv1d_out")?;
+        let cfg = LaunchConfig {
+            grid_dim: (ch.div_ceil(256) as u32, n_rows.min(65535) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*x.data)
+            .arg(wd)
+            .arg(&row_ids.ptr)
+            .arg(&ints[0])
+            .arg(&*conv)
+            .arg(&mut *out.data)
+            .arg(&ints[1])
+            .arg(&ints[2]);
+        // SAFETY: matches dn_conv1d_out(x, w, rows, n_rows, state, out, ch, d_conv): w is
+        // [ch, d_conv], the state [d_conv - 1, ch], rows index rows of x and out; the kernel
+        // loops over tokens beyond the grid's 65535.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        let f = self.deltanet_function("dn_conv1d_state")?;
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*x.data)
+            .arg(&row_ids.ptr)
+            .arg(&ints[0])
+            .arg(conv)
+            .arg(&ints[1])
+            .arg(&ints[2]);
+        // SAFETY: matches dn_conv1d_state(x, rows, n_rows, state, ch, d_conv); runs after
+        // dn_conv1d_out on the same stream (it reads the old window); d_conv <= 16.
+        unsafe { b.launch(blocks_1d(ch, 256)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    pub(super) fn delta_rule_gates_rec(
+        &self,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        dt_bias: &CudaWeight,
+        a: &CudaWeight,
+    ) -> Result<(), BackendError> {
+        let h = alpha.cols;
+        if (beta.rows, beta.cols) != (alpha.rows, h) {
+            return Err(shape_err(
+                "delta_rule_gates",
+                format!(
+                    "alpha [{}, {h}], beta [{}, {}]",
+                    alpha.rows, beta.rows, beta.cols
+                ),
+            ));
+        }
+        fn vec_of(w: &CudaWeight, h: usize) -> Result<&CudaSlice<f32>, BackendError> {
+            match &w.dense {
+                Some(d) if w.rows * w.cols == h => Ok(d),
+                _ => Err(shape_err(
+                    "delta_rule_gates",
+                    format!("weight [{}, {}] for {h} heads", w.rows, w.cols),
+                )),
+            }
+        }
+        let (dt, av) = (vec_of(dt_bias, h)?, vec_of(a, h)?);
+        let n = alpha.rows * h;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function("mo_delta_gates")?;
+        let (n_i, h_i) = (n as i64, h as i32);
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&mut *alpha.data)
+            .arg(&mut *beta.data)
+            .arg(dt)
+            .arg(av)
+            .arg(&n_i)
+            .arg(&h_i);
+        // SAFETY: matches mo_delta_gates(alpha, beta, dt_bias, a, n, n_heads); shapes checked.
+        unsafe { b.launch(elems_cfg(n)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// `Backend::delta_rule` with the form chosen by the caller (tests compare the forms).
+    #[allow(clippy::too_many_arguments)]
+    pub fn delta_rule_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+        form: DeltaRuleForm,
+    ) -> Result<(), BackendError> {
+        let n = rows.len();
+        let Some(sh) = states.first().map(|s| s.shape) else {
+            return if n == 0 {
+                Ok(())
+            } else {
+                Err(BackendError::BadSequence { seq: 0, n_seqs: 0 })
+            };
+        };
+        if states.iter().any(|s| s.shape != sh) {
+            return Err(shape_err("delta_rule", "states of different shapes".into()));
+        }
+        check_cols("delta_rule q", q, n, sh.n_k_heads * sh.d_k)?;
+        check_cols("delta_rule k", k, n, sh.n_k_heads * sh.d_k)?;
+        check_cols("delta_rule v", v, n, sh.n_v_heads * sh.d_v)?;
+        check_cols("delta_rule g", g, n, sh.n_v_heads)?;
+        check_cols("delta_rule beta", beta, n, sh.n_v_heads)?;
+        check_cols("delta_rule out", out, n, sh.n_v_heads * sh.d_v)?;
+        let io = DeltaIo {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            sh,
+        };
+        let by_seq = rows_by_seq(rows, states.len())?;
+        let outside_step = self.mode() == Mode::Off;
+        for (s, idx) in by_seq.iter().enumerate() {
+            if idx.is_empty() || sh.n_v_heads == 0 || sh.d_v == 0 {
+                continue;
+            }
+            let chunked = outside_step
+                && sh.d_k <= CHUNKED_MAX_DK
+                && match form {
+                    DeltaRuleForm::Chunked => true,
+                    DeltaRuleForm::Auto => idx.len() >= CHUNKED_MIN_RUN,
+                    DeltaRuleForm::Legacy | DeltaRuleForm::Recurrent => false,
+                };
+            let kernel = if form == DeltaRuleForm::Legacy || sh.d_k > RECURRENT_MAX_DK {
+                "mo_delta_rule"
+            } else {
+                "dn_recurrent"
+            };
+            let row_ids = self.host_ints(idx)?;
+            if self.replaying() {
+                continue;
+            }
+            let st = &mut states[s].s;
+            if chunked {
+                self.delta_rule_chunked(&io, &row_ids, idx.len(), st, out)?;
+            } else {
+                self.delta_rule_recurrent(kernel, &io, &row_ids, idx.len(), st, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One run token by token: `mo_delta_rule` or `dn_recurrent` (same arguments).
+    fn delta_rule_recurrent(
+        &self,
+        kernel: &str,
+        io: &DeltaIo,
+        row_ids: &HostInts,
+        n_rows: usize,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let sh = io.sh;
+        let (f, cfg) = if kernel == "mo_delta_rule" {
+            let threads = sh.d_v.div_ceil(32).clamp(1, 8) as u32 * 32;
+            let cfg = LaunchConfig {
+                grid_dim: (sh.n_v_heads as u32, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (self.function(kernel)?, cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    sh.n_v_heads as u32,
+                    sh.d_v.div_ceil(RECURRENT_BLOCK_ROWS) as u32,
+                    1,
+                ),
+                block_dim: (32, 4, 1),
+                shared_mem_bytes: 0,
+            };
+            (self.deltanet_function(kernel)?, cfg)
+        };
+        let ints = [
+            n_rows as i32,
+            sh.n_k_heads as i32,
+            sh.n_v_heads as i32,
+            sh.d_k as i32,
+            sh.d_v as i32,
+        ];
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*io.q.data)
+            .arg(&*io.k.data)
+            .arg(&*io.v.data)
+            .arg(&*io.g.data)
+            .arg(&*io.beta.data)
+            .arg(&row_ids.ptr)
+            .arg(&ints[0])
+            .arg(state)
+            .arg(&mut *out.data);
+        for i in &ints[1..] {
+            b.arg(i);
+        }
+        // SAFETY: matches mo_delta_rule / dn_recurrent(q, k, v, g, beta, rows, n_rows, state,
+        // out, n_k_heads, n_v_heads, d_k, d_v); every tensor's shape checked by the caller, the
+        // state holds n_v_heads * d_v * d_k values, d_k <= 256 for dn_recurrent.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// One run in the chunked form. Scratch `[n_v_heads, n_chunks * 64, d_k + d_v + 65]` f32
+    /// comes from the step arena's shared scratch block (reused by every call).
+    fn delta_rule_chunked(
+        &self,
+        io: &DeltaIo,
+        row_ids: &HostInts,
+        n_rows: usize,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let sh = io.sh;
+        let n_chunks = n_rows.div_ceil(CHUNK);
+        let np = n_chunks * CHUNK;
+        let hv = sh.n_v_heads;
+        let (w_len, u_len, a_len) = (hv * np * sh.d_k, hv * np * sh.d_v, hv * np * CHUNK);
+        let base = self
+            .step_ctl()
+            .shared_scratch(chunked_scratch_f32(&sh, n_rows))?;
+        let w_ptr = base;
+        let u_ptr = w_ptr + 4 * w_len as u64;
+        let a_ptr = u_ptr + 4 * u_len as u64;
+        let g_ptr = a_ptr + 4 * a_len as u64;
+        let ints = [
+            n_rows as i32,
+            sh.n_k_heads as i32,
+            sh.n_v_heads as i32,
+            sh.d_k as i32,
+            sh.d_v as i32,
+        ];
+        let f = self.deltanet_function("dn_chunk_prepare")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n_chunks as u32, hv as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*io.q.data)
+            .arg(&*io.k.data)
+            .arg(&*io.v.data)
+            .arg(&*io.g.data)
+            .arg(&*io.beta.data)
+            .arg(&row_ids.ptr)
+            .arg(&ints[0])
+            .arg(&w_ptr)
+            .arg(&u_ptr)
+            .arg(&a_ptr)
+            .arg(&g_ptr);
+        for i in &ints[1..] {
+            b.arg(i);
+        }
+        // SAFETY: matches dn_chunk_prepare(q, k, v, g, beta, rows, n_rows, w, u, aqk, g_out,
+        // n_k_heads, n_v_heads, d_k, d_v); the scratch holds the four arrays back to back
+        // (chunked_scratch_f32), d_k <= 128, shapes checked by the caller.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        let f = self.deltanet_function("dn_chunk_state")?;
+        let cfg = LaunchConfig {
+            grid_dim: (sh.d_v.div_ceil(CHUNK_ROWS) as u32, hv as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*io.q.data)
+            .arg(&*io.k.data)
+            .arg(&row_ids.ptr)
+            .arg(&ints[0])
+            .arg(&w_ptr)
+            .arg(&u_ptr)
+            .arg(&a_ptr)
+            .arg(&g_ptr)
+            .arg(state)
+            .arg(&mut *out.data);
+        for i in &ints[1..] {
+            b.arg(i);
+        }
+        // SAFETY: matches dn_chunk_state(q, k, rows, n_rows, w, u, aqk, g, state, out,
+        // n_k_heads, n_v_heads, d_k, d_v); reads what dn_chunk_prepare wrote (same stream).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+}
+
+/// f32 scratch of one chunked run of `n_rows` tokens: W, U, the chunk q·k matrices and the
+/// cumulative gates, `n_v_heads * ceil(n_rows / 64) * 64 * (d_k + d_v + 64 + 1)`. (The memory
+/// plan's compute buffers count this for n_rows = ubatch.)
+pub fn chunked_scratch_f32(sh: &RecurrentShape, n_rows: usize) -> usize {
+    sh.n_v_heads * n_rows.div_ceil(CHUNK) * CHUNK * (sh.d_k + sh.d_v + CHUNK + 1)
+}
+
+/// The inputs of one `delta_rule` call.
+struct DeltaIo<'a> {
+    q: &'a CudaTensor,
+    k: &'a CudaTensor,
+    v: &'a CudaTensor,
+    g: &'a CudaTensor,
+    beta: &'a CudaTensor,
+    sh: RecurrentShape,
+}
