@@ -64,6 +64,22 @@ fn layer_pass(
     t.elapsed().as_secs_f64()
 }
 
+/// As `layer_pass` on the repacked copies (`quant::packed`), on the team.
+fn packed_pass(
+    team: &quant::Team,
+    layers: &[Vec<quant::PackedMatrix>],
+    x: &[Vec<f32>],
+    y: &mut [f32],
+) -> f64 {
+    let t = Instant::now();
+    for layer in layers {
+        for ((m, &(r, _)), xi) in layer.iter().zip(&SHAPES).zip(x) {
+            black_box(m).matmul(Some(team), xi, 1, &mut y[..r]);
+        }
+    }
+    t.elapsed().as_secs_f64()
+}
+
 fn main() {
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -98,11 +114,27 @@ fn main() {
             .collect();
         let mut y = vec![0f32; 8960];
         let total = (layer_bytes * n_layers) as f64;
-        // Alternate the two, so a burst of load from elsewhere hits both.
-        let (mut all, mut teamed) = (f64::MAX, f64::MAX);
+        let packed: Vec<Vec<quant::PackedMatrix>> = if quant::packed::supports(ty, 16, 1536) {
+            layers
+                .iter()
+                .map(|l| {
+                    l.iter()
+                        .zip(&SHAPES)
+                        .map(|(m, &(r, c))| quant::PackedMatrix::pack(ty, m, r, c))
+                        .collect()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // Alternate them, so a burst of load from elsewhere hits all.
+        let (mut all, mut teamed, mut pk) = (f64::MAX, f64::MAX, f64::MAX);
         for _ in 0..6 {
             all = all.min(layer_pass(None, ty, &layers, &x, &mut y));
             teamed = teamed.min(layer_pass(Some(&team), ty, &layers, &x, &mut y));
+            if !packed.is_empty() {
+                pk = pk.min(packed_pass(&team, &packed, &x, &mut y));
+            }
         }
         let single = one.install(|| {
             (0..3)
@@ -110,12 +142,13 @@ fn main() {
                 .fold(f64::MAX, f64::min)
         });
         println!(
-            "{:6} {} layers x {:.1} MB: rayon {:.1} GB/s, team {:.1} GB/s, one thread {:.1} GB/s",
+            "{:6} {} layers x {:.1} MB: rayon {:.1} GB/s, team {:.1} GB/s, packed on the team {:.1} GB/s, one thread {:.1} GB/s",
             ty.name(),
             n_layers,
             layer_bytes as f64 / 1e6,
             total / all / 1e9,
             total / teamed / 1e9,
+            total / pk / 1e9,
             total / single / 1e9
         );
         // Fixed cost per call: one 1536 x 1536 matrix over and over (L3 resident).

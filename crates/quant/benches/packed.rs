@@ -50,6 +50,41 @@ fn main() {
         .filter_map(|a| a.parse().ok())
         .next()
         .unwrap_or(64);
+    // `st`: one thread, best of many single calls (a busy machine still leaves some
+    // calls uninterrupted): the kernels' own speed, packed vs row.
+    if std::env::args().any(|a| a == "st") {
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let mut seed = 7;
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+            let (rows, cols) = (512, 1536);
+            let w = weights(ty, rows, cols, &mut seed);
+            let x: Vec<f32> = rand_bytes(n_tokens * cols, &mut seed)
+                .iter()
+                .map(|&b| b as f32 / 128.0 - 1.0)
+                .collect();
+            let mut y = vec![0f32; n_tokens * rows];
+            let p = PackedMatrix::pack(ty, &w, rows, cols);
+            let (t_row, t_packed) = one.install(|| {
+                (
+                    best(300, || {
+                        quant::matmul(ty, &w, rows, cols, &x, n_tokens, &mut y)
+                    }),
+                    best(300, || p.matmul(None, &x, n_tokens, &mut y)),
+                )
+            });
+            let gbs = |t: f64| w.len() as f64 * n_tokens as f64 / t / 1e9;
+            println!(
+                "one thread {ty:5} [{rows}, {cols}] x {n_tokens}: row {:.1}, packed {:.1} GB/s x tokens ({:.2}x)",
+                gbs(t_row),
+                gbs(t_packed),
+                t_row / t_packed
+            );
+        }
+        return;
+    }
     let team = Team::new(2);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
