@@ -118,6 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         LoadedModel::Cpu(m) => bench_on(&args, m, &placed, n_ctx)?,
         LoadedModel::Cuda(m) => bench_on(&args, m, &placed, n_ctx)?,
         LoadedModel::Hybrid(m) => bench_on(&args, m, &placed, n_ctx)?,
+        LoadedModel::Multi(m) => bench_on(&args, m, &placed, n_ctx)?,
     };
     print_results(&args, &placed, &results)
 }

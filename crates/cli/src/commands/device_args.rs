@@ -1,10 +1,12 @@
 //! Flags that choose the device and the placement, shared by `run`, `bench` and `serve`:
-//! `--device auto|cpu|cuda[:N]`, `--fit on|gpu-only`, `-ngl N`, `--vram-limit BYTES`.
+//! `--device auto|cpu|cuda[:N]`, `--fit on|gpu-only`, `-ngl N`, `--vram-limit BYTES`, and for
+//! several cards `--split-mode`, `--tensor-split`, `--main-gpu`, `--devices` (see
+//! `commands::multi_gpu`).
 
 use std::ffi::OsString;
 use std::fmt;
 
-use model::plan::FitMode;
+use model::plan::{FitMode, SplitMode};
 
 /// Where to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +85,33 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// `--tensor-split 3,1`: each card's share (llama.cpp's proportions; see
+/// `model::plan::split::parse_tensor_split`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSplit(pub Vec<f64>);
+
+pub fn parse_tensor_split(s: &str) -> Result<TensorSplit, String> {
+    model::plan::split::parse_tensor_split(s).map(TensorSplit)
+}
+
+/// `--devices cuda:0,cuda:1`: the CUDA ordinals to split over (repeats make logical cards).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceList(pub Vec<usize>);
+
+pub fn parse_devices(s: &str) -> Result<DeviceList, String> {
+    s.split(',')
+        .map(|d| match parse_device(d)? {
+            DeviceChoice::Cuda(n) => Ok(n),
+            other => Err(format!("--devices lists CUDA cards (cuda:N), got {other}")),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(DeviceList)
+}
+
+pub fn parse_split_mode(s: &str) -> Result<SplitMode, String> {
+    s.parse()
+}
+
 /// clap has one-letter short flags only; llama.cpp users type `-ngl N` (and `-ngl=N`).
 /// Rewrites those to `--ngl` before parsing.
 pub fn rewrite_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
@@ -90,6 +119,9 @@ pub fn rewrite_llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsSt
         .map(|a| match a.to_str() {
             Some("-ngl") => OsString::from("--ngl"),
             Some("-md") => OsString::from("--md"),
+            Some("-sm") => OsString::from("--split-mode"),
+            Some("-ts") => OsString::from("--tensor-split"),
+            Some("-mg") => OsString::from("--main-gpu"),
             Some(s) if s.starts_with("-ngl=") => OsString::from(format!("-{s}")),
             _ => a,
         })
@@ -116,6 +148,24 @@ pub struct PlacementArgs {
     /// to see how a smaller card would run.
     #[arg(long = "vram-limit", value_parser = parse_bytes)]
     pub vram_limit: Option<u64>,
+    /// How to use several GPUs (llama.cpp's -sm): layer (each card holds a run of whole
+    /// layers, the output head on the last; the default when several cards are visible or
+    /// listed by --devices), tensor (every matrix split across the cards; planned, not run
+    /// yet), none (one card: --main-gpu).
+    #[arg(long = "split-mode", value_parser = parse_split_mode)]
+    pub split_mode: Option<SplitMode>,
+    /// Share of the layers each card takes, e.g. 3,1 (llama.cpp's -ts); default: in
+    /// proportion to each card's free memory.
+    #[arg(long = "tensor-split", value_parser = parse_tensor_split)]
+    pub tensor_split: Option<TensorSplit>,
+    /// The card used with --split-mode none (llama.cpp's -mg).
+    #[arg(long = "main-gpu", default_value_t = 0)]
+    pub main_gpu: usize,
+    /// The cards to split over, e.g. cuda:0,cuda:1 (default: every visible GPU). Repeating a
+    /// card (cuda:0,cuda:0) makes logical cards of one GPU, each with its own stream and half
+    /// its memory: a way to test and measure the split on one GPU.
+    #[arg(long = "devices", value_parser = parse_devices)]
+    pub devices: Option<DeviceList>,
 }
 
 #[cfg(test)]
@@ -207,5 +257,34 @@ mod tests {
         assert!(parse(&["--fit", "maybe"]).is_err());
         assert!(parse(&["--vram-limit", "lots"]).is_err());
         assert!(parse(&["--device", "tpu"]).is_err());
+    }
+
+    #[test]
+    fn several_card_flags() {
+        let p = parse(&[]).unwrap();
+        assert_eq!((p.split_mode, p.main_gpu), (None, 0));
+        assert!(p.tensor_split.is_none() && p.devices.is_none());
+        let p = parse(&[
+            "-sm",
+            "layer",
+            "-ts",
+            "3,1",
+            "-mg",
+            "1",
+            "--devices",
+            "cuda:0,cuda:0",
+        ])
+        .unwrap();
+        assert_eq!(p.split_mode, Some(SplitMode::Layer));
+        assert_eq!(p.tensor_split, Some(TensorSplit(vec![3.0, 1.0])));
+        assert_eq!(p.main_gpu, 1);
+        assert_eq!(p.devices, Some(DeviceList(vec![0, 0])));
+        assert_eq!(
+            parse(&["--split-mode", "row"]).unwrap().split_mode,
+            Some(SplitMode::Tensor)
+        );
+        assert!(parse(&["--split-mode", "rows"]).is_err());
+        assert!(parse(&["--tensor-split", "0,0"]).is_err());
+        assert!(parse(&["--devices", "cuda:0,cpu"]).is_err());
     }
 }

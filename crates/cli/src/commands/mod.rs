@@ -5,6 +5,7 @@ pub mod convert;
 pub mod device_args;
 pub mod imatrix;
 pub mod inspect;
+pub mod multi_gpu;
 pub mod perplexity;
 pub mod placement;
 pub mod plan;

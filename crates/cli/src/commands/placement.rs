@@ -1,7 +1,8 @@
 //! Loading a model where the flags and the memory plan put it: open the GPU (or say once why
 //! not), plan with the card's measured free memory (`--vram-limit` caps it), apply `--fit` /
 //! `-ngl`, log the ledger and "offloaded X/Y layers to GPU", upload with a progress bar, and
-//! compare the device memory actually used with the ledger.
+//! compare the device memory actually used with the ledger. Several cards (visible, or listed
+//! by `--devices`) go to `commands::multi_gpu` (layer split) instead.
 //!
 //! Every layer on the GPU runs on `CudaBackend`; a partial plan (some layers on the GPU, the
 //! rest on the CPU) on `cuda::hybrid::HybridBackend` with the planner's count as llama.cpp's
@@ -16,6 +17,7 @@ use anyhow::{bail, Context};
 use backend::cpu::CpuBackend;
 use cuda::backend::CudaBackend;
 use cuda::hybrid::{HybridBackend, Placement};
+use cuda::multi::MultiBackend;
 use cuda::{CudaDevice, CudaOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::plan::fit::{predicted_slowdown, wanted_ctx};
@@ -38,6 +40,8 @@ pub enum LoadedModel {
     Cuda(ModelOn<CudaBackend>),
     /// Partial offload: the output head and the last layers on the GPU.
     Hybrid(ModelOn<HybridBackend>),
+    /// Layer split over several cards (`--split-mode layer`).
+    Multi(ModelOn<MultiBackend>),
 }
 
 /// Where the startup lines go: stderr (`run`, `bench`) or the tracing log (`serve`).
@@ -62,7 +66,7 @@ impl LogTo {
         }
     }
 
-    fn block(self, text: &str) {
+    pub(super) fn block(self, text: &str) {
         for l in text.lines() {
             self.info(l);
         }
@@ -162,6 +166,25 @@ impl Placed {
             LoadedModel::Cpu(_) => (0, self.plan.layers_total),
             LoadedModel::Cuda(_) => (self.plan.layers_on_gpu, self.plan.layers_total),
             LoadedModel::Hybrid(m) => m.backend().placement().offloaded(),
+            LoadedModel::Multi(_) => (self.plan.layers_total, self.plan.layers_total),
+        }
+    }
+
+    /// A model split over several cards (`commands::multi_gpu`, which reports each card's
+    /// memory itself).
+    pub(super) fn new_split(
+        model: LoadedModel,
+        plan: Plan,
+        device_name: String,
+        bandwidth_gbs: Option<f64>,
+    ) -> Placed {
+        Placed {
+            model,
+            n_ctx: plan.n_ctx,
+            plan,
+            device_name,
+            bandwidth_gbs,
+            gpu: None,
         }
     }
 
@@ -292,10 +315,15 @@ fn is_out_of_memory(msg: &str) -> bool {
 
 /// Opens the GPU the flags ask for. `Ok(None)`: run on the CPU (for `auto`, after one line
 /// saying why).
-fn open_device(choice: DeviceChoice, log: LogTo) -> anyhow::Result<Option<CudaDevice>> {
+/// `auto` opens `main_gpu` (`--main-gpu`, 0 by default).
+fn open_device(
+    choice: DeviceChoice,
+    main_gpu: usize,
+    log: LogTo,
+) -> anyhow::Result<Option<CudaDevice>> {
     let ordinal = match choice {
         DeviceChoice::Cpu => return Ok(None),
-        DeviceChoice::Auto => 0,
+        DeviceChoice::Auto => main_gpu,
         DeviceChoice::Cuda(n) => n,
     };
     let opts = CudaOptions {
@@ -319,6 +347,9 @@ pub fn load_placed(
     req: &LoadRequest,
     log: LogTo,
 ) -> anyhow::Result<Placed> {
+    if let Some(cards) = super::multi_gpu::split_cards(pargs, log)? {
+        return super::multi_gpu::load_split(margs, pargs, req, log, &cards);
+    }
     let file = margs.open_gguf()?;
     let mem = ModelMemory::from_gguf(&file)
         .with_context(|| format!("planning {}", margs.display_name()))?;
@@ -341,7 +372,7 @@ pub fn load_placed(
         n_gpu_layers: pargs.n_gpu_layers,
         base,
     };
-    let dev = open_device(pargs.device, log)?;
+    let dev = open_device(pargs.device, pargs.main_gpu, log)?;
     let Some(dev) = dev else {
         if pargs.fit == FitMode::GpuOnly && pargs.device != DeviceChoice::Cpu {
             bail!("--fit gpu-only needs a GPU, and none is usable (see above)");

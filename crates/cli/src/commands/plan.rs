@@ -71,6 +71,21 @@ pub struct Args {
     /// Most tokens drafted per verify pass (sizes the verify logits; with --md / --mtp).
     #[arg(long = "draft-max", default_value_t = 8)]
     draft_max: usize,
+    /// Plan over this many identical cards (--gpu / --vram, one each), split by
+    /// --split-mode (layer by default; tensor for tensor parallel) and --tensor-split.
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
+    /// With --gpus N: layer (each card a run of whole layers), tensor (every matrix split
+    /// across the cards), none (one card).
+    #[arg(long = "split-mode", value_parser = super::device_args::parse_split_mode)]
+    split_mode: Option<model::plan::SplitMode>,
+    /// With --gpus N: each card's share, e.g. 3,1 (default: equal, by free memory).
+    #[arg(long = "tensor-split", value_parser = super::device_args::parse_tensor_split)]
+    tensor_split: Option<super::device_args::TensorSplit>,
+    /// With --gpus N and --split-mode none: the card used (and in tensor mode the one holding
+    /// the token embedding).
+    #[arg(long = "main-gpu", default_value_t = 0)]
+    main_gpu: usize,
     /// Print the plan as one JSON object.
     #[arg(long)]
     json: bool,
@@ -216,11 +231,66 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.speculation = speculation(&args, &m)?;
     opts.embeddings_on_gpu = args.embeddings_on_gpu;
     opts.n_gpu_layers = args.n_gpu_layers;
+    if args.gpus > 1 || args.split_mode.is_some() || args.tensor_split.is_some() {
+        return run_split(&args, &m, gpu, opts);
+    }
     let p = plan(&m, gpu.as_ref(), &opts);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {
         print!("{}", render(&p));
+    }
+    Ok(())
+}
+
+/// `redline plan --gpus N`: the model over N identical cards (`commands::multi_gpu` renders
+/// the per-card ledger).
+fn run_split(
+    args: &Args,
+    m: &ModelMemory,
+    gpu: Option<GpuSpec>,
+    mut opts: PlanOptions,
+) -> anyhow::Result<()> {
+    use model::plan::{SplitMode, SplitRequest};
+    let Some(gpu) = gpu else {
+        bail!("--gpus / --split-mode / --tensor-split need a card: give --gpu NAME or --vram");
+    };
+    if args.gpus == 0 || args.gpus > 64 {
+        bail!("--gpus must be between 1 and 64");
+    }
+    if opts.n_gpu_layers.is_some() {
+        bail!("-ngl does not apply to a split over several cards (every layer is on a card)");
+    }
+    opts.embeddings_on_gpu = true;
+    let mode = args.split_mode.unwrap_or(SplitMode::Layer);
+    let req = SplitRequest {
+        mode,
+        tensor_split: args.tensor_split.as_ref().map(|t| t.0.clone()),
+        main_gpu: args.main_gpu,
+    };
+    let gpus = vec![gpu; args.gpus];
+    let Some(p) = model::plan::plan_split(m, &gpus, &opts, &req) else {
+        bail!(
+            "--tensor-split names more cards than --gpus {}, or gives none anything; or --main-gpu {} is not one of them",
+            args.gpus,
+            args.main_gpu
+        );
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+    } else {
+        let how = match (&args.tensor_split, mode) {
+            (_, SplitMode::None) => format!("--main-gpu {}", args.main_gpu),
+            (Some(t), _) => format!(
+                "--tensor-split {}",
+                t.0.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            (None, _) => "equal shares".into(),
+        };
+        print!("{}", super::multi_gpu::render_split(&p, &how));
     }
     Ok(())
 }

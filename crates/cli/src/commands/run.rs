@@ -165,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         LoadedModel::Cpu(m) => run_on(&args, m, &placed),
         LoadedModel::Cuda(m) => run_on(&args, m, &placed),
         LoadedModel::Hybrid(m) => run_on(&args, m, &placed),
+        LoadedModel::Multi(m) => run_on(&args, m, &placed),
     }
 }
 

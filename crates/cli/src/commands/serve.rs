@@ -245,6 +245,7 @@ fn load(
         LoadedModel::Cpu(m) => ModelService::new(Arc::new(m), opts),
         LoadedModel::Cuda(m) => ModelService::new(Arc::new(m), opts),
         LoadedModel::Hybrid(m) => ModelService::new(Arc::new(m), opts),
+        LoadedModel::Multi(m) => ModelService::new(Arc::new(m), opts),
     }
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     state.set_service(Arc::new(service));
