@@ -31,6 +31,15 @@
 
 #define MMQ_MAX_WARPS 8
 
+// sm_80+: weights go global -> shared by cp.async, MMQ_STAGES chunks in flight per warp without
+// holding registers; sm_70: one chunk staged through registers (loaded while the previous one
+// is computed).
+#if __CUDA_ARCH__ >= 800
+#define MMQ_STAGES 4
+#else
+#define MMQ_STAGES 1
+#endif
+
 struct alignas(16) MqVec {
     uint32_t x, y, z, w;
 };
@@ -49,6 +58,20 @@ static __device__ __forceinline__ MqVec mq_ld_stream(const MqVec* p) {
         : "l"(p));
     return v;
 }
+
+#if __CUDA_ARCH__ >= 800
+// 16 bytes global -> shared, asynchronous, L2 only (.cg): the weights are read once.
+static __device__ __forceinline__ void mq_cp16(MqVec* dst, const MqVec* src) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)s), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void mq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void mq_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
 
 // Little-endian u32 from shared memory at p, p aligned to A bytes (2 or >= 4).
 template <int A>
@@ -80,6 +103,47 @@ static __device__ __forceinline__ void mq_w64(const uint8_t* p, uint32_t& a, uin
 // t = lane % 4: a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..];
 // b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; c0, c1 = C[g][2t], C[g][2t+1]; c2, c3 = rows g+8.
 // m16n8k16: a0 = A[g][4t..], a1 = A[g+8][4t..], b0 = B[4t..][g], C as above.
+struct MqI4 {
+    int x, y, z, w;
+};
+
+// The products from the fragments by warp shuffles + dp4a (sm_70, and `emulate` for tests):
+// lane 4g+q holds A's k = 4q.. (and 16+4q..) of rows g, g+8; lane 4n+q holds B's k = 4q..
+// (and 16+4q..) of column n. Not inlined: one copy instead of one per unrolled call keeps the
+// compile time of this fallback small.
+static __device__ __noinline__ MqI4 mq_emul_k32(MqI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int a_src = 4 * g + q, b_src0 = 8 * t + q, b_src1 = 8 * t + 4 + q;
+        const int ra0 = (int)__shfl_sync(FULL_MASK, a0, a_src), ra1 = (int)__shfl_sync(FULL_MASK, a1, a_src);
+        const int ra2 = (int)__shfl_sync(FULL_MASK, a2, a_src), ra3 = (int)__shfl_sync(FULL_MASK, a3, a_src);
+        const int b00 = (int)__shfl_sync(FULL_MASK, b0, b_src0), b01 = (int)__shfl_sync(FULL_MASK, b1, b_src0);
+        const int b10 = (int)__shfl_sync(FULL_MASK, b0, b_src1), b11 = (int)__shfl_sync(FULL_MASK, b1, b_src1);
+        c.x = dp4a(ra0, b00, dp4a(ra2, b01, c.x));
+        c.y = dp4a(ra0, b10, dp4a(ra2, b11, c.y));
+        c.z = dp4a(ra1, b00, dp4a(ra3, b01, c.z));
+        c.w = dp4a(ra1, b10, dp4a(ra3, b11, c.w));
+    }
+    return c;
+}
+
+static __device__ __noinline__ MqI4 mq_emul_k16(MqI4 c, uint32_t a0, uint32_t a1, uint32_t b) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int a_src = 4 * g + q;
+        const int ra0 = (int)__shfl_sync(FULL_MASK, a0, a_src), ra1 = (int)__shfl_sync(FULL_MASK, a1, a_src);
+        const int rb0 = (int)__shfl_sync(FULL_MASK, b, 8 * t + q), rb1 = (int)__shfl_sync(FULL_MASK, b, 8 * t + 4 + q);
+        c.x = dp4a(ra0, rb0, c.x);
+        c.y = dp4a(ra0, rb1, c.y);
+        c.z = dp4a(ra1, rb0, c.z);
+        c.w = dp4a(ra1, rb1, c.w);
+    }
+    return c;
+}
+
 static __device__ __forceinline__ void mq_mma_k32(int c[4], const uint32_t a[4], const uint32_t b[2], int emulate) {
 #if __CUDA_ARCH__ >= 800
     if (!emulate) {
@@ -90,21 +154,11 @@ static __device__ __forceinline__ void mq_mma_k32(int c[4], const uint32_t a[4],
         return;
     }
 #endif
-    // The same product from the fragments: lane 4g+q holds A's k = 4q.. and 16+4q.. of rows g,
-    // g+8; lane 4n+q holds B's k = 4q.. and 16+4q.. of column n.
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const int a_src = 4 * g + q, b_src0 = 8 * t + q, b_src1 = 8 * t + 4 + q;
-        const int a0 = (int)__shfl_sync(FULL_MASK, a[0], a_src), a1 = (int)__shfl_sync(FULL_MASK, a[1], a_src);
-        const int a2 = (int)__shfl_sync(FULL_MASK, a[2], a_src), a3 = (int)__shfl_sync(FULL_MASK, a[3], a_src);
-        const int b00 = (int)__shfl_sync(FULL_MASK, b[0], b_src0), b01 = (int)__shfl_sync(FULL_MASK, b[1], b_src0);
-        const int b10 = (int)__shfl_sync(FULL_MASK, b[0], b_src1), b11 = (int)__shfl_sync(FULL_MASK, b[1], b_src1);
-        c[0] = dp4a(a0, b00, dp4a(a2, b01, c[0]));
-        c[1] = dp4a(a0, b10, dp4a(a2, b11, c[1]));
-        c[2] = dp4a(a1, b00, dp4a(a3, b01, c[2]));
-        c[3] = dp4a(a1, b10, dp4a(a3, b11, c[3]));
-    }
+    const MqI4 r = mq_emul_k32(MqI4{c[0], c[1], c[2], c[3]}, a[0], a[1], a[2], a[3], b[0], b[1]);
+    c[0] = r.x;
+    c[1] = r.y;
+    c[2] = r.z;
+    c[3] = r.w;
 }
 
 static __device__ __forceinline__ void mq_mma_k16(int c[4], const uint32_t a[2], uint32_t b, int emulate) {
@@ -116,17 +170,11 @@ static __device__ __forceinline__ void mq_mma_k16(int c[4], const uint32_t a[2],
         return;
     }
 #endif
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const int a_src = 4 * g + q;
-        const int a0 = (int)__shfl_sync(FULL_MASK, a[0], a_src), a1 = (int)__shfl_sync(FULL_MASK, a[1], a_src);
-        const int b0 = (int)__shfl_sync(FULL_MASK, b, 8 * t + q), b1 = (int)__shfl_sync(FULL_MASK, b, 8 * t + 4 + q);
-        c[0] = dp4a(a0, b0, c[0]);
-        c[1] = dp4a(a0, b1, c[1]);
-        c[2] = dp4a(a1, b0, c[2]);
-        c[3] = dp4a(a1, b1, c[3]);
-    }
+    const MqI4 r = mq_emul_k16(MqI4{c[0], c[1], c[2], c[3]}, a[0], a[1], b);
+    c[0] = r.x;
+    c[1] = r.y;
+    c[2] = r.z;
+    c[3] = r.w;
 }
 
 // ---- weight formats ----------------------------------------------------------------------
@@ -384,7 +432,8 @@ static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t
 }
 
 // grid (ceil(nrows / 16)), block (32, nw <= MMQ_MAX_WARPS), dynamic shared memory
-// max(nw * 16 * VPR * 16, nw * NT * 4 * 32 * 4) bytes. n_tokens <= 8 * NT.
+// max(nw * MMQ_STAGES * 16 * VPR * 16, nw * NT * 4 * 32 * 4) bytes (MMQ_STAGES: 4 on sm_80+,
+// 1 on sm_70). n_tokens <= 8 * NT.
 template <typename F, int NT>
 static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                            const float* __restrict__ xds_f, float* __restrict__ y, int nrows,
@@ -395,7 +444,7 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     const int g = lane >> 2;
     const int row0 = blockIdx.x * 16;
     const MqF2* xds = (const MqF2*)xds_f;
-    MqVec* sv = mq_smem + wid * 16 * VPR;
+    MqVec* sv = mq_smem + wid * MMQ_STAGES * 16 * VPR;  // this warp's stages
     const uint8_t* sb = (const uint8_t*)sv;
     const int nunits = ncols / 32;
     const int nchunks = (nunits + 7) / 8;
@@ -416,17 +465,55 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
 
-    MqVec st[L];
-    auto load = [&](int c) {
+    // chunk c's byte range of this lane's slot rows: vector v of slot i = r * VPR + v is
+    // copied when it holds bytes of the chunk (the range rounded out to 16 bytes)
+    auto slot_src = [&](int c, int k, const MqVec*& src) -> bool {
         const long long cofs = (long long)c * F::CB;
         const int len = (int)min((long long)F::CB, row_bytes - cofs);
+        const int i = lane + 32 * k, v = i % VPR;
+        const uint8_t* start = slot_row[k] + cofs;
+        const int off = (int)((unsigned long long)start & 15ull);
+        src = (const MqVec*)(start - off) + v;
+        return i < 16 * VPR && v < ((off + len + 15) >> 4);
+    };
+    auto compute = [&](int c, const uint8_t* sb) {
+        const long long cofs = (long long)c * F::CB;
+        const uint8_t* pg = sb + g * RS + (int)((unsigned long long)(row_g + cofs) & 15ull);
+        const uint8_t* pg8 = sb + (g + 8) * RS + (int)((unsigned long long)(row_g8 + cofs) & 15ull);
+        mq_chunk<F, NT>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, emulate, acc);
+    };
+#if __CUDA_ARCH__ >= 800
+    constexpr int S = MMQ_STAGES;
+    auto issue = [&](int c, MqVec* dst) {
 #pragma unroll
         for (int k = 0; k < L; k++) {
-            const int i = lane + 32 * k, v = i % VPR;
-            const uint8_t* start = slot_row[k] + cofs;
-            const int off = (int)((unsigned long long)start & 15ull);
-            if (i < 16 * VPR && v < ((off + len + 15) >> 4))
-                st[k] = mq_ld_stream((const MqVec*)(start - off) + v);
+            const MqVec* src;
+            if (slot_src(c, k, src)) mq_cp16(dst + lane + 32 * k, src);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (wid + s * nw < nchunks) issue(wid + s * nw, sv + s * 16 * VPR);
+        mq_cp_commit();
+    }
+    int it = 0;
+    for (int c = wid; c < nchunks; c += nw, it++) {
+        const int cn = c + (S - 1) * nw;
+        if (cn < nchunks) issue(cn, sv + ((it + S - 1) % S) * 16 * VPR);
+        mq_cp_commit();
+        mq_cp_wait<S - 1>();  // chunk c's group is complete
+        __syncwarp();
+        compute(c, (const uint8_t*)(sv + (it % S) * 16 * VPR));
+        __syncwarp();  // its stage is refilled next iteration
+    }
+    mq_cp_wait<0>();
+#else
+    MqVec st[L];
+    auto load = [&](int c) {
+#pragma unroll
+        for (int k = 0; k < L; k++) {
+            const MqVec* src;
+            if (slot_src(c, k, src)) st[k] = mq_ld_stream(src);
         }
     };
     int c = wid;
@@ -440,11 +527,9 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
         }
         __syncwarp();
         if (c + nw < nchunks) load(c + nw);
-        const long long cofs = (long long)c * F::CB;
-        const uint8_t* pg = sb + g * RS + (int)((unsigned long long)(row_g + cofs) & 15ull);
-        const uint8_t* pg8 = sb + (g + 8) * RS + (int)((unsigned long long)(row_g8 + cofs) & 15ull);
-        mq_chunk<F, NT>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, emulate, acc);
+        compute(c, sb);
     }
+#endif
 
     // the warps' partial sums: red[w][j * 4 + i][lane]
     __syncthreads();

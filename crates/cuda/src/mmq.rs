@@ -12,6 +12,7 @@ use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
 use crate::matvec::{DeviceMatrix, MatvecScratch};
 use crate::sources::Program;
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use gguf::GgmlType;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -69,6 +70,13 @@ pub fn supports_device(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     dev.arch() >= 80 && supports(ty, n)
 }
 
+/// Whether the backend's matmul dispatch should use this path: `REDLINE_MMQ=1` turns it on
+/// (off by default until it has passed on the card; `REDLINE_MMQ=0` for A/B once on). Read once.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_MMQ").is_ok_and(|v| v == "1"))
+}
+
 /// Warps per block for a rows x cols product: the warps split the 256-weight chunks of one
 /// 16-row tile, so few tiles (a 5120-row matrix is 320) want more warps to keep enough bytes in
 /// flight per SM, many tiles fewer (less reduction, more blocks per SM).
@@ -84,11 +92,35 @@ pub fn warps_per_block(n_rows: usize, n_cols: usize) -> u32 {
     (w as usize).min(chunks.max(1)) as u32
 }
 
-/// Dynamic shared memory of one block: the warps' staging buffers (16 rows x VPR vectors of
-/// 16 bytes each), reused for the partial sums (nw x NT x 4 x 32 f32).
-fn shared_bytes(chunk_bytes: usize, align: usize, warps: u32, tiles: usize) -> usize {
-    let vpr = (chunk_bytes + (16 - align)).div_ceil(16);
-    let stage = warps as usize * ROWS_PER_BLOCK * vpr * 16;
+/// Chunks in flight per warp (MMQ_STAGES in the kernel): cp.async stages on sm_80+, one
+/// register-staged chunk on sm_70.
+fn stages(arch: u32) -> usize {
+    if arch >= 80 {
+        4
+    } else {
+        1
+    }
+}
+
+/// Bytes of one warp's staging buffer for one chunk: 16 rows x VPR vectors of 16 bytes.
+fn stage_bytes(chunk_bytes: usize, align: usize) -> usize {
+    ROWS_PER_BLOCK * (chunk_bytes + (16 - align)).div_ceil(16) * 16
+}
+
+/// Most dynamic shared memory a block may ask for: 99 KiB, the opt-in limit of the smallest
+/// sm_80+ parts (sm_86 / sm_89; A100 and H100/H200 allow more).
+const MAX_SHARED_BYTES: usize = 99 * 1024;
+
+/// Dynamic shared memory of one block: the warps' staging buffers, reused for the partial
+/// sums (nw x NT x 4 x 32 f32).
+fn shared_bytes(
+    chunk_bytes: usize,
+    align: usize,
+    warps: u32,
+    tiles: usize,
+    stages: usize,
+) -> usize {
+    let stage = warps as usize * stages * stage_bytes(chunk_bytes, align);
     let red = warps as usize * tiles * 4 * 32 * 4;
     stage.max(red)
 }
@@ -136,7 +168,9 @@ impl CudaDevice {
         }
         // checks cols % 32 and the buffer sizes; x is what the caller quantized into it
         let (xq, xds) = scratch.buffers_for(n_tokens, cols)?;
-        let warps = warps_per_block(rows, cols);
+        let st = stages(self.arch());
+        let per_warp = st * stage_bytes(chunk_bytes, align);
+        let warps = warps_per_block(rows, cols).min((MAX_SHARED_BYTES / per_warp) as u32);
         let emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes() as i64);
         let mut t0 = 0;
@@ -144,10 +178,19 @@ impl CudaDevice {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
             let tiles = n.div_ceil(8);
             let f = self.function(Program::Mmq, &format!("mmq_{stem}_t{tiles}"))?;
+            let smem = shared_bytes(chunk_bytes, align, warps, tiles, st);
+            if smem > 48 * 1024 {
+                // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
+                // stream operation: fine inside graph capture)
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )?;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
                 block_dim: (32, warps, 1),
-                shared_mem_bytes: shared_bytes(chunk_bytes, align, warps, tiles) as u32,
+                shared_mem_bytes: smem as u32,
             };
             let xqs = xq.slice(t0 * cols..(t0 + n) * cols);
             let xdss = xds.slice(t0 * cols / 16..(t0 + n) * cols / 16);
@@ -164,7 +207,8 @@ impl CudaDevice {
             // emulate) with n <= 8 * NT; W is a live DeviceMatrix of this format with >= 16
             // bytes of padding (the rounded-out 16-byte loads); xq/xds/y slices hold n tokens
             // (sizes checked above and by buffers_for); the dynamic shared memory is what the
-            // kernel indexes for `warps` warps (< 48 KiB: at most 8 x 16 x 18 x 16 bytes).
+            // kernel indexes for `warps` warps at this arch's stage count (<= 99 KiB, opted
+            // in above when over 48 KiB).
             unsafe { b.launch(cfg) }?;
             t0 += n;
         }
@@ -177,7 +221,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shared_memory_fits_the_default_limit() {
+    fn shared_memory_fits_the_limits() {
         for ty in [
             GgmlType::Q4_0,
             GgmlType::Q8_0,
@@ -187,12 +231,19 @@ mod tests {
             GgmlType::IQ4XS,
         ] {
             let (_, cb, al) = format(ty).unwrap();
-            for tiles in 1..=4 {
-                assert!(
-                    shared_bytes(cb, al, MAX_WARPS, tiles) <= 48 * 1024,
-                    "{}",
-                    ty.name()
-                );
+            // the most warps the launch allows at each arch's stage count
+            for (arch, limit) in [
+                (70, 48 * 1024),
+                (80, MAX_SHARED_BYTES),
+                (90, MAX_SHARED_BYTES),
+            ] {
+                let st = stages(arch);
+                let w = MAX_WARPS.min((MAX_SHARED_BYTES / (st * stage_bytes(cb, al))) as u32);
+                assert!(w >= 2, "{} sm_{arch}: {w} warps", ty.name());
+                for tiles in 1..=4 {
+                    let b = shared_bytes(cb, al, w, tiles, st);
+                    assert!(b <= limit, "{} sm_{arch}: {b} bytes", ty.name());
+                }
             }
         }
     }
