@@ -153,6 +153,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Flag checks that need no model come before the load.
+    args.spec.check()?;
+    if args.spec.enabled() && args.prompt.is_none() {
+        bail!("speculative decoding (--md / --mtp) needs a prompt (-p); chat mode has none");
+    }
     let req = LoadRequest {
         n_ctx: (args.ctx_size > 0).then_some(args.ctx_size),
         n_parallel: 1,

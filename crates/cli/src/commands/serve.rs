@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use engine::scheduler::SamplingParams;
 use model::KvType;
-use server::{AppState, ModelService, ModelServiceOptions, ServerConfig};
+use server::{AppState, DraftOptions, ModelService, ModelServiceOptions, ServerConfig};
 
 use super::device_args::PlacementArgs;
 use super::placement::{load_placed, LoadRequest, LoadedModel, LogTo};
@@ -43,6 +43,9 @@ pub struct Args {
     placement: PlacementArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Speculative decoding per slot: --md DRAFT.gguf, --draft-max …
+    #[command(flatten)]
+    spec: super::speculate::SpecArgs,
     /// Model name shown to clients (default: the file name without .gguf).
     #[arg(long)]
     alias: Option<String>,
@@ -107,6 +110,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.parallel == 0 {
         bail!("--parallel must be at least 1");
+    }
+    // Flag checks that need no model come before the port is bound and the model loaded.
+    args.spec.check()?;
+    if args.spec.mtp {
+        bail!(
+            "serve --mtp is not supported yet (MTP drafting runs in `redline run -p … --mtp`); \
+             serve with a draft model instead: --md DRAFT.gguf"
+        );
     }
     if args.sampling.repeat_penalty != 1.0 {
         tracing::warn!(
@@ -174,6 +185,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
+/// The service over `model`, with the slots speculating when --md asks for it (the draft
+/// model is loaded here, placed like the model; the plan already counted it).
+fn service_on<B: super::speculate::SpecBackend + 'static>(
+    args: &Args,
+    model: model::ModelOn<B>,
+    opts: ModelServiceOptions,
+    n_ctx_per_slot: usize,
+) -> anyhow::Result<ModelService> {
+    use super::speculate::{load_drafter, Drafter};
+    let model = Arc::new(model);
+    let draft = if args.spec.enabled() {
+        match load_drafter(
+            &args.spec,
+            &model,
+            &args.model,
+            &args.placement,
+            n_ctx_per_slot,
+        )? {
+            Drafter::Model(d) => Some(DraftOptions {
+                model: Arc::new(*d),
+                kv_type: KvType::F16,
+                spec: args.spec.options(),
+            }),
+            Drafter::Mtp => bail!("serve --mtp is not supported yet; use --md DRAFT.gguf"),
+        }
+    } else {
+        None
+    };
+    if let Some(d) = &draft {
+        tracing::info!(
+            "speculative decoding per slot: draft model {} ({} layers), --draft-max {}, \
+             --draft-min {}, --draft-p-min {}",
+            args.spec
+                .model_draft
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+            d.model.config().n_layer,
+            d.spec.draft_max,
+            d.spec.draft_min,
+            d.spec.p_min
+        );
+    }
+    ModelService::with_drafter(model, draft, opts).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
 /// Loads the model where the placement says, logs the memory ledger and the offload, and
 /// makes the service available.
 fn load(
@@ -196,7 +252,7 @@ fn load(
         n_parallel: args.parallel,
         kv_type,
         measure_bandwidth: false,
-        draft: None,
+        draft: args.spec.draft_request(),
     };
     let placed = load_placed(&args.model, &args.placement, &req, LogTo::Tracing)?;
     let n_ctx_per_slot = placed.n_ctx / args.parallel;
@@ -242,12 +298,11 @@ fn load(
         chat_template,
     };
     let service = match placed.model {
-        LoadedModel::Cpu(m) => ModelService::new(Arc::new(m), opts),
-        LoadedModel::Cuda(m) => ModelService::new(Arc::new(m), opts),
-        LoadedModel::Hybrid(m) => ModelService::new(Arc::new(m), opts),
-        LoadedModel::Multi(m) => ModelService::new(Arc::new(m), opts),
-    }
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+        LoadedModel::Cpu(m) => service_on(args, m, opts, n_ctx_per_slot)?,
+        LoadedModel::Cuda(m) => service_on(args, m, opts, n_ctx_per_slot)?,
+        LoadedModel::Hybrid(m) => service_on(args, m, opts, n_ctx_per_slot)?,
+        LoadedModel::Multi(m) => service_on(args, m, opts, n_ctx_per_slot)?,
+    };
     state.set_service(Arc::new(service));
     tracing::info!("ready: {} slots × {} tokens", args.parallel, n_ctx_per_slot);
     Ok(())

@@ -58,6 +58,50 @@ impl SpecArgs {
         self.model_draft.is_some() || self.mtp
     }
 
+    /// Rejects flag combinations that cannot work, before any model is loaded (a 20 GB load
+    /// should not end in "pick one drafter"). Each message says what to change.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let (true, Some(d)) = (self.mtp, &self.model_draft) {
+            bail!(
+                "--mtp and --md {} both name a drafter; give one of them: --mtp drafts with the \
+                 model's own multi-token-prediction layer (Qwen3.5 files that have one), --md \
+                 with a separate small model of the same vocabulary",
+                d.display()
+            );
+        }
+        if !self.enabled() {
+            return Ok(());
+        }
+        if let Some(d) = &self.model_draft {
+            if !d.is_file() {
+                bail!(
+                    "--md {}: no such file; give the path of a draft GGUF with the model's \
+                     vocabulary",
+                    d.display()
+                );
+            }
+        }
+        if self.draft_max == 0 {
+            bail!("--draft-max 0 drafts nothing; give --draft-max 1 or more, or drop --md / --mtp");
+        }
+        if self.draft_min > self.draft_max {
+            bail!(
+                "--draft-min {} is above --draft-max {}: every draft would be dropped; lower \
+                 --draft-min or raise --draft-max",
+                self.draft_min,
+                self.draft_max
+            );
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            bail!(
+                "--draft-p-min {} is not a probability; give a value in 0..=1 (0 drafts \
+                 --draft-max tokens every step)",
+                self.draft_p_min
+            );
+        }
+        Ok(())
+    }
+
     /// What the placement must make room for (None without `--md` / `--mtp`). Draft caches
     /// are f16, as [`one_shot`] allocates them.
     pub fn draft_request(&self) -> Option<DraftRequest> {
@@ -318,6 +362,7 @@ struct CostRow {
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    args.spec.check()?;
     let k_max = args.verify_k.iter().copied().max().unwrap_or(0);
     if k_max == 0 || args.repetitions == 0 {
         bail!("nothing to measure: give -k values >= 1 and -r >= 1");
