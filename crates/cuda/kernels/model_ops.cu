@@ -451,18 +451,45 @@ static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds
 
 // mo_group_rms_norm with group == cols (one block per row, blockDim a multiple of 32, cols a
 // multiple of 32), no gate, plus the q8_1 copy: xq [n, cols] int8, xds [n, cols/32] float2.
+// Meant for wide blocks (up to 1024 threads): a 5120-wide row on 256 threads took 15 us on the
+// H200 (40 dependent global round trips); here each thread loads its (up to RMS_REGS) values
+// once, all loads in flight together, and keeps them in registers for the second pass.
+#define RMS_REGS 8
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps) {
     const long long base = (long long)blockIdx.x * cols;
+    const int bd = blockDim.x;
+    if (cols <= RMS_REGS * bd) {
+        float v[RMS_REGS];
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < RMS_REGS; k++) {
+            const int i = threadIdx.x + k * bd;
+            v[k] = i < cols ? x[base + i] : 0.0f;
+            ss += v[k] * v[k];
+        }
+        ss = block_sum(ss);
+        const float s = rsqrtf(ss / cols + eps);
+#pragma unroll
+        for (int k = 0; k < RMS_REGS; k++) {
+            const int i = threadIdx.x + k * bd;
+            // warp-uniform: cols and blockDim.x are multiples of 32
+            if (i < cols) {
+                const float o = v[k] * s * w[i];
+                out[base + i] = o;
+                q8_1_unit(o, xq, xds, base + i, (base + i) / 32);
+            }
+        }
+        return;
+    }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];
         ss += v * v;
     }
     ss = block_sum(ss);
     const float s = rsqrtf(ss / cols + eps);
-    // warp-uniform bound: cols and blockDim.x are multiples of 32
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i] * s * w[i];
         out[base + i] = v;
         q8_1_unit(v, xq, xds, base + i, (base + i) / 32);
@@ -500,4 +527,51 @@ extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict_
         h[i0] = a * c - b * s;
         h[i1] = a * s + b * c;
     }
+}
+
+// ---- one-token products of small f32 matrices (decode fusion) --------------------------------
+
+// y_s = W_s x for up to F32_MAX_SEGS f32 matrices [nrows_s, cols] that share x [cols] (one
+// token), one block per row, float4 loads (cols % 4 == 0) all in flight: the DeltaNet alpha/beta
+// projections (48 x 5120 f32) took 13 us each as one warp per row on 12 blocks.
+#define F32_MAX_SEGS 4
+struct alignas(16) f32x4 {
+    float x, y, z, w;
+};
+struct F32Seg {
+    const float* W;
+    float* y;
+    int nrows;
+    int block0;
+};
+struct F32Segs {
+    F32Seg seg[F32_MAX_SEGS];
+    int n_segs;
+    int cols;
+};
+
+extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __restrict__ x) {
+    const float* W = p.seg[0].W;
+    float* y = p.seg[0].y;
+    int block0 = 0;
+#pragma unroll
+    for (int s = 1; s < F32_MAX_SEGS; s++) {
+        if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
+            W = p.seg[s].W;
+            y = p.seg[s].y;
+            block0 = p.seg[s].block0;
+        }
+    }
+    const int row = (int)blockIdx.x - block0;
+    const int n4 = p.cols / 4;
+    const f32x4* wr = (const f32x4*)(W + (long long)row * p.cols);
+    const f32x4* x4 = (const f32x4*)x;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        const f32x4 a = wr[i], b = x4[i];
+        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) y[row] = acc;
 }

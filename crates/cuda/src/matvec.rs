@@ -214,6 +214,12 @@ struct MvSegs {
 unsafe impl cudarc::driver::DeviceRepr for MvSegs {}
 
 impl CudaDevice {
+    /// The device address of a buffer (for [`Segment`] outputs and biases).
+    pub fn device_address<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (ptr, _sync) = s.device_ptr(self.stream());
+        ptr
+    }
+
     /// Uploads `bytes` (GGUF layout of a [n_rows, n_cols] tensor of type `ty`).
     pub fn upload_matrix(
         &self,

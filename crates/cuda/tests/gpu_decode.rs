@@ -345,3 +345,156 @@ fn decode_speed_eager_vs_graph() {
         }
     }
 }
+
+// ---- fused decode paths (crates/cuda/src/backend/fused.rs, REDLINE_FUSED) -------------------
+
+fn load_gpu_fused(
+    path: &std::path::Path,
+    graphs: bool,
+    fused: bool,
+) -> Option<ModelOn<CudaBackend>> {
+    let b = gpu()?;
+    b.set_graphs_enabled(graphs);
+    b.set_fused(fused);
+    let file = gguf::GgufFile::open(path).unwrap();
+    Some(ModelOn::load_on(b, Arc::new(file), &opts()).unwrap())
+}
+
+/// Max |a - b| relative to max |b| (NaN in either: infinite).
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    max_abs_diff(a, b) / scale
+}
+
+/// Fused + graphs against unfused + eager on one model: single-sequence decode (every step's
+/// logits), then 3 sequences batched. Returns the fused model's greedy tokens.
+fn fused_vs_unfused(name: &str, path: &std::path::Path, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let (Some(f), Some(u)) = (
+        load_gpu_fused(path, true, true),
+        load_gpu_fused(path, false, false),
+    ) else {
+        return vec![];
+    };
+    let mut sf = f.new_state(128, KvType::F16).unwrap();
+    let mut su = u.new_state(128, KvType::F16).unwrap();
+    let lf = f.forward(&mut sf, prompt, false).unwrap();
+    let lu = u.forward(&mut su, prompt, false).unwrap();
+    let d = rel_diff(&lf, &lu);
+    assert!(
+        d <= 1e-4,
+        "{name}: prefill fused vs unfused differ by {d} (relative)"
+    );
+    let mut next = argmax(&lf);
+    let mut toks = vec![next];
+    let mut worst = 0f32;
+    for step in 0..steps {
+        let lf = f.forward(&mut sf, &[next], false).unwrap();
+        let lu = u.forward(&mut su, &[next], false).unwrap();
+        let d = rel_diff(&lf, &lu);
+        worst = worst.max(d);
+        assert!(
+            d <= 1e-4,
+            "{name}: decode step {step}: fused vs unfused logits differ by {d} (relative)"
+        );
+        next = argmax(&lf);
+        toks.push(next);
+    }
+    let (captures, replays) = f.backend().graph_counts();
+    assert!(
+        captures >= 1 && replays >= 1,
+        "{name}: fused steps not recorded"
+    );
+    println!(
+        "{name}: {steps} fused (graph) vs unfused (eager) steps, max relative |diff| {worst:.2e}"
+    );
+    // batched: 3 sequences of different lengths
+    let mut sf: Vec<_> = (0..3)
+        .map(|_| f.new_state(128, KvType::F16).unwrap())
+        .collect();
+    let mut su: Vec<_> = (0..3)
+        .map(|_| u.new_state(128, KvType::F16).unwrap())
+        .collect();
+    for (i, (a, b)) in sf.iter_mut().zip(su.iter_mut()).enumerate() {
+        let p = &prompt[..prompt.len() - i.min(prompt.len() - 1)];
+        f.forward(a, p, false).unwrap();
+        u.forward(b, p, false).unwrap();
+    }
+    let mut bt = vec![prompt[0]; 3];
+    for step in 0..steps.min(8) {
+        let mut rf: Vec<&mut _> = sf.iter_mut().collect();
+        let mut ru: Vec<&mut _> = su.iter_mut().collect();
+        let lf = f.forward_batch(&mut rf, &bt).unwrap();
+        let lu = u.forward_batch(&mut ru, &bt).unwrap();
+        let d = rel_diff(&lf, &lu);
+        assert!(
+            d <= 1e-4,
+            "{name}: batched step {step}: fused vs unfused differ by {d}"
+        );
+        let nv = f.config().n_vocab;
+        bt = (0..3).map(|i| argmax(&lf[i * nv..(i + 1) * nv])).collect();
+    }
+    toks
+}
+
+#[test]
+fn fused_matches_unfused_and_cpu_on_fixtures() {
+    if gpu().is_none() {
+        return;
+    }
+    for arch in ["llama", "qwen2", "qwen3", "qwen35"] {
+        let r = reference(arch);
+        let f32_path = fixture(arch, "model-f32.gguf");
+        let toks = fused_vs_unfused(&format!("{arch} f32"), &f32_path, &r.prompt_ids, 20);
+        let cpu = cpu_greedy(&f32_path, &r.prompt_ids, KvType::F16, 20);
+        assert_eq!(toks, cpu, "{arch}: fused GPU greedy tokens vs CPU");
+        // q8_0 weights: the quantized products take the fused (one-launch) path
+        let q8 = fixture(arch, "model-q8_0.gguf");
+        if q8.exists() {
+            fused_vs_unfused(&format!("{arch} q8_0"), &q8, &r.prompt_ids, 20);
+        }
+    }
+}
+
+#[test]
+fn fused_matches_unfused_on_stories260k() {
+    if gpu().is_none() {
+        return;
+    }
+    let path = data("../../models/stories260K.gguf");
+    let prompt = [1, 432, 383, 286, 261, 376];
+    let toks = fused_vs_unfused("stories260K", &path, &prompt, 20);
+    assert_eq!(toks, cpu_greedy(&path, &prompt, KvType::F16, 20));
+}
+
+/// Real layer shapes at Q4_K_M (q4_K with q6_K V/down, bias, DeltaNet in-projections): a
+/// synthetic Qwen2.5-1.5B cut to 2 layers and a Qwen3.5-27B cut to 4 layers (3 DeltaNet + 1
+/// gated attention) with a 32k vocabulary; fused + graphs vs unfused + eager.
+#[test]
+fn fused_matches_unfused_on_synth_q4_k_m_shapes() {
+    if gpu().is_none() {
+        return;
+    }
+    for (name, layers) in [("qwen2.5-1.5b", 2usize), ("qwen3.5-27b", 4)] {
+        let mut shape = model::synth::Shape::preset(name).expect("synth preset");
+        shape.n_layer = layers;
+        shape.n_vocab = shape.n_vocab.min(32768);
+        let path = std::env::temp_dir().join(format!("redline-fused-{name}-{layers}l.gguf"));
+        let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
+        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        plan.write(f, 7, |_| {}).unwrap();
+        let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
+        fused_vs_unfused(name, &path, &prompt, 12);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// The conformance suite's norm/activation, RoPE and matmul parts with the fused paths on
+/// (the rms_norm / swiglu kernels that also write q8_1 must give the same f32 outputs).
+#[test]
+fn conformance_with_fused_paths() {
+    let Some(b) = gpu() else { return };
+    b.set_fused(true);
+    backend::conformance::norms_and_activations(&b).unwrap();
+    backend::conformance::rope(&b).unwrap();
+    backend::conformance::matmul_and_embed(&b).unwrap();
+}

@@ -193,3 +193,124 @@ fn matvec_matches_cpu_reference_for_every_format() {
         failures.join("\n")
     );
 }
+
+/// Several matrices of one format in one launch (`matvec_segments`, the fused decode path):
+/// each output equals the per-matrix matvec of the same quantized x (the same per-row kernel
+/// code, so bit for bit), plus its bias, plus the old output where it accumulates — for every
+/// block format, odd row counts, 1-4 segments, both rows-per-warp kernels.
+#[test]
+fn matvec_segments_match_single_matvecs() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let t = std::time::Instant::now();
+    dev.module(cuda::Program::MatvecQuant)
+        .expect("matvec kernels compile");
+    eprintln!("matvec kernels ready in {:.1} s", t.elapsed().as_secs_f64());
+    use GgmlType::*;
+    let types = [
+        Q4K, Q6K, Q4_0, Q8_0, IQ4XS, Q5K, Q4_1, Q5_0, Q5_1, IQ4NL, Q2K, Q3K,
+    ];
+    let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
+    let mut failures = Vec::new();
+    let mut seed = 1000u64;
+    for ty in types {
+        let bs = ty.block_size();
+        // widths: several groups with a partial last one; one block (32-wide formats: odd)
+        let widths = if bs == 32 {
+            vec![33 * 32, 5 * 256]
+        } else {
+            vec![5 * 256, 256]
+        };
+        let row_sets: [&[usize]; 4] = [&[37], &[1, 129], &[64, 7, 523], &[5, 1, 33, 260]];
+        for &cols in &widths {
+            for rows in row_sets {
+                for rpw in [0u32, 2, 4] {
+                    seed += 1;
+                    cuda::matvec::set_rows_per_warp_override(rpw);
+                    let x = random_activations(cols, seed);
+                    let xd = up(&x);
+                    let mut scratch = dev.matvec_scratch(1, cols).unwrap();
+                    dev.quantize_for_matvec(&xd, 1, cols, &mut scratch).unwrap();
+                    let mut mats = Vec::new();
+                    let mut want = Vec::new();
+                    let mut ys = Vec::new();
+                    let mut biases = Vec::new();
+                    for (i, &r) in rows.iter().enumerate() {
+                        let w = dev
+                            .upload_matrix(
+                                ty,
+                                r,
+                                cols,
+                                &random_matrix(ty, r, cols, seed + 7 * i as u64),
+                            )
+                            .unwrap();
+                        let mut yref = up(&vec![f32::NAN; r]);
+                        dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
+                        let yref = dev.stream().clone_dtoh(&yref).unwrap();
+                        let y0 = random_activations(r, seed ^ (i as u64 + 99));
+                        let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
+                        let acc = i % 3 == 1;
+                        let expect: Vec<f32> = (0..r)
+                            .map(|j| {
+                                let mut v = yref[j];
+                                if let Some(b) = &bias {
+                                    v += b[j];
+                                }
+                                if acc {
+                                    v += y0[j];
+                                }
+                                v
+                            })
+                            .collect();
+                        want.push((expect, acc));
+                        ys.push(up(&if acc { y0 } else { vec![f32::NAN; r] }));
+                        biases.push(bias.map(|b| up(&b)));
+                        mats.push(w);
+                    }
+                    let segs: Vec<cuda::matvec::Segment<'_>> = mats
+                        .iter()
+                        .enumerate()
+                        .map(|(i, w)| cuda::matvec::Segment {
+                            w,
+                            y: dev.device_address(&ys[i]),
+                            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
+                            accumulate: want[i].1,
+                        })
+                        .collect();
+                    if let Err(e) = dev.matvec_segments(&segs, &scratch) {
+                        failures.push(format!("{} {rows:?}x{cols}: launch: {e}", ty.name()));
+                        continue;
+                    }
+                    for (i, y) in ys.iter().enumerate() {
+                        let got = dev.stream().clone_dtoh(y).unwrap();
+                        let bad = got.iter().zip(&want[i].0).position(|(g, w)| {
+                            !(g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0))
+                        });
+                        if let Some(j) = bad {
+                            failures.push(format!(
+                                "{} segments {rows:?} x {cols} (rows/warp {rpw}): segment {i} row {j}: {} vs {}",
+                                ty.name(),
+                                got[j],
+                                want[i].0[j]
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "segments ok so far after {}: {} failures",
+            ty.name(),
+            failures.len()
+        );
+    }
+    cuda::matvec::set_rows_per_warp_override(0);
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

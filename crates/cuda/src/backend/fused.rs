@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 
 use backend::{BackendError, RopeMode, RopeParams};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use gguf::GgmlType;
 
 use super::step::{dev_ptr, Mode};
 use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, Scratch};
@@ -35,6 +36,30 @@ pub(super) struct Holds {
     cols: usize,
     seq: u64,
 }
+
+/// Most matrices of one `mo_matvec_f32_rows` launch (F32_MAX_SEGS in kernels/model_ops.cu).
+const F32_MAX_SEGS: usize = 4;
+
+/// Kernel parameter of `mo_matvec_f32_rows` (struct F32Seg / F32Segs in kernels/model_ops.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct F32Seg {
+    w: u64,
+    y: u64,
+    nrows: i32,
+    block0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct F32Segs {
+    seg: [F32Seg; F32_MAX_SEGS],
+    n_segs: i32,
+    cols: i32,
+}
+
+// SAFETY: plain repr(C) data (addresses and integers) with the layout of the kernel's struct.
+unsafe impl cudarc::driver::DeviceRepr for F32Segs {}
 
 /// Tokens at most for the fused paths (the one-token `mvm_` launch takes 1; the rest reuse x
 /// through the per-matrix kernels, which take up to 8 per launch).
@@ -202,6 +227,19 @@ impl CudaBackend {
         if !segs.is_empty() {
             self.matmul_segments(&segs, &bias_of, x, outs)?;
         }
+        // one-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per row
+        let (f32_rows, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| {
+            let w = ws[i];
+            x.rows == 1
+                && bias_of(i).is_none()
+                && w.cols == x.cols
+                && x.cols.is_multiple_of(4)
+                && (outs[i].rows, outs[i].cols) == (1, w.rows)
+                && w.matrix.as_ref().is_some_and(|m| m.ty == GgmlType::F32)
+        });
+        for chunk in f32_rows.chunks(F32_MAX_SEGS) {
+            self.matvec_f32_rows(chunk, ws, x, outs)?;
+        }
         // after the segments: a float matrix's matvec may reuse the scratch
         for i in rest {
             self.matmul_fused_impl(ws[i], x, outs[i])?;
@@ -209,6 +247,49 @@ impl CudaBackend {
                 self.add_bias_impl(outs[i], b)?;
             }
         }
+        Ok(())
+    }
+
+    /// `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS, one token).
+    fn matvec_f32_rows(
+        &self,
+        idx: &[usize],
+        ws: &[&CudaWeight],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        let stream = self.dev.stream();
+        let mut p = F32Segs {
+            n_segs: idx.len() as i32,
+            cols: x.cols as i32,
+            ..F32Segs::default()
+        };
+        let mut blocks = 0usize;
+        for (k, &i) in idx.iter().enumerate() {
+            let m = ws[i].matrix.as_ref().expect("checked by the caller");
+            p.seg[k] = F32Seg {
+                w: self.dev.device_address(&m.data),
+                y: dev_ptr(&*outs[i].data, stream),
+                nrows: m.n_rows as i32,
+                block0: blocks as i32,
+            };
+            blocks += m.n_rows;
+        }
+        if blocks == 0 {
+            return Ok(());
+        }
+        let f = self.function("mo_matvec_f32_rows")?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(&p).arg(&*x.data);
+        // SAFETY: matches mo_matvec_f32_rows(F32Segs, x); each segment is a live f32 matrix of
+        // n_rows x cols (cols % 4 == 0, rows 16-byte aligned) and its output holds n_rows f32;
+        // x holds cols f32.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
 
@@ -307,7 +388,8 @@ impl CudaBackend {
             let (xq, xds) = s.buffers_for(out.rows, cols).map_err(dev_err)?;
             let cfg = LaunchConfig {
                 grid_dim: (out.rows as u32, 1, 1),
-                block_dim: (cols.next_power_of_two().clamp(32, 256) as u32, 1, 1),
+                // wide blocks: the row sits in registers (RMS_REGS per thread), loads in flight together
+                block_dim: (cols.min(1024) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let cols_i = cols as i32;

@@ -247,17 +247,17 @@ impl<B: Backend> DeltaNet<B> {
         let mut conv = b.zeros(n, ssm.conv_channels());
         b.conv1d(&qkv, &self.conv, &batch.rows, states, &mut conv)?;
         b.silu(&mut conv)?;
+        // transformers' l2norm of q and k: x * rsqrt(sum(x²) + 1e-6), per d_state group; the
+        // q|k columns of the conv output are adjacent, so one call (one launch) norms both
+        b.l2_norm(&mut conv, 0, 2 * kd, ssm.d_state, cfg.rms_eps)?;
         let part = |offset: usize, width: usize| -> Result<B::Tensor, ModelError> {
             let mut t = b.zeros(n, width);
             b.copy_cols(&conv, &mut t, &ColumnCopy::contiguous(offset, width, 0))?;
             Ok(t)
         };
-        let mut q = part(0, kd)?;
-        let mut k = part(kd, kd)?;
+        let q = part(0, kd)?;
+        let k = part(kd, kd)?;
         let v = part(2 * kd, ssm.d_inner)?;
-        // transformers' l2norm: x * rsqrt(sum(x²) + 1e-6)
-        b.l2_norm(&mut q, 0, kd, ssm.d_state, cfg.rms_eps)?;
-        b.l2_norm(&mut k, 0, kd, ssm.d_state, cfg.rms_eps)?;
         let mut o = b.zeros(n, ssm.d_inner);
         b.delta_rule(&q, &k, &v, &g, &beta, &batch.rows, states, &mut o)?;
         b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
