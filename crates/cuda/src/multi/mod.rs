@@ -373,6 +373,52 @@ impl<B: CardLink> Backend for Multi<B> {
         self.cards[d].matmul(w.on(d)?, &*x.on(d)?, out.on_mut(d)?)
     }
 
+    /// On the card of the first weight when every weight and bias has a copy there (one
+    /// layer's projections always do), so the card's fused product runs; else one by one.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Weight],
+        biases: &[Option<&Self::Weight>],
+        x: &Self::Tensor,
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        let Some(first) = ws.first() else {
+            return backend::matmul_many_each(self, ws, biases, x, outs);
+        };
+        let d = first.card_for(x.card());
+        let here =
+            ws.iter().all(|w| w.on(d).is_ok()) && biases.iter().flatten().all(|b| b.on(d).is_ok());
+        if !here || ws.len() != outs.len() {
+            return backend::matmul_many_each(self, ws, biases, x, outs);
+        }
+        self.place(x, d)?;
+        for o in outs.iter() {
+            self.place(o, d)?;
+        }
+        let wd = ws.iter().map(|w| w.on(d)).collect::<Result<Vec<_>, _>>()?;
+        let bd = biases
+            .iter()
+            .map(|b| b.map(|b| b.on(d)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let xd = x.on(d)?;
+        let mut od = outs
+            .iter_mut()
+            .map(|o| o.on_mut(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.cards[d].matmul_many(&wd, &bd, &xd, &mut od)
+    }
+
+    fn matmul_add(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        let d = w.card_for(x.card());
+        self.place_all(&[x, out], d)?;
+        self.cards[d].matmul_add(w.on(d)?, &*x.on(d)?, out.on_mut(d)?)
+    }
+
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight) -> Result<(), BackendError> {
         let d = bias.card_for(x.card());
         self.place(x, d)?;
@@ -431,6 +477,19 @@ impl<B: CardLink> Backend for Multi<B> {
         let d = self.home(&[x]);
         self.place(x, d)?;
         self.cards[d].rope(x.on_mut(d)?, positions, head_dim, p)
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        positions: &[u32],
+        head_dim: usize,
+        p: &RopeParams,
+    ) -> Result<(), BackendError> {
+        let d = self.home(&[q, k]);
+        self.place_all(&[q, k], d)?;
+        self.cards[d].rope_qk(q.on_mut(d)?, k.on_mut(d)?, positions, head_dim, p)
     }
 
     fn swiglu(
