@@ -50,6 +50,15 @@ pub trait CardLink: Backend {
     fn finish(&self) -> Result<(), BackendError> {
         Ok(())
     }
+
+    /// Whether `self` and `other` share one device context (logical cards of one GPU).
+    fn shares_context_with(&self, _other: &Self) -> bool {
+        true
+    }
+
+    /// Makes this card's context the calling thread's current one (raw driver calls of the
+    /// backend, e.g. step-arena allocations, go to the current context).
+    fn make_current(&self) {}
 }
 
 impl CardLink for CpuBackend {
@@ -174,5 +183,14 @@ impl CardLink for CudaBackend {
 
     fn finish(&self) -> Result<(), BackendError> {
         self.device().synchronize().map_err(dev_err)
+    }
+
+    fn shares_context_with(&self, other: &Self) -> bool {
+        same_context(self, other)
+    }
+
+    fn make_current(&self) {
+        // A failure here means a lost device: the op that follows reports it.
+        let _ = self.device().context().bind_to_thread();
     }
 }

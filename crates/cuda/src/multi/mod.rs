@@ -70,6 +70,9 @@ pub struct Multi<B: CardLink> {
     /// Whether decode steps are forwarded to the cards (copies between every pair of
     /// consecutive active cards can be recorded).
     record_steps: bool,
+    /// The cards have different device contexts (several GPUs): each op first makes its
+    /// card's context current.
+    bind_contexts: bool,
     /// The layer each thread last named through `set_layer`.
     current_layer: Mutex<Vec<(ThreadId, usize)>>,
     step: Mutex<Option<Step>>,
@@ -92,11 +95,13 @@ impl<B: CardLink> Multi<B> {
         let record_steps = active
             .windows(2)
             .all(|w| cards[w[0]].can_record_copies_to(&cards[w[1]]));
+        let bind_contexts = cards.iter().any(|c| !c.shares_context_with(&cards[0]));
         Ok(Multi {
             cards,
             split,
             active,
             record_steps,
+            bind_contexts,
             current_layer: Mutex::new(Vec::new()),
             step: Mutex::new(None),
             crossings: AtomicU64::new(0),
@@ -135,6 +140,15 @@ impl<B: CardLink> Multi<B> {
         )
     }
 
+    /// Card `d`, its context made current when the cards have several.
+    fn card(&self, d: usize) -> &B {
+        let c = &self.cards[d];
+        if self.bind_contexts {
+            c.make_current();
+        }
+        c
+    }
+
     fn step_state(&self) -> MutexGuard<'_, Option<Step>> {
         self.step.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -144,15 +158,15 @@ impl<B: CardLink> Multi<B> {
         let mut r = t.0.borrow_mut();
         let next = match &*r {
             Resident::On(c, _) if *c == d => return Ok(()),
-            &Resident::Zeros { rows, cols } => Resident::On(d, self.cards[d].zeros(rows, cols)),
+            &Resident::Zeros { rows, cols } => Resident::On(d, self.card(d).zeros(rows, cols)),
             Resident::Host { data, rows, cols } => {
-                Resident::On(d, self.cards[d].upload(data, *rows, *cols)?)
+                Resident::On(d, self.card(d).upload(data, *rows, *cols)?)
             }
             Resident::On(c, src) => {
                 let c = *c;
                 let step = self.enter(c, d)?;
-                let moved = self.cards[c].copy_to(src, &self.cards[d], step)?;
-                let (rows, cols) = self.cards[d].shape(&moved);
+                let moved = self.card(c).copy_to(src, self.card(d), step)?;
+                let (rows, cols) = self.card(d).shape(&moved);
                 self.crossings.fetch_add(1, Ordering::Relaxed);
                 self.bytes
                     .fetch_add(4 * (rows * cols) as u64, Ordering::Relaxed);
@@ -248,13 +262,13 @@ impl<B: CardLink> Backend for Multi<B> {
         let modes: Vec<StepMode> = self
             .active
             .iter()
-            .map(|&d| self.cards[d].begin_step(key))
+            .map(|&d| self.card(d).begin_step(key))
             .collect();
         if modes.iter().any(|&m| m != modes[0]) {
             // One card recorded this key and another did not (a capture failed on one): drop
             // the step everywhere (the failed key stays eager from now on) and run it eagerly.
             for &d in &self.active {
-                self.cards[d].abort_step();
+                self.card(d).abort_step();
             }
             return StepMode::Eager;
         }
@@ -281,9 +295,9 @@ impl<B: CardLink> Backend for Multi<B> {
                 };
             }
             if result.is_ok() {
-                result = self.cards[d].end_step();
+                result = self.card(d).end_step();
             } else {
-                self.cards[d].abort_step();
+                self.card(d).abort_step();
             }
         }
         result
@@ -292,7 +306,7 @@ impl<B: CardLink> Backend for Multi<B> {
     fn abort_step(&self) {
         if self.step_state().take().is_some() {
             for &d in &self.active {
-                self.cards[d].abort_step();
+                self.card(d).abort_step();
             }
         }
     }
@@ -305,7 +319,7 @@ impl<B: CardLink> Backend for Multi<B> {
             .split
             .weight_cards(name, has_output)
             .into_iter()
-            .map(|d| Ok((d, self.cards[d].load_weight(file, name)?)))
+            .map(|d| Ok((d, self.card(d).load_weight(file, name)?)))
             .collect::<Result<Vec<_>, BackendError>>()?;
         Ok(MultiWeight { copies })
     }
@@ -336,7 +350,7 @@ impl<B: CardLink> Backend for Multi<B> {
 
     fn download(&self, t: &Self::Tensor) -> Vec<f32> {
         match &*t.0.borrow() {
-            Resident::On(d, x) => self.cards[*d].download(x),
+            Resident::On(d, x) => self.card(*d).download(x),
             &Resident::Zeros { rows, cols } => vec![0.0; rows * cols],
             Resident::Host { data, .. } => data.clone(),
         }
@@ -359,7 +373,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = table.first_card();
         self.place(out, d)?;
-        self.cards[d].embed(table.on(d)?, tokens, out.on_mut(d)?)
+        self.card(d).embed(table.on(d)?, tokens, out.on_mut(d)?)
     }
 
     fn matmul(
@@ -370,7 +384,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = w.card_for(x.card());
         self.place_all(&[x, out], d)?;
-        self.cards[d].matmul(w.on(d)?, &*x.on(d)?, out.on_mut(d)?)
+        self.card(d).matmul(w.on(d)?, &*x.on(d)?, out.on_mut(d)?)
     }
 
     /// On the card of the first weight when every weight and bias has a copy there (one
@@ -405,7 +419,7 @@ impl<B: CardLink> Backend for Multi<B> {
             .iter_mut()
             .map(|o| o.on_mut(d))
             .collect::<Result<Vec<_>, _>>()?;
-        self.cards[d].matmul_many(&wd, &bd, &xd, &mut od)
+        self.card(d).matmul_many(&wd, &bd, &xd, &mut od)
     }
 
     fn matmul_add(
@@ -416,19 +430,20 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = w.card_for(x.card());
         self.place_all(&[x, out], d)?;
-        self.cards[d].matmul_add(w.on(d)?, &*x.on(d)?, out.on_mut(d)?)
+        self.card(d)
+            .matmul_add(w.on(d)?, &*x.on(d)?, out.on_mut(d)?)
     }
 
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight) -> Result<(), BackendError> {
         let d = bias.card_for(x.card());
         self.place(x, d)?;
-        self.cards[d].add_bias(x.on_mut(d)?, bias.on(d)?)
+        self.card(d).add_bias(x.on_mut(d)?, bias.on(d)?)
     }
 
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<(), BackendError> {
         let d = self.home(&[x, y]);
         self.place_all(&[x, y], d)?;
-        self.cards[d].add(x.on_mut(d)?, &*y.on(d)?)
+        self.card(d).add(x.on_mut(d)?, &*y.on(d)?)
     }
 
     fn rms_norm(
@@ -440,7 +455,8 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = w.card_for(x.card());
         self.place_all(&[x, out], d)?;
-        self.cards[d].rms_norm(&*x.on(d)?, w.on(d)?, eps, out.on_mut(d)?)
+        self.card(d)
+            .rms_norm(&*x.on(d)?, w.on(d)?, eps, out.on_mut(d)?)
     }
 
     fn rms_norm_inplace(
@@ -451,7 +467,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = w.card_for(x.card());
         self.place(x, d)?;
-        self.cards[d].rms_norm_inplace(x.on_mut(d)?, w.on(d)?, eps)
+        self.card(d).rms_norm_inplace(x.on_mut(d)?, w.on(d)?, eps)
     }
 
     fn l2_norm(
@@ -464,7 +480,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = self.home(&[x]);
         self.place(x, d)?;
-        self.cards[d].l2_norm(x.on_mut(d)?, col0, len, group, eps)
+        self.card(d).l2_norm(x.on_mut(d)?, col0, len, group, eps)
     }
 
     fn rope(
@@ -476,7 +492,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = self.home(&[x]);
         self.place(x, d)?;
-        self.cards[d].rope(x.on_mut(d)?, positions, head_dim, p)
+        self.card(d).rope(x.on_mut(d)?, positions, head_dim, p)
     }
 
     fn rope_qk(
@@ -489,7 +505,8 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = self.home(&[q, k]);
         self.place_all(&[q, k], d)?;
-        self.cards[d].rope_qk(q.on_mut(d)?, k.on_mut(d)?, positions, head_dim, p)
+        self.card(d)
+            .rope_qk(q.on_mut(d)?, k.on_mut(d)?, positions, head_dim, p)
     }
 
     fn swiglu(
@@ -500,19 +517,20 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = self.home(&[gate, up, out]);
         self.place_all(&[gate, up, out], d)?;
-        self.cards[d].swiglu(&*gate.on(d)?, &*up.on(d)?, out.on_mut(d)?)
+        self.card(d)
+            .swiglu(&*gate.on(d)?, &*up.on(d)?, out.on_mut(d)?)
     }
 
     fn silu(&self, x: &mut Self::Tensor) -> Result<(), BackendError> {
         let d = self.home(&[x]);
         self.place(x, d)?;
-        self.cards[d].silu(x.on_mut(d)?)
+        self.card(d).silu(x.on_mut(d)?)
     }
 
     fn mul_sigmoid(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<(), BackendError> {
         let d = self.home(&[x, gate]);
         self.place_all(&[x, gate], d)?;
-        self.cards[d].mul_sigmoid(x.on_mut(d)?, &*gate.on(d)?)
+        self.card(d).mul_sigmoid(x.on_mut(d)?, &*gate.on(d)?)
     }
 
     fn gated_rms_norm(
@@ -524,7 +542,8 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = w.card_for(x.card());
         self.place_all(&[x, z], d)?;
-        self.cards[d].gated_rms_norm(x.on_mut(d)?, w.on(d)?, &*z.on(d)?, eps)
+        self.card(d)
+            .gated_rms_norm(x.on_mut(d)?, w.on(d)?, &*z.on(d)?, eps)
     }
 
     fn copy_cols(
@@ -535,7 +554,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = self.home(&[src, dst]);
         self.place_all(&[src, dst], d)?;
-        self.cards[d].copy_cols(&*src.on(d)?, dst.on_mut(d)?, c)
+        self.card(d).copy_cols(&*src.on(d)?, dst.on_mut(d)?, c)
     }
 
     fn get_rows(
@@ -546,7 +565,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = self.home(&[x, out]);
         self.place_all(&[x, out], d)?;
-        self.cards[d].get_rows(&*x.on(d)?, rows, out.on_mut(d)?)
+        self.card(d).get_rows(&*x.on(d)?, rows, out.on_mut(d)?)
     }
 
     // ---- attention over a KV cache -----------------------------------------------------
@@ -562,7 +581,9 @@ impl<B: CardLink> Backend for Multi<B> {
         let d = self.alloc_card();
         Ok(MultiKvCache {
             card: d,
-            cache: self.cards[d].new_kv_cache(n_ctx, n_kv_head, head_dim_k, head_dim_v, kv_type)?,
+            cache: self
+                .card(d)
+                .new_kv_cache(n_ctx, n_kv_head, head_dim_k, head_dim_v, kv_type)?,
         })
     }
 
@@ -583,7 +604,7 @@ impl<B: CardLink> Backend for Multi<B> {
         let d =
             common_card("attention", caches, |c| c.card)?.unwrap_or_else(|| self.home(&[q, k, v]));
         self.place_all(&[q, k, v, out], d)?;
-        self.cards[d].attention(
+        self.card(d).attention(
             &*q.on(d)?,
             &*k.on(d)?,
             &*v.on(d)?,
@@ -603,7 +624,7 @@ impl<B: CardLink> Backend for Multi<B> {
         let d = self.alloc_card();
         Ok(MultiRecurrentState {
             card: d,
-            state: self.cards[d].new_recurrent_state(shape)?,
+            state: self.card(d).new_recurrent_state(shape)?,
         })
     }
 
@@ -612,7 +633,7 @@ impl<B: CardLink> Backend for Multi<B> {
     }
 
     fn reset_recurrent_state(&self, s: &mut Self::RecurrentState) {
-        self.cards[s.card].reset_recurrent_state(&mut s.state)
+        self.card(s.card).reset_recurrent_state(&mut s.state)
     }
 
     fn conv1d(
@@ -625,7 +646,7 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = common_card("conv1d", states, |s| s.card)?.unwrap_or(w.card_for(x.card()));
         self.place_all(&[x, out], d)?;
-        self.cards[d].conv1d(
+        self.card(d).conv1d(
             &*x.on(d)?,
             w.on(d)?,
             rows,
@@ -643,7 +664,8 @@ impl<B: CardLink> Backend for Multi<B> {
     ) -> Result<(), BackendError> {
         let d = dt_bias.card_for(alpha.card());
         self.place_all(&[alpha, beta], d)?;
-        self.cards[d].delta_rule_gates(alpha.on_mut(d)?, beta.on_mut(d)?, dt_bias.on(d)?, a.on(d)?)
+        self.card(d)
+            .delta_rule_gates(alpha.on_mut(d)?, beta.on_mut(d)?, dt_bias.on(d)?, a.on(d)?)
     }
 
     fn delta_rule(
@@ -660,7 +682,7 @@ impl<B: CardLink> Backend for Multi<B> {
         let d = common_card("delta_rule", states, |s| s.card)?
             .unwrap_or_else(|| self.home(&[q, k, v, g, beta]));
         self.place_all(&[q, k, v, g, beta, out], d)?;
-        self.cards[d].delta_rule(
+        self.card(d).delta_rule(
             &*q.on(d)?,
             &*k.on(d)?,
             &*v.on(d)?,
