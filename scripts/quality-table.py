@@ -26,6 +26,7 @@ llama.cpp's llama-quantize and llama-perplexity):
       [--model tests/data/fixtures/qwen35/model-f32.gguf] \
       [--text /usr/share/common-licenses/GPL-3] [--ctx 256] [--threads 2] \
       [--work /tmp/redline-quality] [--types Q8_0,Q4_K_M,...] [--flash-attn auto|on|off]
+      [--no-cross] [--no-llama-perplexity]
 
 Prints markdown tables (for BENCHMARKS.md) and writes WORK/quality.json with every number.
 """
@@ -113,6 +114,9 @@ def redline_perplexity(args, model, base, compare, log_path):
     return r
 
 
+NO_PPL = {"ppl": float("nan"), "kl": float("nan"), "top1": float("nan")}
+
+
 def tensor_values(t):
     """A tensor of a GGUFReader as float64, in its stored (row-major, ggml order) layout."""
     if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
@@ -182,6 +186,12 @@ def main():
     ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
                     help="llama-perplexity -fa (its CPU flash attention computes in f16 even "
                          "with an f32 cache; off makes its attention plain f32 like redline's)")
+    ap.add_argument("--no-cross", action="store_true",
+                    help="skip the cross runs (each engine on the other's file); use when the "
+                         "files are identical anyway (the 'identical tensors' column says)")
+    ap.add_argument("--no-llama-perplexity", action="store_true",
+                    help="quantize with both tools but measure with redline only (llama.cpp's "
+                         "numbers from an earlier run on byte-identical files still apply)")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
     os.makedirs(args.work, exist_ok=True)
@@ -199,7 +209,8 @@ def main():
         "flash_attn": args.flash_attn,
         "base": {
             "redline": redline_perplexity(args, args.model, rl_base, False, W("rl-base.log")),
-            "llama.cpp": llama_perplexity(args, args.model, lcp_base, False, W("lcp-base.log")),
+            "llama.cpp": ({"ppl": float("nan")} if args.no_llama_perplexity else
+                          llama_perplexity(args, args.model, lcp_base, False, W("lcp-base.log"))),
         },
         "f32": weights_report(args.model, args.model),
         "types": {},
@@ -219,15 +230,17 @@ def main():
             },
             "llama.cpp": {
                 **weights_report(args.model, lcp_file),
-                **llama_perplexity(args, lcp_file, lcp_base, True, W(f"lcp-lcp-{ty}.log")),
+                **(NO_PPL if args.no_llama_perplexity else
+                   llama_perplexity(args, lcp_file, lcp_base, True, W(f"lcp-lcp-{ty}.log"))),
             },
-            # llama.cpp loading and measuring redline's file, and the reverse.
-            "llama.cpp on redline file": llama_perplexity(
-                args, rl_file, lcp_base, True, W(f"lcp-rl-{ty}.log")),
-            "redline on llama.cpp file": redline_perplexity(
-                args, lcp_file, rl_base, True, W(f"rl-lcp-{ty}.log")),
             "files": compare_files(rl_file, lcp_file),
         }
+        if not (args.no_cross or args.no_llama_perplexity):
+            # llama.cpp loading and measuring redline's file, and the reverse.
+            results["types"][ty]["llama.cpp on redline file"] = llama_perplexity(
+                args, rl_file, lcp_base, True, W(f"lcp-rl-{ty}.log"))
+            results["types"][ty]["redline on llama.cpp file"] = redline_perplexity(
+                args, lcp_file, rl_base, True, W(f"rl-lcp-{ty}.log"))
     with open(W("quality.json"), "w") as f:
         json.dump(results, f, indent=1)
 
@@ -244,6 +257,8 @@ def main():
               f"| {a['kl']:.5f} / {c['kl']:.5f} | {a['top1']:.2f} / {c['top1']:.2f} "
               f"| {a['ppl']:.2f} / {c['ppl']:.2f} "
               f"| {r['files']['identical']}/{r['files']['n']} |")
+    if args.no_cross or args.no_llama_perplexity:
+        return
     print("\nCross: each engine on the other's file (KL against its own F32 base).\n")
     print("| type | llama.cpp on redline file: KL, top-1 %, PPL | redline on llama.cpp file: "
           "KL, top-1 %, PPL | tensors that differ (redline vs llama.cpp) |")
