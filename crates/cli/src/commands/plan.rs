@@ -231,7 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.speculation = speculation(&args, &m)?;
     opts.embeddings_on_gpu = args.embeddings_on_gpu;
     opts.n_gpu_layers = args.n_gpu_layers;
-    if args.gpus > 1 || args.split_mode.is_some() || args.tensor_split.is_some() {
+    if args.gpus != 1 || args.split_mode.is_some() || args.tensor_split.is_some() {
         return run_split(&args, &m, gpu, opts);
     }
     let p = plan(&m, gpu.as_ref(), &opts);
