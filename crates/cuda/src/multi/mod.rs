@@ -259,6 +259,12 @@ impl<B: CardLink> Backend for Multi<B> {
         if !self.record_steps {
             return StepMode::Eager;
         }
+        // Every card's previous step has finished before any card records or replays into
+        // its arena again (a later card's graph reads an earlier card's arena). Decode has
+        // already waited for the logits, so these are cheap.
+        for &d in &self.active {
+            let _ = self.card(d).finish();
+        }
         let modes: Vec<StepMode> = self
             .active
             .iter()
