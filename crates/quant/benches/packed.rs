@@ -52,14 +52,56 @@ fn main() {
         .unwrap_or(64);
     // `st`: one thread, best of many single calls (a busy machine still leaves some
     // calls uninterrupted): the kernels' own speed, packed vs row.
+    // `cyc TYPE ROWS COLS row|packed`: one thread, 2000 one-token products, nothing else;
+    // run under `perf stat -e cycles:u` for cycles per byte that other processes' load
+    // does not disturb.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "cyc") {
+        let ty = GgmlType::from_name(&args[i + 1]).expect("type");
+        let rows: usize = args[i + 2].parse().unwrap();
+        let cols: usize = args[i + 3].parse().unwrap();
+        let mut seed = 7;
+        let w = weights(ty, rows, cols, &mut seed);
+        let x: Vec<f32> = rand_bytes(cols, &mut seed)
+            .iter()
+            .map(|&b| b as f32 / 128.0 - 1.0)
+            .collect();
+        let mut y = vec![0f32; rows];
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        one.install(|| {
+            if args[i + 4] == "row" {
+                for _ in 0..2000 {
+                    quant::matmul(ty, &w, rows, cols, &x, 1, &mut y);
+                }
+            } else {
+                let p = PackedMatrix::pack(ty, &w, rows, cols);
+                for _ in 0..2000 {
+                    p.matmul(None, &x, 1, &mut y);
+                }
+            }
+        });
+        println!("{} bytes x 2000", w.len());
+        return;
+    }
     if std::env::args().any(|a| a == "st") {
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .unwrap();
         let mut seed = 7;
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
-            let (rows, cols) = (512, 1536);
+        let shapes = [
+            (GgmlType::Q4_0, 512, 1536),
+            (GgmlType::Q8_0, 512, 1536),
+            (GgmlType::Q4K, 512, 1536),
+            (GgmlType::Q6K, 512, 1536),
+            (GgmlType::Q4_0, 96, 8960),
+            (GgmlType::Q4K, 96, 8960),
+            (GgmlType::Q6K, 96, 8960),
+        ];
+        for (ty, rows, cols) in shapes {
             let w = weights(ty, rows, cols, &mut seed);
             let x: Vec<f32> = rand_bytes(n_tokens * cols, &mut seed)
                 .iter()

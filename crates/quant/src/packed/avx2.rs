@@ -245,7 +245,7 @@ unsafe fn q4_k<const T: usize>(
     }
 }
 
-/// Rows `8 half..8 half + 8` of a Q6_K group · T Q8_K rows.
+/// Rows `8 half..8 half + 8` of a Q6_K group · T Q8_K rows (layout as `avx512::q6_k`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k<const T: usize>(
     w: *const u8,
@@ -262,46 +262,56 @@ unsafe fn q6_k<const T: usize>(
         for b in 0..nb {
             let u = w.add(3392 * b);
             let mut isum = [_mm256_setzero_si256(); T];
-            for s in 0..16 {
-                let (h, m, lh) = (s / 8, (s % 8) / 2, s % 2);
-                let sc32 = _mm256_cvtepi8_epi32(ld8(u.add(3072 + 16 * s + 8 * half)));
-                let sc = pair16(sc32);
-                let q: [__m256i; 4] = std::array::from_fn(|i| {
-                    let ql = ld(u.add(64 * (16 * h + 8 * (m & 1) + 4 * lh + i) + 32 * half));
-                    let qh = ld(u.add(2048 + 64 * (8 * h + 4 * lh + i) + 32 * half));
-                    let lo = if m >= 2 {
-                        _mm256_srli_epi16::<4>(ql)
-                    } else {
-                        ql
-                    };
-                    let hi = match m {
-                        0 => _mm256_slli_epi16::<4>(qh),
-                        1 => _mm256_slli_epi16::<2>(qh),
-                        2 => qh,
-                        _ => _mm256_srli_epi16::<2>(qh),
-                    };
-                    _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30))
-                });
-                for t in 0..T {
-                    let a = tok[t].qs.add(256 * b + 16 * s);
-                    // Two pair sums of ≤ 16128 each per i16 lane: ≤ 32256, fits.
-                    let p01 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(q[0], bcast4(a)),
-                        _mm256_maddubs_epi16(q[1], bcast4(a.add(4))),
-                    );
-                    let p23 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(q[2], bcast4(a.add(8))),
-                        _mm256_maddubs_epi16(q[3], bcast4(a.add(12))),
-                    );
-                    let scaled =
-                        _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc));
-                    // The −32 offset: scale · (−32 Σq), precomputed per sub-block.
-                    let off =
-                        _mm256_mullo_epi32(sc32, _mm256_set1_epi32(*tok[t].sums.add(16 * b + s)));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(scaled, off));
+            for q in 0..4 {
+                let (h, lh) = (q / 2, q % 2);
+                let base = u.add(320 + 768 * q + 32 * half);
+                let ra: [__m256i; 4] = std::array::from_fn(|i| ld(base.add(64 * i)));
+                let rb: [__m256i; 4] = std::array::from_fn(|i| ld(base.add(256 + 64 * i)));
+                let rh: [__m256i; 4] = std::array::from_fn(|i| ld(base.add(512 + 64 * i)));
+                for m in 0..4 {
+                    let s = 8 * h + 2 * m + lh;
+                    let sc32 = _mm256_cvtepi8_epi32(ld8(u.add(64 + 16 * s + 8 * half)));
+                    let sc = pair16(sc32);
+                    let qv: [__m256i; 4] = std::array::from_fn(|i| {
+                        let ql = if m & 1 == 0 { ra[i] } else { rb[i] };
+                        let lo = if m >= 2 {
+                            _mm256_srli_epi16::<4>(ql)
+                        } else {
+                            ql
+                        };
+                        let hi = match m {
+                            0 => _mm256_slli_epi16::<4>(rh[i]),
+                            1 => _mm256_slli_epi16::<2>(rh[i]),
+                            2 => rh[i],
+                            _ => _mm256_srli_epi16::<2>(rh[i]),
+                        };
+                        _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30))
+                    });
+                    for t in 0..T {
+                        let a = tok[t].qs.add(256 * b + 16 * s);
+                        // Two pair sums of ≤ 16128 each per i16 lane: ≤ 32256, fits.
+                        let p01 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(qv[0], bcast4(a)),
+                            _mm256_maddubs_epi16(qv[1], bcast4(a.add(4))),
+                        );
+                        let p23 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(qv[2], bcast4(a.add(8))),
+                            _mm256_maddubs_epi16(qv[3], bcast4(a.add(12))),
+                        );
+                        let scaled = _mm256_add_epi32(
+                            _mm256_madd_epi16(p01, sc),
+                            _mm256_madd_epi16(p23, sc),
+                        );
+                        // The −32 offset: scale · (−32 Σq), precomputed per sub-block.
+                        let off = _mm256_mullo_epi32(
+                            sc32,
+                            _mm256_set1_epi32(*tok[t].sums.add(16 * b + s)),
+                        );
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(scaled, off));
+                    }
                 }
             }
-            let dw = ld_f16x8(u.add(3328 + 16 * half));
+            let dw = ld_f16x8(u.add(16 * half));
             for t in 0..T {
                 let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*tok[t].d.add(b)));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), dd, acc[t]);

@@ -217,11 +217,13 @@ unsafe fn q4_k<const T: usize>(
     }
 }
 
-/// Q6_K group · T Q8_K rows. Super-block b at `3392 b`: 32 `ql` chunks at 0, 16 `qh`
-/// chunks at 2048, scales `[16][16]` i8 at 3072, 16 f16 d at 3328. Sub-block s (elements
-/// 16s..16s+16) = half h = s/8, quarter m = (s%8)/2, l-half lh = s%2 of ggml's loop:
-/// low bits from ql chunk 16h + 8(m&1) + 4lh + i (high nibble for m ≥ 2), high bits
-/// 2m..2m+2 of qh chunk 8h + 4lh + i.
+/// Q6_K group · T Q8_K rows. Super-block b at `3392 b`: 16 f16 d at 0, scales `[16][16]`
+/// i8 at 64, then for each quarter q = 2h + lh (h = half of ggml's loop, lh = which 16 of
+/// its 32 l) 12 chunks at `320 + 768 q`: 4 of `ql` for the even quarters m (low nibbles for
+/// m = 0, high for m = 2), 4 for the odd ones, 4 of `qh` (bits 2m..2m+2 for each m).
+/// Sub-block s = 8h + 2m + lh covers elements 16s..16s+16. Each quarter's 12 lines are
+/// loaded once, in address order, and serve 4 sub-blocks (reading them once per sub-block
+/// in ggml's order streamed at half the speed from L3/DRAM).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_k<const T: usize>(
     w: *const u8,
@@ -240,40 +242,46 @@ unsafe fn q6_k<const T: usize>(
             // Per token: Σ_s scale_s · (dot_s − 32 Σa_s), in f32 (exact below 2^24 per
             // term; |term| ≤ 128 · 200k).
             let mut fsum = [_mm512_setzero_ps(); T];
-            for s in 0..16 {
-                let (h, m, lh) = (s / 8, (s % 8) / 2, s % 2);
-                // vpmulld is slow (Zen 4: 2 µops); the scale is applied in the FP pipes.
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                    u.add(3072 + 16 * s).cast(),
-                )));
-                let q: [__m512i; 4] = std::array::from_fn(|i| {
-                    let ql = ld(u.add(64 * (16 * h + 8 * (m & 1) + 4 * lh + i)));
-                    let qh = ld(u.add(2048 + 64 * (8 * h + 4 * lh + i)));
-                    let lo = if m >= 2 {
-                        _mm512_srli_epi16::<4>(ql)
-                    } else {
-                        ql
-                    };
-                    // Bits 2m, 2m+1 of qh to bits 4, 5.
-                    let hi = match m {
-                        0 => _mm512_slli_epi16::<4>(qh),
-                        1 => _mm512_slli_epi16::<2>(qh),
-                        2 => qh,
-                        _ => _mm512_srli_epi16::<2>(qh),
-                    };
-                    // (lo & 0x0f) | (hi & 0x30)
-                    _mm512_ternarylogic_epi32::<0xEA>(lo, m4, _mm512_and_si512(hi, m30))
-                });
-                for t in 0..T {
-                    let a = tok[t].qs.add(256 * b + 16 * s);
-                    let mut p = _mm512_set1_epi32(*tok[t].sums.add(16 * b + s));
-                    for (i, qi) in q.iter().enumerate() {
-                        p = _mm512_dpbusd_epi32(p, *qi, bcast4(a.add(4 * i)));
+            for q in 0..4 {
+                let (h, lh) = (q / 2, q % 2);
+                let base = u.add(320 + 768 * q);
+                let ra: [__m512i; 4] = std::array::from_fn(|i| ld(base.add(64 * i)));
+                let rb: [__m512i; 4] = std::array::from_fn(|i| ld(base.add(256 + 64 * i)));
+                let rh: [__m512i; 4] = std::array::from_fn(|i| ld(base.add(512 + 64 * i)));
+                for m in 0..4 {
+                    let s = 8 * h + 2 * m + lh;
+                    // vpmulld is slow (Zen 4: 2 µops); the scale is applied in the FP pipes.
+                    let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                        u.add(64 + 16 * s).cast(),
+                    )));
+                    let qv: [__m512i; 4] = std::array::from_fn(|i| {
+                        let ql = if m & 1 == 0 { ra[i] } else { rb[i] };
+                        let lo = if m >= 2 {
+                            _mm512_srli_epi16::<4>(ql)
+                        } else {
+                            ql
+                        };
+                        // Bits 2m, 2m+1 of qh to bits 4, 5.
+                        let hi = match m {
+                            0 => _mm512_slli_epi16::<4>(rh[i]),
+                            1 => _mm512_slli_epi16::<2>(rh[i]),
+                            2 => rh[i],
+                            _ => _mm512_srli_epi16::<2>(rh[i]),
+                        };
+                        // (lo & 0x0f) | (hi & 0x30)
+                        _mm512_ternarylogic_epi32::<0xEA>(lo, m4, _mm512_and_si512(hi, m30))
+                    });
+                    for t in 0..T {
+                        let a = tok[t].qs.add(256 * b + 16 * s);
+                        let mut p = _mm512_set1_epi32(*tok[t].sums.add(16 * b + s));
+                        for (i, qi) in qv.iter().enumerate() {
+                            p = _mm512_dpbusd_epi32(p, *qi, bcast4(a.add(4 * i)));
+                        }
+                        fsum[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, fsum[t]);
                     }
-                    fsum[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, fsum[t]);
                 }
             }
-            let dw = ld_f16x16(u.add(3328));
+            let dw = ld_f16x16(u);
             for t in 0..T {
                 let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*tok[t].d.add(b)));
                 acc[t] = _mm512_fmadd_ps(fsum[t], dd, acc[t]);

@@ -22,9 +22,10 @@
 //! - Q4_K (super-blocks of 256): per super-block 2368 bytes = 16 f16 `d`, 16 f16 `dmin`,
 //!   scales `[8 sub-blocks][16 rows]` u8, mins `[4 pairs][16 rows][2]` u8, then 32
 //!   chunks of `qs` (chunk j = bytes `4j..4j+4` of each row). 2.8 % larger than the file.
-//! - Q6_K (super-blocks of 256): per super-block 3392 bytes = 32 chunks of `ql`, 16
-//!   chunks of `qh`, scales `[16 sub-blocks][16 rows]` i8, 16 f16 `d`, 32 bytes of padding
-//!   (keeps the next super-block aligned). 1 % larger than the file.
+//! - Q6_K (super-blocks of 256): per super-block 3392 bytes = 16 f16 `d`, 32 bytes of
+//!   padding (keeps everything aligned), scales `[16 sub-blocks][16 rows]` i8, then the 32
+//!   chunks of `ql` and 16 of `qh` in the order the kernel reads them (`avx512::q6_k`).
+//!   1 % larger than the file.
 //!
 //! Activations are quantized exactly as for the row kernels (Q8_0 / Q8_K, so the results
 //! match [`crate::vec_dot`] up to float rounding) and then split into [`PackedActs`]: the
@@ -167,6 +168,7 @@ impl PackedMatrix {
         let group_bytes = nb * unit_bytes(ty);
         let n_groups = n_rows / GROUP_ROWS;
         let mut lines = vec![Line([0; 64]); (n_groups * group_bytes).div_ceil(64)];
+        advise_huge_pages(&mut lines);
         let out: &mut [u8] = cast_slice_mut(&mut lines);
         let rows = |g: usize| &w[g * GROUP_ROWS * row_bytes..(g + 1) * GROUP_ROWS * row_bytes];
         let pack_group: fn(&[u8], &mut [u8], usize) = match ty {
@@ -320,6 +322,31 @@ struct Tok {
     qs: *const i8,
     d: *const f32,
     sums: *const i32,
+}
+
+/// Asks Linux to back `lines` with transparent huge pages (before they are first written,
+/// so the page faults of packing allocate 2 MB pages where the range allows): a decode
+/// step streams every packed byte once, and with 4 KB pages that is a TLB miss per 4 KB.
+/// Advice only; THP off ("never") or a refusal changes nothing but speed.
+fn advise_huge_pages(lines: &mut [Line]) {
+    #[cfg(target_os = "linux")]
+    {
+        let bytes = std::mem::size_of_val(lines);
+        let start = lines.as_mut_ptr() as usize;
+        // madvise wants a page-aligned start: advise the whole pages inside the buffer.
+        let page = 4096;
+        let first = start.div_ceil(page) * page;
+        let end = (start + bytes) / page * page;
+        if end > first {
+            // SAFETY: [first, end) lies inside `lines`, which we own; MADV_HUGEPAGE does not
+            // change the contents or validity of the mapping.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = lines;
 }
 
 /// Output rows `[n_tokens, n_rows]`, written by several threads at disjoint places.
@@ -564,25 +591,32 @@ fn pack_q4_k(src: &[u8], dst: &mut [u8], nb: usize) {
     }
 }
 
-/// One group of 16 Q6_K rows into `dst` (`nb` super-blocks of 3392 bytes).
+/// One group of 16 Q6_K rows into `dst` (`nb` super-blocks of 3392 bytes; layout in
+/// `avx512::q6_k`).
 fn pack_q6_k(src: &[u8], dst: &mut [u8], nb: usize) {
     let blocks: &[BlockQ6K] = cast_slice(src);
     for r in 0..GROUP_ROWS {
         for b in 0..nb {
             let blk = &blocks[r * nb + b];
             let o = &mut dst[3392 * b..3392 * (b + 1)];
-            for j in 0..32 {
-                let q = 64 * j + 4 * r;
-                o[q..q + 4].copy_from_slice(&blk.ql[4 * j..4 * j + 4]);
-            }
-            for j in 0..16 {
-                let q = 2048 + 64 * j + 4 * r;
-                o[q..q + 4].copy_from_slice(&blk.qh[4 * j..4 * j + 4]);
-            }
+            o[2 * r..2 * r + 2].copy_from_slice(&blk.d);
             for s in 0..16 {
-                o[3072 + 16 * s + r] = blk.scales[s] as u8;
+                o[64 + 16 * s + r] = blk.scales[s] as u8;
             }
-            o[3328 + 2 * r..3328 + 2 * r + 2].copy_from_slice(&blk.d);
+            for q in 0..4 {
+                let (h, lh) = (q / 2, q % 2);
+                let base = 320 + 768 * q + 4 * r;
+                for i in 0..4 {
+                    let (ja, jb, jh) = (
+                        16 * h + 4 * lh + i,
+                        16 * h + 8 + 4 * lh + i,
+                        8 * h + 4 * lh + i,
+                    );
+                    o[base + 64 * i..][..4].copy_from_slice(&blk.ql[4 * ja..4 * ja + 4]);
+                    o[base + 256 + 64 * i..][..4].copy_from_slice(&blk.ql[4 * jb..4 * jb + 4]);
+                    o[base + 512 + 64 * i..][..4].copy_from_slice(&blk.qh[4 * jh..4 * jh + 4]);
+                }
+            }
         }
     }
 }
