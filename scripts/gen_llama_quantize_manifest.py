@@ -41,6 +41,10 @@ def main():
     ap.add_argument("--commit", default="0c1e570")
     ap.add_argument("--arch", default="qwen35,llama,qwen2,qwen3,stories260K")
     ap.add_argument("--work", default="/tmp/lq-manifest")
+    ap.add_argument("--imatrix", default="tests/data/quant/qwen35-imatrix.gguf",
+                    help="qwen35 only: also every type with this importance matrix (made by "
+                         "`redline imatrix -m F32 -f /usr/share/common-licenses/GPL-3 -c 256 "
+                         "--chunks 8`)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -76,6 +80,19 @@ def main():
                 out["chains"][f"{first}>{second}"] = {
                     t.name: [t.tensor_type.name, fnv1a64(t.data.tobytes())] for t in r.tensors}
                 os.remove(mid)
+                os.remove(dst)
+        if arch == "qwen35" and a.imatrix:
+            out["imatrix"] = a.imatrix
+            out["imatrix_types"] = {}
+            for ty in TYPES:
+                dst = os.path.join(a.work, f"{arch}-imat-{ty}.gguf")
+                subprocess.run([os.path.join(a.llama_cpp_bin, "llama-quantize"), "--imatrix",
+                                os.path.join(root, a.imatrix), src, dst, ty, "2"],
+                               check=True, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+                r = gguf.GGUFReader(dst)
+                out["imatrix_types"][ty] = {
+                    t.name: [t.tensor_type.name, fnv1a64(t.data.tobytes())] for t in r.tensors}
                 os.remove(dst)
         path = os.path.join(root, "tests/data/quant", f"llama_quantize_{arch}.json")
         with open(path, "w") as f:
