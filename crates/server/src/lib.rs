@@ -15,6 +15,7 @@ pub mod text_stream;
 pub mod validate;
 
 pub use app::{router, AppState, ServerConfig};
+pub use engine::speculative::SlotDrafter;
 pub use error::ApiError;
 pub use model_service::{DraftOptions, ModelService, ModelServiceOptions};
 pub use service::{InferenceService, ModelInfo};

@@ -9,7 +9,7 @@ use engine::scheduler::{
     BatchModel, GenerationRequest, GenerationStream, Scheduler, SchedulerConfig, SchedulerStats,
     TokenConstraint,
 };
-use engine::speculative::{SpecBatch, SpecOptions};
+use engine::speculative::{SlotDrafter, SpecBatch, SpecOptions};
 use engine::tool_calls::ToolFamily;
 use engine::{ChatTemplate, ConstraintError, ConstraintVocab, Tokenizer};
 use model::{KvType, ModelOn, SeqStateOn};
@@ -139,9 +139,10 @@ pub struct ModelServiceOptions {
     pub chat_template: Option<String>,
 }
 
-/// The drafter the slots speculate with (`redline serve --md DRAFT.gguf`).
+/// The drafter the slots speculate with (`redline serve --md DRAFT.gguf` or `--mtp`).
 pub struct DraftOptions<B: Backend> {
-    pub model: Arc<ModelOn<B>>,
+    /// A draft model, or the model's own MTP layer (loaded with `ModelOn::load_mtp`).
+    pub drafter: SlotDrafter<B>,
     /// KV cache type of the drafter's per-slot caches.
     pub kv_type: KvType,
     pub spec: SpecOptions,
@@ -219,7 +220,7 @@ impl ModelService {
             )?,
             Some(d) => {
                 let batch =
-                    SpecBatch::new(model, d.model, opts.kv_type, d.kv_type, n_vocab, d.spec)
+                    SpecBatch::new(model, d.drafter, opts.kv_type, d.kv_type, n_vocab, d.spec)
                         .map_err(|e| ApiError::Internal(format!("speculative decoding: {e}")))?;
                 Scheduler::start(Arc::new(batch), config)?
             }

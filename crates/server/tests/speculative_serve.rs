@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use model::{KvType, LoadOptions, Model};
 use serde_json::{json, Value};
-use server::{AppState, DraftOptions, ModelService, ModelServiceOptions, ServerConfig};
+use server::{
+    AppState, DraftOptions, ModelService, ModelServiceOptions, ServerConfig, SlotDrafter,
+};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -62,7 +65,7 @@ fn service(
         chat_template: None,
     };
     let draft = draft.map(|(path, draft_max)| DraftOptions {
-        model: load(path),
+        drafter: SlotDrafter::Model(load(path)),
         kv_type: KvType::F32,
         spec: engine::speculative::SpecOptions {
             draft_max,
@@ -273,4 +276,114 @@ async fn sampled_requests_with_a_seed_repeat_and_report_acceptance() {
     // The drafter is the target: p == q, so every draft is kept.
     assert!(drafted > 0);
     assert_eq!(accepted, drafted);
+}
+
+/// The Qwen3.5 fixture plus one MTP block (`blk.4`: a copy of attention layer 3 and
+/// seeded-random `nextn.*` tensors), written with the GGUF writer. Random MTP weights give
+/// (near) zero acceptance: this checks the plumbing, not the drafts' quality.
+fn mtp_fixture() -> std::path::PathBuf {
+    use gguf::{GgmlType, GgufFile, GgufWriter, Value};
+    let src = GgufFile::open(data("tests/data/fixtures/qwen35/model-f32.gguf")).unwrap();
+    let out = std::env::temp_dir().join(format!("redline-serve-mtp-{}.gguf", std::process::id()));
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata().iter() {
+        let v = match k {
+            "qwen35.block_count" => Value::U32(5),
+            _ => v.clone(),
+        };
+        w.set_metadata(k, v);
+    }
+    w.set_metadata("qwen35.nextn_predict_layers", Value::U32(1));
+    let e = 256u64;
+    // (name, dims, data) of every tensor, in order.
+    let mut tensors: Vec<(String, Vec<u64>, Vec<u8>)> = src
+        .tensors()
+        .iter()
+        .map(|t| (t.name.clone(), t.dims.clone(), src.tensor_data(t).to_vec()))
+        .collect();
+    for t in src
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("blk.3."))
+    {
+        let name = t.name.replacen("blk.3.", "blk.4.", 1);
+        tensors.push((name, t.dims.clone(), src.tensor_data(t).to_vec()));
+    }
+    let mut seed = 0x5eed_u64;
+    let mut rand = |n: u64, scale: f32, offset: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let u = (seed >> 40) as f32 / (1u64 << 24) as f32;
+                (offset + scale * (2.0 * u - 1.0)).to_le_bytes()
+            })
+            .collect()
+    };
+    tensors.push((
+        "blk.4.nextn.eh_proj.weight".into(),
+        vec![2 * e, e],
+        rand(2 * e * e, 0.08, 0.0),
+    ));
+    for n in ["enorm", "hnorm", "shared_head_norm"] {
+        tensors.push((
+            format!("blk.4.nextn.{n}.weight"),
+            vec![e],
+            rand(e, 0.1, 1.0),
+        ));
+    }
+    for (name, dims, _) in &tensors {
+        w.add_tensor(name, dims, GgmlType::F32).unwrap();
+    }
+    let file = std::fs::File::create(&out).unwrap();
+    w.write(std::io::BufWriter::new(file), |i, _, out| {
+        std::io::Write::write_all(out, &tensors[i].2)
+    })
+    .unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtp_drafting_equals_plain_greedy_over_http() {
+    let path = mtp_fixture();
+    let target = Arc::new(Model::load(&path, &LoadOptions::default()).unwrap());
+    assert!(target.load_mtp().unwrap(), "the fixture has an MTP block");
+    let opts = |n_slots| ModelServiceOptions {
+        id: "m".into(),
+        n_slots,
+        n_ctx_per_slot: 256,
+        kv_type: KvType::F32,
+        max_queue: 16,
+        prefill_chunk: 5,
+        chat_template: None,
+    };
+    let plain = start(ModelService::new(target.clone(), opts(2)).unwrap()).await;
+    let draft = DraftOptions {
+        drafter: SlotDrafter::Mtp,
+        kv_type: KvType::F32,
+        spec: engine::speculative::SpecOptions {
+            draft_max: 3,
+            draft_min: 0,
+            p_min: 0.0,
+        },
+    };
+    let spec = start(ModelService::with_drafter(target, Some(draft), opts(2)).unwrap()).await;
+    let _ = std::fs::remove_file(&path);
+    let reqs: Vec<Value> = ["Hello world", "a b c d e f", "The quick brown fox"]
+        .iter()
+        .map(|p| json!({"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": true}))
+        .collect();
+    let want = all_at_once(plain.addr, &reqs).await;
+    let got = all_at_once(spec.addr, &reqs).await;
+    assert_eq!(texts(&got), texts(&want));
+    let (drafted, _) = acceptance(&got);
+    assert!(drafted > 0);
+    // Slots reused at their checkpoints (the MTP hidden state kept with each) still agree.
+    let again = all_at_once(spec.addr, &reqs).await;
+    assert_eq!(texts(&again), texts(&want));
+    // A sampled request runs (rejection sampling against the MTP's distribution).
+    let sampled = json!({"prompt": "Hello world", "max_tokens": 30, "temperature": 1.0, "seed": 3});
+    let b = post(spec.addr, "/v1/completions", sampled).await;
+    assert_eq!(b["usage"]["completion_tokens"], 30);
 }

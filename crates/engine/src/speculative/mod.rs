@@ -36,7 +36,7 @@ pub mod target;
 mod tests;
 
 pub use acceptance::{Draft, DraftSampler, Verdict};
-pub use batch::{SpecBatch, SpecSeq};
+pub use batch::{SlotDrafter, SpecBatch, SpecSeq};
 pub use decoder::SpeculativeDecoder;
 pub use draft_model::{check_same_vocab, DraftModelSpec};
 pub use generate::generate_speculative;
