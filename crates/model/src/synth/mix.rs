@@ -25,9 +25,10 @@
 //!   0c1e570 itself. Its `category_is_attn_v` counts the DeltaNet `attn_qkv` with `attn_v` (the
 //!   bumps and the layer counter), and `ssm_alpha` / `ssm_beta` are quantized like any 2-D
 //!   weight; `--pure` gives every quantizable tensor the base type. Both were measured against
-//!   the peer-file choice before adopting them (BENCHMARKS.md, Quantization quality): the
-//!   `attn_qkv` bumps cut KL divergence by up to 17 % for 1-2 % of size, keeping `ssm_alpha` /
-//!   `ssm_beta` F32 bought < 1 % of KL for about the same size. On the 27B this makes Q4_K_M
+//!   the peer-file choice before adopting them (BENCHMARKS.md, Quantization quality, "Qwen3.5
+//!   mix rules decided by measurement"): the `attn_qkv` bumps cut KL divergence by 6-17 % for
+//!   0.6-3.4 % of size (fixture and a 16-layer synthetic), keeping `ssm_alpha` / `ssm_beta` F32
+//!   bought 0.1-0.8 % of KL for 0.7-2.1 % of size. On the 27B this makes Q4_K_M
 //!   0.24 GB larger than the peer file (+0.32 GB of Q6_K `attn_qkv`, −0.08 GB of alpha/beta).
 
 use gguf::GgmlType;
@@ -700,9 +701,10 @@ mod tests {
     /// `redline quantize` on Qwen3.5 follows llama.cpp 0c1e570 (src/llama-quant.cpp:
     /// `category_is_attn_v` takes ATTENTION_QKV, counted in `n_attention_wv` too): the DeltaNet
     /// `attn_qkv` takes `attn_v`'s bumps and shares its layer counter. Measured before choosing
-    /// (BENCHMARKS.md, Quantization quality, 2026-12-02 "attn_qkv and ssm_alpha/ssm_beta"): on
-    /// the Qwen3.5 fixture the bumps of the first layer's `attn_qkv` cut KL divergence by 15-17 %
-    /// (Q4_K_S, Q3_K_M, Q3_K_L) at +1-2 % size, far more than the next type up buys per byte.
+    /// (BENCHMARKS.md, Quantization quality, "Qwen3.5 mix rules decided by measurement"): on the
+    /// fixture the first layer's `attn_qkv` bump cuts KL divergence by 15-17 % (Q4_K_S, Q3_K_M,
+    /// Q3_K_L) at +1-2.4 % size; on a 16-layer synthetic with GQA 4 the rule cuts it by 6-10 %
+    /// (Q4_K_M, Q4_K_S, IQ4_XS, Q5_K_M) at +0.6-3.4 %: more KL per byte than the type steps.
     /// The peer-file mix of `plan_types` (synthetic speed files, planner) keeps the base type.
     #[test]
     fn qwen35_attn_qkv_counts_with_attn_v_in_quantize_rules() {
@@ -757,8 +759,9 @@ mod tests {
 
     /// llama.cpp 0c1e570 quantizes Qwen3.5's `ssm_alpha` / `ssm_beta` ([n_embd, n_v_heads]) like
     /// any 2-D weight (no rule names them; its converter writes them Q8_0 as well). Keeping them
-    /// F32 measured 0.3-0.8 % lower KL for +0.9-1.5 % size on the fixture, less than a type step
-    /// buys per byte, so `redline quantize` quantizes them; the peer-file mix keeps them F32.
+    /// F32 measured 0.1-0.8 % lower KL for +0.7-2.1 % size (fixture and 16-layer synthetic), less
+    /// than a type step buys per byte, so `redline quantize` quantizes them; the peer-file mix
+    /// keeps them F32.
     #[test]
     fn qwen35_ssm_alpha_beta_are_quantized_by_quantize_rules() {
         let s = Shape::qwen3_5_27b();
