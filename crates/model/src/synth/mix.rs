@@ -246,15 +246,17 @@ pub fn plan_types(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlTy
 
 /// llama-quantize's default choice (without `--pure`), as `redline quantize` makes it: as
 /// [`plan_types`], except that Q4_0 and IQ4_XS (pure there, to match the measured peer files)
-/// take their per-tensor rules: the head goes to Q6_K, and IQ4_XS also bumps `attn_v` to Q5_K
-/// on GQA >= 4 and the first eighth of `ffn_down` to Q5_K.
+/// take their per-tensor rules (the head goes to Q6_K, and IQ4_XS also bumps `attn_v` to Q5_K
+/// on GQA >= 4 and the first eighth of `ffn_down` to Q5_K), and that on Qwen3.5 the DeltaNet
+/// `attn_qkv` takes `attn_v`'s rules and `ssm_alpha` / `ssm_beta` are quantized.
 pub fn plan_types_default(tensors: &[(String, Vec<u64>)], ftype: FileType) -> Vec<GgmlType> {
     plan_types_for_quantize(tensors, ftype, false, false)
 }
 
-/// [`plan_types_default`] (or [`plan_types`] when `pure`) for a quantization with an importance
-/// matrix when `has_imatrix`: llama.cpp then leaves the IQ4_NL / IQ4_XS `ffn_down` bump out, and
-/// puts the first eighth of `ffn_down` of Q4_0 / Q5_0 at Q4_1 / Q5_1.
+/// [`plan_types_default`] (or, when `pure`, the base type for every quantizable tensor) for a
+/// quantization with an importance matrix when `has_imatrix`: llama.cpp then leaves the IQ4_NL /
+/// IQ4_XS `ffn_down` bump out, and puts the first eighth of `ffn_down` of Q4_0 / Q5_0 at Q4_1 /
+/// Q5_1.
 pub fn plan_types_for_quantize(
     tensors: &[(String, Vec<u64>)],
     ftype: FileType,
