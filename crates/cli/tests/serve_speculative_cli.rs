@@ -57,11 +57,12 @@ fn md_with_mtp_and_bad_draft_limits_are_refused_before_loading() {
         assert!(!out.status.success());
         assert!(err.contains(want), "{extra:?}: {err}");
     }
-    // serve --mtp alone is refused up front too (not supported by the server yet).
-    let out = redline(&["serve", "-m", missing, "--mtp", "--port", "18099"]);
+    // serve --mtp on a model without an MTP layer: refused at planning, before serving.
+    let port = free_port().to_string();
+    let out = redline(&["serve", "-m", &stories, "--mtp", "--port", &port]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("--md DRAFT.gguf"), "{err}");
+    assert!(err.contains("multi-token-prediction"), "{err}");
     // run --md without -p (chat mode) is refused before loading.
     let out = redline(&["run", "-m", missing, "--md", &stories]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use engine::scheduler::SamplingParams;
 use model::KvType;
-use server::{AppState, DraftOptions, ModelService, ModelServiceOptions, ServerConfig};
+use server::{
+    AppState, DraftOptions, ModelService, ModelServiceOptions, ServerConfig, SlotDrafter,
+};
 
 use super::device_args::PlacementArgs;
 use super::placement::{load_placed, LoadRequest, LoadedModel, LogTo};
@@ -113,12 +115,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // Flag checks that need no model come before the port is bound and the model loaded.
     args.spec.check()?;
-    if args.spec.mtp {
-        bail!(
-            "serve --mtp is not supported yet (MTP drafting runs in `redline run -p … --mtp`); \
-             serve with a draft model instead: --md DRAFT.gguf"
-        );
-    }
     if args.sampling.repeat_penalty != 1.0 {
         tracing::warn!(
             "--repeat-penalty is not used by the server; use presence/frequency penalties"
@@ -204,24 +200,33 @@ fn service_on<B: super::speculate::SpecBackend + 'static>(
             n_ctx_per_slot,
         )? {
             Drafter::Model(d) => Some(DraftOptions {
-                model: Arc::new(*d),
+                drafter: SlotDrafter::Model(Arc::new(*d)),
                 kv_type: KvType::F16,
                 spec: args.spec.options(),
             }),
-            Drafter::Mtp => bail!("serve --mtp is not supported yet; use --md DRAFT.gguf"),
+            Drafter::Mtp => Some(DraftOptions {
+                drafter: SlotDrafter::Mtp,
+                kv_type: KvType::F16,
+                spec: args.spec.options(),
+            }),
         }
     } else {
         None
     };
     if let Some(d) = &draft {
         tracing::info!(
-            "speculative decoding per slot: draft model {} ({} layers), --draft-max {}, \
-             --draft-min {}, --draft-p-min {}",
-            args.spec
-                .model_draft
-                .as_ref()
-                .map_or_else(String::new, |p| p.display().to_string()),
-            d.model.config().n_layer,
+            "speculative decoding per slot: {}, --draft-max {}, --draft-min {}, --draft-p-min {}",
+            match &d.drafter {
+                SlotDrafter::Model(m) => format!(
+                    "draft model {} ({} layers)",
+                    args.spec
+                        .model_draft
+                        .as_ref()
+                        .map_or_else(String::new, |p| p.display().to_string()),
+                    m.config().n_layer
+                ),
+                SlotDrafter::Mtp => "the model's MTP layer".to_string(),
+            },
             d.spec.draft_max,
             d.spec.draft_min,
             d.spec.p_min
