@@ -168,10 +168,16 @@ impl CardLink for CudaBackend {
         Ok(out)
     }
 
+    /// One context (logical cards of one GPU): yes, verified on the H200. Two GPUs: peer
+    /// access is enabled when the driver allows it, but recording steps across them stays off
+    /// unless `REDLINE_MULTI_GRAPHS=1` until a device window with several GPUs has verified it
+    /// (none was lent yet); their steps run eagerly with event-ordered peer copies.
     fn can_record_copies_to(&self, dst: &Self) -> bool {
-        // A peer copy between two contexts is recorded only where peer access is on; the
-        // caller enabled it (enable_peer_access) when it could.
-        same_context(self, dst) || enable_peer_access(self, dst)
+        if same_context(self, dst) {
+            return true;
+        }
+        let peer = enable_peer_access(self, dst);
+        peer && std::env::var("REDLINE_MULTI_GRAPHS").as_deref() == Ok("1")
     }
 
     fn order_before(&self, dst: &Self) -> Result<(), BackendError> {

@@ -27,8 +27,9 @@
 //! the previous one (the first capture waits on the host instead: a capturing stream cannot
 //! wait on an outside event). That needs the hidden state to visit the cards in order within
 //! a step, which the layer split guarantees; a step that goes back to an earlier card is an
-//! error. Where a copy between two cards cannot be recorded (two GPUs without peer access),
-//! steps run eagerly (`begin_step` answers `Eager` and the cards see no step at all).
+//! error. Where a copy between two cards cannot be recorded (two GPUs: until verified on
+//! several GPUs, see [`CardLink::can_record_copies_to`] for `CudaBackend`), steps run eagerly
+//! (`begin_step` answers `Eager` and the cards see no step at all).
 
 pub mod link;
 pub mod resident;
