@@ -50,6 +50,29 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     }
 }
 
+// quantize_q8_1 for launches with programmatic serialization (REDLINE_PDL): waits for the
+// kernel that wrote x.
+extern "C" __global__ void quantize_q8_1_pdl(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                             float* __restrict__ xds, int ncols) {
+    pdl_wait();
+    pdl_trigger();
+    const int unit = blockIdx.x * blockDim.y + threadIdx.y;
+    const int t = blockIdx.y;
+    if (unit * 32 >= ncols) return;
+    const long long i = (long long)t * ncols + unit * 32 + threadIdx.x;
+    const float v = x[i];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (int8_t)q;
+    const float sum = warp_sum((float)q);
+    if (threadIdx.x == 0) {
+        const long long u = (long long)t * (ncols / 32) + unit;
+        xds[2 * u] = d;
+        xds[2 * u + 1] = d * sum;
+    }
+}
+
 // One staged group in registers: this lane's share of the group's 16-byte vectors.
 template <int L>
 struct Staged {
@@ -141,7 +164,7 @@ static __device__ __forceinline__ float task_dot(const Task& tk, const int q[2][
 // This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
 // are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
 // of the rows. Only __syncwarp inside.
-template <typename F, int NT, int R>
+template <typename F, int NT, int R, bool PDL = false>
 static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                      const float* __restrict__ xds, int nrows, int ncols,
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
@@ -184,6 +207,11 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         const long long gofs = (long long)g_first * G * F::BLOCK_BYTES;
 #pragma unroll
         for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
+    }
+    if constexpr (PDL) {
+        // the first group's weights are in flight; x comes from the previous kernel
+        pdl_wait();
+        pdl_trigger();
     }
     for (int g = g_first; g < ngroups; g += g_step) {
         const int nb = min(G, nblocks - g * G);
@@ -362,7 +390,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     const int row0 = (((int)blockIdx.x - block0) * MV_WARPS + threadIdx.y) * R;
     if (row0 >= nrows) return;
     float acc[R][1];
-    mv_quant_rows<F, 1, R>(W, xq, xds, nrows, p.ncols, p.row_bytes, 1, load_mode, row0, 0, 1, acc);
+    mv_quant_rows<F, 1, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, 1, load_mode, row0, 0, 1, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float s = warp_sum(acc[r][0]);

@@ -436,6 +436,23 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 // copy here saves the matvec's own quantize launch. The values and their quantization are the
 // same as quantize_q8_1 of the f32 output (same expressions), so fused == unfused bit for bit.
 
+// Programmatic dependent launch (REDLINE_PDL; same helpers as kernels/quant_formats.cuh): the
+// fused kernels below wait for the previous kernel before touching activations. No-ops without
+// the launch attribute and below sm_90.
+#ifndef REDLINE_PDL_HELPERS
+#define REDLINE_PDL_HELPERS
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#endif
+
 // One warp holds 32 consecutive values v (lane i: value 32u + i); writes their q8_1 unit u.
 static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds, long long i, long long u) {
     const float amax = warp_max(fabsf(v));
@@ -457,6 +474,8 @@ static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds
 #define RMS_REGS 8
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps) {
+    pdl_wait();
+    pdl_trigger();
     const long long base = (long long)blockIdx.x * cols;
     const int bd = blockDim.x;
     if (cols <= RMS_REGS * bd) {
@@ -500,6 +519,8 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
 // i / 32 of the flat index is unit (i % cols) / 32 of row i / cols when cols % 32 == 0).
 extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float* __restrict__ u, float* out,
                                         int8_t* __restrict__ xq, float* __restrict__ xds, long long n) {
+    pdl_wait();
+    pdl_trigger();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         out[i] = v;
@@ -512,6 +533,8 @@ extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float
 extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict__ pos, const float* __restrict__ factors,
                                       int n_heads_q, int n_heads_k, int head_dim, int n_rot, float freq_base,
                                       float freq_scale, int neox) {
+    pdl_wait();
+    pdl_trigger();
     const bool is_q = (int)blockIdx.y < n_heads_q;
     float* h = is_q ? q + ((long long)blockIdx.x * n_heads_q + blockIdx.y) * head_dim
                     : k + ((long long)blockIdx.x * n_heads_k + (blockIdx.y - n_heads_q)) * head_dim;
@@ -551,6 +574,8 @@ struct F32Segs {
 };
 
 extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __restrict__ x) {
+    pdl_wait();
+    pdl_trigger();
     const float* W = p.seg[0].W;
     float* y = p.seg[0].y;
     int block0 = 0;

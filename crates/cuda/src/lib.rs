@@ -20,6 +20,7 @@ pub mod mmq;
 pub mod multi;
 pub mod nvrtc;
 pub mod ops;
+pub mod pdl;
 pub mod reference;
 pub mod sources;
 pub mod synthetic;

@@ -328,8 +328,28 @@ impl CudaDevice {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
+        let mut cols_i = cols as i32;
+        if crate::pdl::enabled(self.arch()) {
+            let f = self.function(Program::MatvecQuant, "quantize_q8_1_pdl")?;
+            let (mut px, mut pq, mut pd) = (
+                self.device_address(x),
+                self.device_address(&scratch.xq),
+                self.device_address(&scratch.xds),
+            );
+            let mut params = [
+                crate::pdl::arg(&mut px),
+                crate::pdl::arg(&mut pq),
+                crate::pdl::arg(&mut pd),
+                crate::pdl::arg(&mut cols_i),
+            ];
+            // SAFETY: matches quantize_q8_1_pdl(x, xq, xds, ncols), which waits for the
+            // previous kernel before reading x; sizes checked above.
+            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
+            scratch.cols = cols;
+            scratch.n_tokens = n_tokens;
+            return Ok(());
+        }
         let f = self.function(Program::MatvecQuant, "quantize_q8_1")?;
-        let cols_i = cols as i32;
         let mut b = self.stream().launch_builder(&f);
         b.arg(x)
             .arg(&mut scratch.xq)
@@ -456,7 +476,21 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes: 0,
         };
-        let load_mode = self.matvec_load_mode();
+        let mut load_mode = self.matvec_load_mode();
+        if crate::pdl::enabled(self.arch()) {
+            let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
+            let mut p = p;
+            let mut params = [
+                crate::pdl::arg(&mut p),
+                crate::pdl::arg(&mut pq),
+                crate::pdl::arg(&mut pd),
+                crate::pdl::arg(&mut load_mode),
+            ];
+            // SAFETY: as below; the mvm kernels wait for the previous kernel before reading
+            // x or the outputs and before writing anything.
+            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
+            return Ok(());
+        }
         let mut b = self.stream().launch_builder(&f);
         b.arg(&p).arg(&xq.xq).arg(&xq.xds).arg(&load_mode);
         // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode); every segment's matrix

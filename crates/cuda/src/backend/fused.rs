@@ -26,6 +26,7 @@ use gguf::GgmlType;
 use super::step::{dev_ptr, Mode};
 use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, Scratch};
 use crate::matvec::{self, MatvecScratch, Segment, MAX_SEGMENTS};
+use crate::pdl;
 
 /// Which tensor the matvec scratch holds the q8_1 copy of, and the op that made or last
 /// used it.
@@ -72,6 +73,11 @@ impl CudaBackend {
         self.fused.store(on, Ordering::Relaxed);
         self.step_ctl().forget_graphs();
         self.forget_q8();
+    }
+
+    /// Whether the fused kernels launch with programmatic serialization ([`crate::pdl`]).
+    fn pdl(&self) -> bool {
+        pdl::enabled(self.dev.arch())
     }
 
     /// Whether the fused decode paths are on.
@@ -284,6 +290,12 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        if self.pdl() {
+            let (mut p, mut px) = (p, dev_ptr(&*x.data, stream));
+            let mut params = [pdl::arg(&mut p), pdl::arg(&mut px)];
+            // SAFETY: as below; the kernel waits for the previous one before reading x.
+            return unsafe { pdl::launch(stream, &f, cfg, &mut params, true) }.map_err(dev_err);
+        }
         let mut b = stream.launch_builder(&f);
         b.arg(&p).arg(&*x.data);
         // SAFETY: matches mo_matvec_f32_rows(F32Segs, x); each segment is a live f32 matrix of
@@ -392,7 +404,36 @@ impl CudaBackend {
                 block_dim: (cols.min(1024) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let cols_i = cols as i32;
+            let mut cols_i = cols as i32;
+            if self.pdl() {
+                let mut a = [
+                    dev_ptr(&*x.data, stream),
+                    dev_ptr(wv, stream),
+                    dev_ptr(&*out.data, stream),
+                    self.dev.device_address(xq),
+                    self.dev.device_address(xds),
+                ];
+                let mut eps = eps;
+                let [a0, a1, a2, a3, a4] = &mut a;
+                let mut params = [
+                    pdl::arg(a0),
+                    pdl::arg(a1),
+                    pdl::arg(a2),
+                    pdl::arg(a3),
+                    pdl::arg(a4),
+                    pdl::arg(&mut cols_i),
+                    pdl::arg(&mut eps),
+                ];
+                // SAFETY: as below; the kernel waits for the previous one first.
+                unsafe { pdl::launch(stream, &f, cfg, &mut params, true) }.map_err(dev_err)?;
+                *holds = Some(Holds {
+                    ptr,
+                    rows: out.rows,
+                    cols,
+                    seq,
+                });
+                return Ok(true);
+            }
             let mut b = stream.launch_builder(&f);
             b.arg(&*x.data)
                 .arg(wv)
@@ -437,7 +478,35 @@ impl CudaBackend {
         let n = rows * cols;
         self.with_q8(rows, cols, |s, holds| {
             let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
-            let n_i = n as i64;
+            let mut n_i = n as i64;
+            if self.pdl() {
+                let mut a = [
+                    dev_ptr(&*gate.data, stream),
+                    dev_ptr(&*up.data, stream),
+                    dev_ptr(&*out.data, stream),
+                    self.dev.device_address(xq),
+                    self.dev.device_address(xds),
+                ];
+                let [a0, a1, a2, a3, a4] = &mut a;
+                let mut params = [
+                    pdl::arg(a0),
+                    pdl::arg(a1),
+                    pdl::arg(a2),
+                    pdl::arg(a3),
+                    pdl::arg(a4),
+                    pdl::arg(&mut n_i),
+                ];
+                // SAFETY: as below; the kernel waits for the previous one first.
+                unsafe { pdl::launch(stream, &f, elems_cfg(n), &mut params, true) }
+                    .map_err(dev_err)?;
+                *holds = Some(Holds {
+                    ptr,
+                    rows,
+                    cols,
+                    seq,
+                });
+                return Ok(true);
+            }
             let mut b = stream.launch_builder(&f);
             b.arg(&*gate.data)
                 .arg(&*up.data)
@@ -517,8 +586,35 @@ impl CudaBackend {
             block_dim: ((p.n_rot / 2).clamp(1, 256) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ints = [hq as i32, hk as i32, head_dim as i32, p.n_rot as i32];
+        let mut ints = [hq as i32, hk as i32, head_dim as i32, p.n_rot as i32];
         let null = 0u64;
+        if self.pdl() {
+            let stream = self.dev.stream();
+            let mut a = [
+                dev_ptr(&*q.data, stream),
+                dev_ptr(&*k.data, stream),
+                pos.ptr,
+                factors.as_ref().map_or(0, |f| f.ptr),
+            ];
+            let (mut base, mut scale, mut nx) = (p.freq_base, p.freq_scale, neox);
+            let [a0, a1, a2, a3] = &mut a;
+            let [i0, i1, i2, i3] = &mut ints;
+            let mut params = [
+                pdl::arg(a0),
+                pdl::arg(a1),
+                pdl::arg(a2),
+                pdl::arg(a3),
+                pdl::arg(i0),
+                pdl::arg(i1),
+                pdl::arg(i2),
+                pdl::arg(i3),
+                pdl::arg(&mut base),
+                pdl::arg(&mut scale),
+                pdl::arg(&mut nx),
+            ];
+            // SAFETY: as below; the kernel waits for the previous one first.
+            return unsafe { pdl::launch(stream, &f, cfg, &mut params, true) }.map_err(dev_err);
+        }
         let mut b = self.dev.stream().launch_builder(&f);
         b.arg(&mut *q.data).arg(&mut *k.data).arg(&pos.ptr);
         match &factors {

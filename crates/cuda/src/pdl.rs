@@ -1,0 +1,77 @@
+//! Programmatic dependent launch (PDL, sm_90+) for the fused decode kernels, behind
+//! `REDLINE_PDL=1` (a knob until a device window has measured and verified it).
+//!
+//! A kernel launched with the programmatic-stream-serialization attribute may be scheduled
+//! while the previous kernel in the stream is still draining; it calls `pdl_wait()`
+//! (`griddepcontrol.wait`) before it touches activations. The fused matvecs issue their first
+//! group of weight loads before that wait, so a 15–80 MB launch's ramp overlaps the previous
+//! kernel's tail (BENCHMARKS.md, matvec v3: launches of that size reach 44–83 % of bandwidth
+//! mostly for lack of overlap). Only kernels whose source has the wait may be launched this way:
+//! `mvm_*`, `quantize_q8_1_pdl` and the `mo_*_q8` / `mo_rope_qk` / `mo_matvec_f32_rows` kernels.
+//! Stream capture records the programmatic edges into the decode-step graph (CUDA >= 12.3).
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::{sys, CudaFunction, CudaStream, DriverError, LaunchConfig};
+
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Turns PDL launches of the fused kernels on or off for every device of this process
+/// (`CudaBackend` sets it from `REDLINE_PDL=1`); devices below sm_90 never use it.
+pub fn set_enabled(on: bool) {
+    ON.store(on, Ordering::Relaxed);
+}
+
+/// Whether launches on a device of compute capability `arch` (e.g. 90) use PDL.
+pub fn enabled(arch: u32) -> bool {
+    arch >= 90 && ON.load(Ordering::Relaxed)
+}
+
+/// Launches `f` on `stream` with `params` (one pointer per kernel parameter, each pointing at
+/// the parameter's value), with the programmatic-serialization attribute when `pdl`.
+///
+/// # Safety
+/// `params` must match the kernel's parameter list exactly (count, order, sizes) and every
+/// device address in it must be valid for what the kernel reads and writes; with `pdl`, the
+/// kernel must call `griddepcontrol.wait` before touching memory that earlier work writes.
+pub(crate) unsafe fn launch(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &mut [*mut c_void],
+    pdl: bool,
+) -> Result<(), DriverError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: a zeroed attribute is a valid C struct (IGNORE id); the id and value set next.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl),
+    };
+    // SAFETY: config and attr outlive the call; the caller vouches for f and params.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+}
+
+/// A kernel parameter's address as the launch wants it.
+pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
+    v as *mut T as *mut c_void
+}
