@@ -287,6 +287,187 @@ FA_DECODE(fa_decode_f16, FA_F16)
 FA_DECODE(fa_decode_q8_0, FA_Q8_0)
 FA_DECODE(fa_decode_q4_0, FA_Q4_0)
 
+// Decode for head sizes D = dk = dv in {64, 128, 256} and up to FD_MAX_G query heads per block
+// (a KV head's group of G heads is cut into ceil(G / FD_MAX_G) blocks along grid.y): the same
+// tiles, splits and partials as flash_decode, with every thread busy in both products. Scores:
+// thread (t, part) sums FD_PARTS-interleaved float4 columns of K row t against every head's q,
+// then the parts meet by shuffles. P V: thread (column c, position part tq) accumulates
+// float4 column c of every head over positions tq, tq + TQ, ...; the TQ parts are summed
+// through shared memory once at the end. T = 32 positions (16 for D = 256).
+#define FD_MAX_G 8
+
+template <int D, int TYPE>
+static __device__ void flash_decode_d(const float* __restrict__ q, const int* __restrict__ rows,
+                                      const int* __restrict__ pos, const uint8_t* __restrict__ kc,
+                                      const uint8_t* __restrict__ vc, float* __restrict__ out,
+                                      float* __restrict__ part, int n_head, int n_kv_head, long long kpb,
+                                      long long vpb, float scale) {
+    constexpr int T = D > 128 ? 16 : 32;
+    constexpr int PARTS = FD_THREADS / T;   // threads per K row in the scores
+    constexpr int C4 = D / 4;               // float4 columns of a row
+    constexpr int TQ = FD_THREADS / C4;     // position parts in P V
+    constexpr int JS = C4 / PARTS;          // float4 columns per thread in the scores
+    constexpr int LD = D + 16;              // rows 16 words apart: two K rows per 8-lane phase hit 32 banks
+    extern __shared__ __align__(16) float fd_smem[];
+    const int G = n_head / n_kv_head;
+    const int n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
+    const int s = blockIdx.x, S = gridDim.x, kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub, i = blockIdx.z;
+    const int Gb = min(FD_MAX_G, G - sub * FD_MAX_G);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    float* q_s = fd_smem;                  // [FD_MAX_G][D], times scale
+    float* k_s = q_s + FD_MAX_G * D;       // [T][LD]; at the end the P V reduction [FD_MAX_G][D]
+    float* v_s = k_s + T * LD;             // [T][LD]
+    float* p_s = v_s + T * LD;             // [FD_MAX_G][T]
+    float* m_s = p_s + FD_MAX_G * T;       // [FD_MAX_G]
+    float* l_s = m_s + FD_MAX_G;
+    float* c_s = l_s + FD_MAX_G;
+
+    const int r = rows[i];
+    const int len = pos[i] + 1;
+    const int n_tiles = (len + T - 1) / T;
+    const int per = (n_tiles + S - 1) / S;
+    const int t_begin = s * per, t_end = min(n_tiles, t_begin + per);
+    const int h0 = kvh * G + sub * FD_MAX_G;
+    const float* qr = q + (long long)r * n_head * D + (long long)h0 * D;
+    for (int e = tid; e < FD_MAX_G * D; e += FD_THREADS) q_s[e] = e < Gb * D ? qr[e] * scale : 0.0f;
+    if (tid < FD_MAX_G) {
+        m_s[tid] = NEG_INF;
+        l_s[tid] = 0.0f;
+    }
+    const int st = tid / PARTS, sp = tid % PARTS;  // scores: row, part
+    const int pc = tid % C4, pq = tid / C4;        // P V: column, position part
+    float4 acc[FD_MAX_G];
+#pragma unroll
+    for (int g = 0; g < FD_MAX_G; g++) acc[g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+
+    for (int tile = t_begin; tile < t_end; tile++) {
+        const int p0 = tile * T;
+        const int tl = min(T, len - p0);
+        fd_load_tile<TYPE>(kc, vc, kpb, vpb, (long long)kvh * D, (long long)kvh * D, D, D, p0, tl, k_s, LD, v_s, LD);
+        __syncthreads();
+        {
+            float sc[FD_MAX_G];
+#pragma unroll
+            for (int g = 0; g < FD_MAX_G; g++) sc[g] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < JS; j++) {
+                const int c = sp + PARTS * j;
+                const float4 k4 = *(const float4*)(k_s + st * LD + 4 * c);
+#pragma unroll
+                for (int g = 0; g < FD_MAX_G; g++) {
+                    if (g < Gb) {
+                        const float4 q4 = *(const float4*)(q_s + g * D + 4 * c);
+                        sc[g] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < FD_MAX_G; g++) {
+#pragma unroll
+                for (int o = PARTS / 2; o > 0; o >>= 1) sc[g] += __shfl_xor_sync(FULL_MASK, sc[g], o);
+                if (g < Gb && sp == 0) p_s[g * T + st] = st < tl ? sc[g] : NEG_INF;
+            }
+        }
+        __syncthreads();
+        for (int g = warp; g < Gb; g += FD_THREADS / 32) {
+            float mx = NEG_INF;
+            for (int t = lane; t < tl; t += 32) mx = fmaxf(mx, p_s[g * T + t]);
+            mx = warp_max(mx);
+            const float m_old = m_s[g];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+            for (int t = lane; t < T; t += 32) {
+                const float p = t < tl ? expf(p_s[g * T + t] - m_new) : 0.0f;
+                p_s[g * T + t] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float c = expf(m_old - m_new);
+                c_s[g] = c;
+                l_s[g] = l_s[g] * c + sum;
+                m_s[g] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < FD_MAX_G; g++) {
+            if (g < Gb) {
+                const float cr = c_s[g];
+                acc[g].x *= cr;
+                acc[g].y *= cr;
+                acc[g].z *= cr;
+                acc[g].w *= cr;
+            }
+        }
+        for (int t = pq; t < tl; t += TQ) {
+            const float4 v = *(const float4*)(v_s + t * LD + 4 * pc);
+#pragma unroll
+            for (int g = 0; g < FD_MAX_G; g++) {
+                if (g < Gb) {
+                    const float p = p_s[g * T + t];
+                    acc[g].x += p * v.x;
+                    acc[g].y += p * v.y;
+                    acc[g].z += p * v.z;
+                    acc[g].w += p * v.w;
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Sum the TQ position parts: part 0 stores, the others add in turn.
+    float* red = k_s;  // [FD_MAX_G][D]
+    for (int q0 = 0; q0 < TQ; q0++) {
+        if (pq == q0) {
+#pragma unroll
+            for (int g = 0; g < FD_MAX_G; g++) {
+                if (g < Gb) {
+                    float4* d4 = (float4*)(red + g * D + 4 * pc);
+                    if (q0 == 0) {
+                        *d4 = acc[g];
+                    } else {
+                        const float4 a = *d4;
+                        *d4 = make_float4(a.x + acc[g].x, a.y + acc[g].y, a.z + acc[g].z, a.w + acc[g].w);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < Gb * D; e += FD_THREADS) {
+        const int g = e / D, d = e % D;
+        if (S == 1) {
+            out[(long long)r * n_head * D + (long long)(h0 + g) * D + d] = red[e] / l_s[g];
+        } else {
+            float* pp = part + (((long long)i * n_head + h0 + g) * S + s) * (D + 2);
+            pp[2 + d] = red[e];
+            if (d == 0) {
+                pp[0] = m_s[g];
+                pp[1] = l_s[g];
+            }
+        }
+    }
+}
+
+#define FA_DECODE_D(NAME, D, TYPE)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(FD_THREADS)                                                       \
+        NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
+             const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
+             float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale) {      \
+        flash_decode_d<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);              \
+    }
+FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)
+FA_DECODE_D(fa_decode_d64_q8_0, 64, FA_Q8_0)
+FA_DECODE_D(fa_decode_d64_q4_0, 64, FA_Q4_0)
+FA_DECODE_D(fa_decode_d128_f16, 128, FA_F16)
+FA_DECODE_D(fa_decode_d128_q8_0, 128, FA_Q8_0)
+FA_DECODE_D(fa_decode_d128_q4_0, 128, FA_Q4_0)
+FA_DECODE_D(fa_decode_d256_f16, 256, FA_F16)
+FA_DECODE_D(fa_decode_d256_q8_0, 256, FA_Q8_0)
+FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
+
 #define FA_MAX_SPLITS 64
 
 // grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_*

@@ -24,7 +24,7 @@
 //! `REDLINE_FLASH_ATTN=0` turns these kernels off (the older per-row kernels of
 //! kernels/model_ops.cu run instead); [`set_enabled`] does the same for tests.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use backend::{AttentionParams, KvType};
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -79,6 +79,54 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
 }
 
+/// Set: decode always takes the generic kernel (tests compare both).
+static GENERIC_DECODE: AtomicBool = AtomicBool::new(false);
+
+/// Makes decode take the generic kernel (`fa_decode_*`) even where a head-size kernel
+/// (`fa_decode_d*`) exists: for tests that check both.
+pub fn set_generic_decode(on: bool) {
+    GENERIC_DECODE.store(on, Ordering::Relaxed);
+}
+
+/// Most query heads of one decode block of the head-size kernels (FD_MAX_G).
+const DECODE_MAX_G: usize = 8;
+
+/// The head-size decode kernel for this shape and cache type, if there is one: K and V heads
+/// of 64, 128 or 256, an f16/q8_0/q4_0 cache.
+fn decode_d_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'static str> {
+    if p.head_dim_k != p.head_dim_v || GENERIC_DECODE.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some(match (p.head_dim_k, kv_type) {
+        (64, KvType::F16) => "fa_decode_d64_f16",
+        (64, KvType::Q8_0) => "fa_decode_d64_q8_0",
+        (64, KvType::Q4_0) => "fa_decode_d64_q4_0",
+        (128, KvType::F16) => "fa_decode_d128_f16",
+        (128, KvType::Q8_0) => "fa_decode_d128_q8_0",
+        (128, KvType::Q4_0) => "fa_decode_d128_q4_0",
+        (256, KvType::F16) => "fa_decode_d256_f16",
+        (256, KvType::Q8_0) => "fa_decode_d256_q8_0",
+        (256, KvType::Q4_0) => "fa_decode_d256_q4_0",
+        _ => return None,
+    })
+}
+
+/// Positions per tile of the head-size decode kernels (T).
+fn decode_d_tile(d: usize) -> usize {
+    if d > 128 {
+        16
+    } else {
+        32
+    }
+}
+
+/// Dynamic shared memory of a head-size decode block: q [8][d], K and V tiles [T][d + 16],
+/// probabilities [8][T] and three [8] arrays, f32.
+pub fn decode_d_smem_bytes(d: usize) -> usize {
+    let t = decode_d_tile(d);
+    4 * (DECODE_MAX_G * d + 2 * t * (d + 16) + DECODE_MAX_G * t + 3 * DECODE_MAX_G)
+}
+
 /// A KV cache as the kernels read it: `[n_ctx][n_kv_head * head_dim]` rows of `kv_type`.
 pub struct KvRef<'a> {
     pub k: &'a CudaSlice<u8>,
@@ -118,6 +166,16 @@ pub fn decode_tile(p: &AttentionParams) -> Option<usize> {
     [32, 16, 8]
         .into_iter()
         .find(|&t| decode_smem_bytes(p, t) <= DEFAULT_SMEM_BYTES)
+}
+
+/// Positions per decode tile for this shape and cache type (the head-size kernel's where it
+/// applies, else [`decode_tile`]'s).
+pub fn decode_tile_for(p: &AttentionParams, kv_type: KvType) -> Option<usize> {
+    let generic = decode_tile(p)?;
+    Some(match decode_d_kernel(p, kv_type) {
+        Some(_) => decode_d_tile(p.head_dim_k),
+        None => generic,
+    })
 }
 
 /// Splits for rows of up to `positions` positions in tiles of `tile`: about
@@ -231,10 +289,13 @@ pub fn launch_decode(
         return Ok(());
     }
     shape_check(p, kv)?;
-    if decode_tile(p).is_none_or(|t| tile > t) || splits == 0 || splits > MAX_SPLITS {
+    if decode_tile_for(p, kv.kv_type) != Some(tile) || splits == 0 || splits > MAX_SPLITS {
         return Err(CudaError::Shape(format!(
             "decode attention tile {tile} / {splits} splits for {p:?}"
         )));
+    }
+    if let Some(name) = decode_d_kernel(p, kv.kv_type) {
+        return launch_decode_d(dev, name, q, rows, pos, n_rows, kv, out, part, splits, p);
     }
     let f = dev.function(
         Program::FlashAttn,
@@ -270,6 +331,64 @@ pub fn launch_decode(
     // and the group within the accumulators (decode_tile), positions < n_ctx (caller), part
     // holds partials_len values when splits > 1 (caller), shared memory sized for tile.
     unsafe { b.launch(cfg) }?;
+    launch_merge(dev, rows, n_rows, out, part, splits, p)
+}
+
+/// The head-size decode kernel `name` (fa_decode_d*), then the merge.
+#[allow(clippy::too_many_arguments)]
+fn launch_decode_d(
+    dev: &CudaDevice,
+    name: &str,
+    q: &CudaSlice<f32>,
+    rows: u64,
+    pos: u64,
+    n_rows: usize,
+    kv: &KvRef<'_>,
+    out: &mut CudaSlice<f32>,
+    part: u64,
+    splits: usize,
+    p: &AttentionParams,
+) -> Result<()> {
+    let f = dev.function(Program::FlashAttn, name)?;
+    let n_sub = group(p).div_ceil(DECODE_MAX_G);
+    let cfg = LaunchConfig {
+        grid_dim: (splits as u32, (p.n_kv_head * n_sub) as u32, n_rows as u32),
+        block_dim: (DECODE_THREADS as u32, 1, 1),
+        shared_mem_bytes: decode_d_smem_bytes(p.head_dim_k) as u32,
+    };
+    let (nh, nkv) = (p.n_head as i32, p.n_kv_head as i32);
+    let (kpb, vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(&rows)
+        .arg(&pos)
+        .arg(kv.k)
+        .arg(kv.v)
+        .arg(&mut *out)
+        .arg(&part)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&kpb)
+        .arg(&vpb)
+        .arg(&p.scale);
+    // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
+    // vpb, scale); dk == dv == the kernel's D and the cache type match it (decode_d_kernel),
+    // cache rows checked against the shape, positions < n_ctx (caller), part holds
+    // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.
+    unsafe { b.launch(cfg) }?;
+    launch_merge(dev, rows, n_rows, out, part, splits, p)
+}
+
+/// Merges the partials of `splits > 1` decode splits into `out`.
+fn launch_merge(
+    dev: &CudaDevice,
+    rows: u64,
+    n_rows: usize,
+    out: &mut CudaSlice<f32>,
+    part: u64,
+    splits: usize,
+    p: &AttentionParams,
+) -> Result<()> {
     if splits > 1 {
         let f = dev.function(Program::FlashAttn, "fa_merge")?;
         let cfg = LaunchConfig {
@@ -389,6 +508,25 @@ mod tests {
             let t = decode_tile(&p).expect("fits");
             assert!(decode_smem_bytes(&p, t) <= DEFAULT_SMEM_BYTES);
         }
+    }
+
+    #[test]
+    fn head_size_decode_kernels() {
+        for d in [64, 128, 256] {
+            assert!(decode_d_smem_bytes(d) <= DEFAULT_SMEM_BYTES, "d {d}");
+        }
+        assert_eq!(
+            decode_d_smem_bytes(128),
+            4 * (1024 + 2 * 32 * 144 + 256 + 24)
+        );
+        let p = params(40, 8, 128, 128);
+        assert_eq!(decode_tile_for(&p, KvType::F16), Some(32));
+        assert_eq!(
+            decode_tile_for(&params(24, 4, 256, 256), KvType::Q8_0),
+            Some(16)
+        );
+        assert!(decode_d_kernel(&p, KvType::F32).is_none());
+        assert!(decode_d_kernel(&params(6, 2, 32, 64), KvType::F16).is_none());
     }
 
     #[test]

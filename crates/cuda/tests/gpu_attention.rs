@@ -340,3 +340,28 @@ fn decode_steps_split_by_n_ctx() {
         pair.report("decode steps");
     }
 }
+
+#[test]
+fn groups_wider_than_one_block() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new(4).unwrap();
+    // 12 query heads per KV head: the head-size decode kernel cuts them into blocks of 8 + 4
+    for kv in [KvType::F16, KvType::Q4_0] {
+        one_sequence(&g, &c, params(24, 2, 128, 128), kv, &[77, 9], 3);
+    }
+}
+
+#[test]
+fn generic_decode_kernel() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new(4).unwrap();
+    // The shapes the head-size kernels take, through the generic one (a process-wide switch:
+    // a test running beside this one may take either kernel, both must pass).
+    cuda::attention::set_generic_decode(true);
+    for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        one_sequence(&g, &c, params(10, 2, 128, 128), kv, &[300], 3);
+        one_sequence(&g, &c, params(16, 2, 256, 256), kv, &[40], 2);
+        one_sequence(&g, &c, params(4, 4, 64, 64), kv, &[33], 2);
+    }
+    cuda::attention::set_generic_decode(false);
+}
