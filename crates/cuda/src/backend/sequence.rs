@@ -6,7 +6,7 @@ use backend::{AttentionParams, BackendError, KvType, RecurrentShape, Row};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::step::Mode;
-use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
+use super::{dev_err, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
 use crate::attention;
 
 /// Largest head size the attention kernel keeps in registers (MO_ATT_MAX_DIM).
@@ -17,8 +17,6 @@ const ATT_WARPS: u32 = 4;
 const ATT_SPLIT_POSITIONS: usize = 16;
 /// Most attention splits.
 const MAX_ATT_SPLITS: usize = 32;
-/// Largest conv kernel (MO_CONV_MAX).
-const MAX_D_CONV: usize = 16;
 
 /// K and V of one layer of one sequence: `n_ctx` positions of `n_kv_head * head_dim` values
 /// each, stored as `kv_type` rows (ggml block layouts for q8_0 / q4_0).
@@ -41,22 +39,7 @@ impl CudaKvCache {
     }
 }
 
-/// One Gated DeltaNet layer's state of one sequence: the conv window `[d_conv - 1, channels]`
-/// (oldest first) and the delta-rule matrices `[n_v_heads, d_v, d_k]`, f32. `Clone` copies on
-/// the device (a snapshot).
-#[derive(Clone)]
-pub struct CudaRecurrentState {
-    conv: CudaSlice<f32>,
-    s: CudaSlice<f32>,
-    shape: RecurrentShape,
-}
-
-impl CudaRecurrentState {
-    pub(super) fn bytes(&self) -> usize {
-        4 * ((self.shape.d_conv.saturating_sub(1)) * self.shape.conv_channels
-            + self.shape.n_v_heads * self.shape.d_v * self.shape.d_k)
-    }
-}
+pub use super::recurrent::CudaRecurrentState;
 
 /// The cache type as the kernels number it (mo_kv_store, mo_attention_split).
 fn kv_type_code(t: KvType) -> i32 {
@@ -473,28 +456,11 @@ impl CudaBackend {
         &self,
         shape: &RecurrentShape,
     ) -> Result<CudaRecurrentState, BackendError> {
-        if shape.d_conv == 0 || shape.d_conv > MAX_D_CONV || shape.n_k_heads == 0 {
-            return Err(shape_err(
-                "new_recurrent_state",
-                format!("{shape:?} (d_conv 1..={MAX_D_CONV})"),
-            ));
-        }
-        let conv = self.alloc_f32((shape.d_conv - 1) * shape.conv_channels)?;
-        let s = self.alloc_f32(shape.n_v_heads * shape.d_v * shape.d_k)?;
-        Ok(CudaRecurrentState {
-            conv,
-            s,
-            shape: *shape,
-        })
+        self.new_recurrent_state_rec(shape)
     }
 
     pub(super) fn reset_recurrent_state_impl(&self, st: &mut CudaRecurrentState) {
-        // The trait's reset cannot fail; a lost device here is fatal.
-        let stream = self.dev.stream();
-        stream
-            .memset_zeros(&mut st.conv)
-            .and_then(|_| stream.memset_zeros(&mut st.s))
-            .unwrap_or_else(|e| panic!("cuda reset_recurrent_state: {e}"));
+        self.reset_recurrent_state_rec(st)
     }
 
     pub(super) fn conv1d_impl(
@@ -505,59 +471,8 @@ impl CudaBackend {
         states: &mut [&mut CudaRecurrentState],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        let n = rows.len();
-        check_cols("conv1d x", x, n, x.cols)?;
-        check_cols("conv1d out", out, n, x.cols)?;
-        let ch = x.cols;
-        let wd = match &w.dense {
-            Some(d) if w.rows == ch => d,
-            _ => {
-                return Err(shape_err(
-                    "conv1d",
-                    format!("weight [{}, {}] for {ch} channels", w.rows, w.cols),
-                ))
-            }
-        };
-        let d_conv = w.cols;
-        for st in states.iter() {
-            if st.shape.conv_channels != ch || st.shape.d_conv != d_conv {
-                return Err(shape_err(
-                    "conv1d",
-                    format!("state {:?} for {ch} channels, d_conv {d_conv}", st.shape),
-                ));
-            }
-        }
-        let by_seq = rows_by_seq(rows, states.len())?;
-        let f = self.function("mo_conv1d")?;
-        for (s, idx) in by_seq.iter().enumerate() {
-            if idx.is_empty() || ch == 0 {
-                continue;
-            }
-            let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
-            let row_ids = self.host_ints(&row_ids)?;
-            if self.replaying() {
-                continue;
-            }
-            let cfg = LaunchConfig {
-                grid_dim: (ch.div_ceil(128) as u32, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let ints = [idx.len() as i32, ch as i32, d_conv as i32];
-            let mut b = self.dev.stream().launch_builder(&f);
-            b.arg(&*x.data)
-                .arg(wd)
-                .arg(&row_ids.ptr)
-                .arg(&ints[0])
-                .arg(&mut states[s].conv)
-                .arg(&mut *out.data)
-                .arg(&ints[1])
-                .arg(&ints[2]);
-            // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv); w is
-            // [ch, d_conv], the state [d_conv - 1, ch], d_conv <= 16 (checked at creation).
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        }
-        Ok(())
+        let (_, form) = super::recurrent::configured_forms();
+        self.conv1d_with(x, w, rows, states, out, form)
     }
 
     pub(super) fn delta_rule_gates_impl(
@@ -567,42 +482,7 @@ impl CudaBackend {
         dt_bias: &CudaWeight,
         a: &CudaWeight,
     ) -> Result<(), BackendError> {
-        let h = alpha.cols;
-        if (beta.rows, beta.cols) != (alpha.rows, h) {
-            return Err(shape_err(
-                "delta_rule_gates",
-                format!(
-                    "alpha [{}, {h}], beta [{}, {}]",
-                    alpha.rows, beta.rows, beta.cols
-                ),
-            ));
-        }
-        fn vec_of(w: &CudaWeight, h: usize) -> Result<&CudaSlice<f32>, BackendError> {
-            match &w.dense {
-                Some(d) if w.rows * w.cols == h => Ok(d),
-                _ => Err(shape_err(
-                    "delta_rule_gates",
-                    format!("weight [{}, {}] for {h} heads", w.rows, w.cols),
-                )),
-            }
-        }
-        let (dt, av) = (vec_of(dt_bias, h)?, vec_of(a, h)?);
-        let n = alpha.rows * h;
-        if n == 0 {
-            return Ok(());
-        }
-        let f = self.function("mo_delta_gates")?;
-        let (n_i, h_i) = (n as i64, h as i32);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&mut *alpha.data)
-            .arg(&mut *beta.data)
-            .arg(dt)
-            .arg(av)
-            .arg(&n_i)
-            .arg(&h_i);
-        // SAFETY: matches mo_delta_gates(alpha, beta, dt_bias, a, n, n_heads); shapes checked.
-        unsafe { b.launch(elems_cfg(n)) }.map_err(dev_err)?;
-        Ok(())
+        self.delta_rule_gates_rec(alpha, beta, dt_bias, a)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -617,64 +497,7 @@ impl CudaBackend {
         states: &mut [&mut CudaRecurrentState],
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        let n = rows.len();
-        let Some(sh) = states.first().map(|s| s.shape) else {
-            return if n == 0 {
-                Ok(())
-            } else {
-                Err(BackendError::BadSequence { seq: 0, n_seqs: 0 })
-            };
-        };
-        if states.iter().any(|s| s.shape != sh) {
-            return Err(shape_err("delta_rule", "states of different shapes".into()));
-        }
-        check_cols("delta_rule q", q, n, sh.n_k_heads * sh.d_k)?;
-        check_cols("delta_rule k", k, n, sh.n_k_heads * sh.d_k)?;
-        check_cols("delta_rule v", v, n, sh.n_v_heads * sh.d_v)?;
-        check_cols("delta_rule g", g, n, sh.n_v_heads)?;
-        check_cols("delta_rule beta", beta, n, sh.n_v_heads)?;
-        check_cols("delta_rule out", out, n, sh.n_v_heads * sh.d_v)?;
-        let by_seq = rows_by_seq(rows, states.len())?;
-        let f = self.function("mo_delta_rule")?;
-        let threads = sh.d_v.div_ceil(32).clamp(1, 8) as u32 * 32;
-        for (s, idx) in by_seq.iter().enumerate() {
-            if idx.is_empty() || sh.n_v_heads == 0 {
-                continue;
-            }
-            let row_ids: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
-            let row_ids = self.host_ints(&row_ids)?;
-            if self.replaying() {
-                continue;
-            }
-            let cfg = LaunchConfig {
-                grid_dim: (sh.n_v_heads as u32, 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let ints = [
-                idx.len() as i32,
-                sh.n_k_heads as i32,
-                sh.n_v_heads as i32,
-                sh.d_k as i32,
-                sh.d_v as i32,
-            ];
-            let mut b = self.dev.stream().launch_builder(&f);
-            b.arg(&*q.data)
-                .arg(&*k.data)
-                .arg(&*v.data)
-                .arg(&*g.data)
-                .arg(&*beta.data)
-                .arg(&row_ids.ptr)
-                .arg(&ints[0])
-                .arg(&mut states[s].s)
-                .arg(&mut *out.data);
-            for i in &ints[1..] {
-                b.arg(i);
-            }
-            // SAFETY: matches mo_delta_rule(q, k, v, g, beta, rows, n_rows, state, out,
-            // n_k_heads, n_v_heads, d_k, d_v); every tensor's shape checked above.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        }
-        Ok(())
+        let (form, _) = super::recurrent::configured_forms();
+        self.delta_rule_with(q, k, v, g, beta, rows, states, out, form)
     }
 }
