@@ -388,7 +388,9 @@ pub fn load_split(
     let multi = Multi::new(cards, split).context("starting the layer-split backend")?;
     if !multi.records_steps() {
         log.warn(
-            "the cards cannot copy peer-to-peer: decode steps run without CUDA graphs, the hidden state crosses through host memory",
+            "decode steps over several GPUs run without CUDA graphs (REDLINE_MULTI_GRAPHS=1 records them per card: \
+             not yet verified on several GPUs); the hidden state crosses by peer copies (through host memory where \
+             the cards have no peer access)",
         );
     }
     let t0 = std::time::Instant::now();
