@@ -387,3 +387,88 @@ async fn mtp_drafting_equals_plain_greedy_over_http() {
     let b = post(spec.addr, "/v1/completions", sampled).await;
     assert_eq!(b["usage"]["completion_tokens"], 30);
 }
+
+/// The slot drafter's MTP drafts equal the one-sequence drafter's (`MtpSpec`, checked against
+/// an offline MTP pass in crates/convert/tests/mtp_speculative.rs) step for step, for two
+/// slots batched together with different prompts and partial accepts.
+#[test]
+fn slot_mtp_drafts_equal_the_single_sequence_drafter() {
+    use engine::scheduler::BatchModel;
+    use engine::speculative::{MtpSpec, SpecBatch, SpecModel, SpecOptions};
+    let path = mtp_fixture();
+    let m = Arc::new(Model::load(&path, &LoadOptions::default()).unwrap());
+    let _ = std::fs::remove_file(&path);
+    assert!(m.load_mtp().unwrap());
+    let n_vocab = m.config().n_vocab;
+    let batch = SpecBatch::new(
+        m.clone(),
+        SlotDrafter::Mtp,
+        KvType::F32,
+        KvType::F32,
+        n_vocab,
+        SpecOptions::default(),
+    )
+    .unwrap();
+    let prompts: [&[u32]; 2] = [&[1, 17, 99, 4, 250], &[3, 8, 40]];
+    let mut slots: Vec<_> = prompts
+        .iter()
+        .map(|_| batch.new_state(128).unwrap())
+        .collect();
+    let mut refs: Vec<MtpSpec<'_, _>> = prompts
+        .iter()
+        .map(|_| MtpSpec::new(&m, m.new_state(128, KvType::F32).unwrap(), KvType::F32).unwrap())
+        .collect();
+    {
+        let mut st: Vec<&mut _> = slots.iter_mut().collect();
+        batch.forward_multi(&mut st, &prompts).unwrap();
+    }
+    for (r, p) in refs.iter_mut().zip(prompts) {
+        r.prefill(p).unwrap();
+    }
+    let max_diff = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let mut last = [7u32, 9];
+    for step in 0..6 {
+        // 3 draft steps per slot, fed fixed tokens (the drafts' identity does not matter).
+        let mut fed: Vec<Vec<u32>> = last.iter().map(|&t| vec![t]).collect();
+        for j in 0..3 {
+            let toks: Vec<u32> = fed.iter().map(|f| f[j]).collect();
+            let got = {
+                let mut st: Vec<&mut _> = slots.iter_mut().collect();
+                batch.draft_step(&mut st, &toks).unwrap()
+            };
+            for (i, r) in refs.iter_mut().enumerate() {
+                let want = r.draft_step(toks[i]).unwrap();
+                let d = max_diff(&got[i * n_vocab..(i + 1) * n_vocab], &want);
+                assert!(d < 1e-4, "step {step} draft {j} slot {i}: {d}");
+                fed[i].push((toks[i] * 31 + 5 + j as u32) % n_vocab as u32);
+            }
+        }
+        let verify: Vec<&[u32]> = fed.iter().map(|f| &f[..3]).collect();
+        {
+            let mut st: Vec<&mut _> = slots.iter_mut().collect();
+            batch
+                .forward_verify(&mut st, &verify, &[true, true])
+                .unwrap();
+        }
+        // Keep 1, 2 or all 3 verify tokens, differently per slot.
+        let keep = [1 + step % 3, 1 + (step + 1) % 3];
+        for (i, r) in refs.iter_mut().enumerate() {
+            r.verify(verify[i]).unwrap();
+            r.accept(keep[i]).unwrap();
+        }
+        {
+            let mut st: Vec<&mut _> = slots.iter_mut().collect();
+            batch.settle(&mut st, &keep).unwrap();
+        }
+        for i in 0..2 {
+            last[i] = (verify[i][keep[i] - 1] * 7 + 3) % n_vocab as u32;
+            assert_eq!(batch.state_len(&slots[i]), refs[i].target_len());
+        }
+    }
+}
