@@ -8,7 +8,9 @@
 //!    generating slot plus prompt chunks of the oldest waiting prompts, at most
 //!    `prefill_chunk` prompt tokens in all (the weights are read once for all of them), so a
 //!    running stream gets a token every step and a long prompt only makes each step up to
-//!    one chunk larger.
+//!    one chunk larger. With a drafter (`BatchModel::speculation`, e.g.
+//!    `speculative::SpecBatch`), each decode row is a verify pass of the pending token plus
+//!    drafts from batched draft steps; see `speculation.rs`.
 //!
 //! Callers talk to it through [`Scheduler::submit`] and a channel of [`GenerationEvent`]s.
 

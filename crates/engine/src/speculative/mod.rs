@@ -2,6 +2,11 @@
 //! checks all of them in ONE batched forward (one pass over its weights for k + 1 tokens),
 //! and the longest acceptable prefix is kept, plus one token from the target itself.
 //!
+//! One sequence: [`generate_speculative`] over a [`SpecModel`]. The server's slots:
+//! [`SpecBatch`] (the scheduler's model with a drafter per slot; the scheduler drafts, verifies
+//! and settles all slots in shared passes, `crate::scheduler`), judging rows with the same
+//! [`DraftSampler`] as the one-sequence [`SpeculativeDecoder`].
+//!
 //! Two drafters over any backend (`model::ModelOn<B>`):
 //! - [`DraftModelSpec`]: a separate small model with the same vocabulary (`-md DRAFT.gguf`);
 //! - [`MtpSpec`]: Qwen3.5's own multi-token-prediction block (`model::arch::qwen35_mtp`),
