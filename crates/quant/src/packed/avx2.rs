@@ -101,13 +101,14 @@ unsafe fn q4_0<const T: usize>(
     let mut acc = [_mm256_setzero_ps(); T];
     // SAFETY (whole body): as `avx512::q4_0`, reading the half's 32 bytes of each chunk.
     unsafe {
-        let ds = w.add(256 * nb);
         for b in 0..nb {
-            let q = w.add(256 * b + 32 * half);
+            // Blocks in pairs of 576 bytes: both scales, then both blocks' quants.
+            let pair = w.add(576 * (b / 2));
+            let q = pair.add(64 + 256 * (b % 2) + 32 * half);
             let raw: [__m256i; 4] = std::array::from_fn(|k| ld(q.add(64 * k)));
             let lo = raw.map(|c| _mm256_and_si256(c, m4));
             let hi = raw.map(|c| _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4));
-            let dw = ld_f16x8(ds.add(32 * b + 16 * half));
+            let dw = ld_f16x8(pair.add(32 * (b % 2) + 16 * half));
             for t in 0..T {
                 let a = tok[t].qs.add(32 * b);
                 // 8 pair sums of ≤ 2 · 15 · 128 each: ≤ 30720, fits i16.
@@ -148,12 +149,13 @@ unsafe fn q8_0<const T: usize>(
     let mut acc = [_mm256_setzero_ps(); T];
     // SAFETY (whole body): as `avx512::q8_0`, reading the half's 32 bytes of each chunk.
     unsafe {
-        let ds = w.add(512 * nb);
         for b in 0..nb {
-            let q = w.add(512 * b + 32 * half);
+            // Blocks in pairs of 1088 bytes: both scales, then both blocks' quants.
+            let pair = w.add(1088 * (b / 2));
+            let q = pair.add(64 + 512 * (b % 2) + 32 * half);
             let wk: [__m256i; 8] = std::array::from_fn(|k| ld(q.add(64 * k)));
             let wabs = wk.map(|v| _mm256_abs_epi8(v));
-            let dw = ld_f16x8(ds.add(32 * b + 16 * half));
+            let dw = ld_f16x8(pair.add(32 * (b % 2) + 16 * half));
             for t in 0..T {
                 let a = tok[t].qs.add(32 * b);
                 let mut s = _mm256_setzero_si256();

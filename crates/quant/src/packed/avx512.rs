@@ -78,8 +78,9 @@ pub(super) unsafe fn group(
     }
 }
 
-/// Q4_0 group · T Q8_0 rows. Per block b: quants at `256 b` (chunk k: bytes 4k..4k+4 of
-/// each row, low nibbles = elements 4k.., high = 16 + 4k..), f16 scales at `256 nb + 32 b`.
+/// Q4_0 group · T Q8_0 rows. Block b: f16 scales at `576 (b/2) + 32 (b%2)`, quants at
+/// `576 (b/2) + 64 + 256 (b%2)` (chunk k: bytes 4k..4k+4 of each row, low nibbles =
+/// elements 4k.., high = 16 + 4k..).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4_0<const T: usize>(
     w: *const u8,
@@ -92,13 +93,15 @@ unsafe fn q4_0<const T: usize>(
     // SAFETY (whole body): offsets stay inside the group of nb × 288 bytes and inside each
     // token's nb × 32 activations, nb scales and nb sums (the caller's contract).
     unsafe {
-        let ds = w.add(256 * nb);
         for b in 0..nb {
-            let q = w.add(256 * b);
+            // Blocks in pairs of 576 bytes: both scales, then both blocks' quants (one
+            // sequential stream; separate scale and quant regions streamed ~2x slower).
+            let pair = w.add(576 * (b / 2));
+            let q = pair.add(64 + 256 * (b % 2));
             let raw: [__m512i; 4] = std::array::from_fn(|k| ld(q.add(64 * k)));
             let lo = raw.map(|c| _mm512_and_si512(c, m4));
             let hi = raw.map(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(c), m4));
-            let dw = ld_f16x16(ds.add(32 * b));
+            let dw = ld_f16x16(pair.add(32 * (b % 2)));
             for t in 0..T {
                 let a = tok[t].qs.add(32 * b);
                 let mut s = _mm512_set1_epi32(*tok[t].sums.add(b));
@@ -116,8 +119,8 @@ unsafe fn q4_0<const T: usize>(
     }
 }
 
-/// Q8_0 group · T Q8_0 rows. Per block b: quants at `512 b` (chunk k: bytes 4k..4k+4 of
-/// each row), f16 scales at `512 nb + 32 b`. The weights are made unsigned (w + 128, by
+/// Q8_0 group · T Q8_0 rows. Block b: f16 scales at `1088 (b/2) + 32 (b%2)`, quants at
+/// `1088 (b/2) + 64 + 512 (b%2)` (chunk k: bytes 4k..4k+4 of each row). The weights are made unsigned (w + 128, by
 /// flipping the sign bit) for `vpdpbusd`; the token's sum −128 Σa takes the 128 off.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q8_0<const T: usize>(
@@ -131,12 +134,13 @@ unsafe fn q8_0<const T: usize>(
     // SAFETY (whole body): offsets stay inside the group of nb × 544 bytes and inside each
     // token's nb × 32 activations, nb scales and nb sums.
     unsafe {
-        let ds = w.add(512 * nb);
         for b in 0..nb {
-            let q = w.add(512 * b);
+            // Blocks in pairs of 1088 bytes: both scales, then both blocks' quants.
+            let pair = w.add(1088 * (b / 2));
+            let q = pair.add(64 + 512 * (b % 2));
             let wu: [__m512i; 8] =
                 std::array::from_fn(|k| _mm512_xor_si512(ld(q.add(64 * k)), flip));
-            let dw = ld_f16x16(ds.add(32 * b));
+            let dw = ld_f16x16(pair.add(32 * (b % 2)));
             for t in 0..T {
                 let a = tok[t].qs.add(32 * b);
                 let mut s = _mm512_set1_epi32(*tok[t].sums.add(b));
