@@ -208,6 +208,17 @@ pub trait Backend: Send + Sync + Sized {
         dst: &mut Self::Tensor,
         c: &ColumnCopy,
     ) -> Result<(), BackendError>;
+    /// Contiguous column ranges of `src` into several tensors (splitting a fused projection):
+    /// `dsts[i][r] = src[r][offsets[i] .. offsets[i] + cols(dsts[i])]`. Default: one
+    /// [`Backend::copy_cols`] per destination.
+    fn split_cols(
+        &self,
+        src: &Self::Tensor,
+        offsets: &[usize],
+        dsts: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        split_cols_each(self, src, offsets, dsts)
+    }
     /// `out[i] = x[rows[i]]`. x: `[n, cols]`, out: `[rows.len(), cols]`.
     fn get_rows(
         &self,
@@ -341,4 +352,24 @@ pub fn matmul_add_via_temp<B: Backend>(
     let mut t = b.zeros(rows, cols);
     b.matmul(w, x, &mut t)?;
     b.add(out, &t)
+}
+
+/// [`Backend::split_cols`] as one [`Backend::copy_cols`] per destination.
+pub fn split_cols_each<B: Backend>(
+    b: &B,
+    src: &B::Tensor,
+    offsets: &[usize],
+    dsts: &mut [&mut B::Tensor],
+) -> Result<(), BackendError> {
+    if offsets.len() != dsts.len() {
+        return Err(BackendError::Shape {
+            op: "split_cols",
+            detail: format!("{} offsets for {} outputs", offsets.len(), dsts.len()),
+        });
+    }
+    for (&off, dst) in offsets.iter().zip(dsts.iter_mut()) {
+        let (_, width) = b.shape(dst);
+        b.copy_cols(src, dst, &ColumnCopy::contiguous(off, width, 0))?;
+    }
+    Ok(())
 }

@@ -600,3 +600,43 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
     acc = block_sum(acc);
     if (threadIdx.x == 0) y[row] = acc;
 }
+
+// ---- split of a fused projection into several tensors (decode fusion) ------------------------
+
+// dst_i[r][c] = src[r][off_i + c], c < width_i, for up to SPLIT_MAX_SEGS destinations in one
+// launch (the DeltaNet conv output into q, k, v: three copy launches before).
+#define SPLIT_MAX_SEGS 4
+struct SplitSeg {
+    float* dst;
+    int src_off;
+    int width;
+};
+struct SplitSegs {
+    SplitSeg seg[SPLIT_MAX_SEGS];
+    int n_segs;
+    int src_cols;
+    int n_rows;
+    int total;  // sum of the widths
+};
+
+extern "C" __global__ void mo_split_cols(const SplitSegs p, const float* __restrict__ src) {
+    pdl_wait();
+    pdl_trigger();
+    const long long n = (long long)p.n_rows * p.total;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n; t += (long long)gridDim.x * blockDim.x) {
+        const long long r = t / p.total;
+        int c = (int)(t % p.total);
+        float* dst = p.seg[0].dst;
+        int off = p.seg[0].src_off, width = p.seg[0].width;
+#pragma unroll
+        for (int s = 1; s < SPLIT_MAX_SEGS; s++) {
+            if (s < p.n_segs && c >= width) {
+                c -= width;
+                dst = p.seg[s].dst;
+                off = p.seg[s].src_off;
+                width = p.seg[s].width;
+            }
+        }
+        dst[r * width + c] = src[r * p.src_cols + off + c];
+    }
+}

@@ -62,6 +62,31 @@ struct F32Segs {
 // SAFETY: plain repr(C) data (addresses and integers) with the layout of the kernel's struct.
 unsafe impl cudarc::driver::DeviceRepr for F32Segs {}
 
+/// Most destinations of one `mo_split_cols` launch (SPLIT_MAX_SEGS in kernels/model_ops.cu).
+const SPLIT_MAX_SEGS: usize = 4;
+
+/// Kernel parameter of `mo_split_cols` (struct SplitSeg / SplitSegs in kernels/model_ops.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SplitSeg {
+    dst: u64,
+    src_off: i32,
+    width: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SplitSegs {
+    seg: [SplitSeg; SPLIT_MAX_SEGS],
+    n_segs: i32,
+    src_cols: i32,
+    n_rows: i32,
+    total: i32,
+}
+
+// SAFETY: plain repr(C) data (addresses and integers) with the layout of the kernel's struct.
+unsafe impl cudarc::driver::DeviceRepr for SplitSegs {}
+
 /// Tokens at most for the fused paths (the one-token `mvm_` launch takes 1; the rest reuse x
 /// through the per-matrix kernels, which take up to 8 per launch).
 const MAX_FUSED_TOKENS: usize = matvec::MAX_TOKENS_PER_LAUNCH;
@@ -633,5 +658,63 @@ impl CudaBackend {
         // heads, factors n_rot / 2 (checked) or null.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
+    }
+
+    /// `split_cols` as one launch (at most SPLIT_MAX_SEGS destinations, every range inside
+    /// `src`); `Ok(false)` when not taken.
+    pub(super) fn split_cols_impl(
+        &self,
+        src: &CudaTensor,
+        offsets: &[usize],
+        dsts: &mut [&mut CudaTensor],
+    ) -> Result<bool, BackendError> {
+        if offsets.len() != dsts.len()
+            || dsts.is_empty()
+            || dsts.len() > SPLIT_MAX_SEGS
+            || dsts
+                .iter()
+                .zip(offsets)
+                .any(|(d, &o)| d.rows != src.rows || o + d.cols > src.cols)
+        {
+            return Ok(false);
+        }
+        let total: usize = dsts.iter().map(|d| d.cols).sum();
+        let n = src.rows * total;
+        if n == 0 {
+            return Ok(true);
+        }
+        if n > i32::MAX as usize || src.cols > i32::MAX as usize {
+            return Ok(false);
+        }
+        let stream = self.dev.stream();
+        let mut p = SplitSegs {
+            n_segs: dsts.len() as i32,
+            src_cols: src.cols as i32,
+            n_rows: src.rows as i32,
+            total: total as i32,
+            ..SplitSegs::default()
+        };
+        for (k, (d, &o)) in dsts.iter().zip(offsets).enumerate() {
+            p.seg[k] = SplitSeg {
+                dst: dev_ptr(&*d.data, stream),
+                src_off: o as i32,
+                width: d.cols as i32,
+            };
+        }
+        let f = self.function("mo_split_cols")?;
+        let cfg = elems_cfg(n);
+        if self.pdl() {
+            let mut ps = dev_ptr(&*src.data, stream);
+            let mut params = [pdl::arg(&mut p), pdl::arg(&mut ps)];
+            // SAFETY: as below; the kernel waits for the previous one first.
+            unsafe { pdl::launch(stream, &f, cfg, &mut params, true) }.map_err(dev_err)?;
+            return Ok(true);
+        }
+        let mut b = stream.launch_builder(&f);
+        b.arg(&p).arg(&*src.data);
+        // SAFETY: matches mo_split_cols(SplitSegs, src); every destination holds rows x width
+        // f32 and its range lies inside src's columns (checked above).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(true)
     }
 }

@@ -667,6 +667,26 @@ impl backend::Backend for CudaBackend {
         )
     }
 
+    fn split_cols(
+        &self,
+        src: &CudaTensor,
+        offsets: &[usize],
+        dsts: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        if !self.fused() {
+            return backend::split_cols_each(self, src, offsets, dsts);
+        }
+        skip_in_replay!(self);
+        let done = self.timed(
+            || "split_cols".to_string(),
+            || self.split_cols_impl(src, offsets, dsts),
+        )?;
+        if done {
+            return Ok(());
+        }
+        backend::split_cols_each(self, src, offsets, dsts)
+    }
+
     fn get_rows(
         &self,
         x: &CudaTensor,

@@ -250,14 +250,9 @@ impl<B: Backend> DeltaNet<B> {
         // transformers' l2norm of q and k: x * rsqrt(sum(x²) + 1e-6), per d_state group; the
         // q|k columns of the conv output are adjacent, so one call (one launch) norms both
         b.l2_norm(&mut conv, 0, 2 * kd, ssm.d_state, cfg.rms_eps)?;
-        let part = |offset: usize, width: usize| -> Result<B::Tensor, ModelError> {
-            let mut t = b.zeros(n, width);
-            b.copy_cols(&conv, &mut t, &ColumnCopy::contiguous(offset, width, 0))?;
-            Ok(t)
-        };
-        let q = part(0, kd)?;
-        let k = part(kd, kd)?;
-        let v = part(2 * kd, ssm.d_inner)?;
+        // conv: [n, q | k | v]
+        let (mut q, mut k, mut v) = (b.zeros(n, kd), b.zeros(n, kd), b.zeros(n, ssm.d_inner));
+        b.split_cols(&conv, &[0, kd, 2 * kd], &mut [&mut q, &mut k, &mut v])?;
         let mut o = b.zeros(n, ssm.d_inner);
         b.delta_rule(&q, &k, &v, &g, &beta, &batch.rows, states, &mut o)?;
         b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
