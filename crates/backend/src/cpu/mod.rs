@@ -265,7 +265,9 @@ impl Backend for CpuBackend {
             return matmul::matmul_reference(w, x, out);
         }
         if let Some(p) = self.packed(w) {
-            if x.rows == 1 {
+            // One token on the team from the calling thread (no pool hand-off); anything
+            // else inside our pool, so rayon work lands on our threads.
+            if x.rows == 1 && self.team.is_some() {
                 return matmul::matmul_packed(p, self.team.as_ref(), x, out);
             }
             return self.run(|| matmul::matmul_packed(p, self.team.as_ref(), x, out));
