@@ -21,8 +21,9 @@
 //! (head_dim_v + 2)` for `splits > 1`, at most [`MAX_SPLITS`] splits; the prefill kernel needs
 //! none.
 //!
-//! `REDLINE_FLASH_ATTN=0` turns these kernels off (the older per-row kernels of
-//! kernels/model_ops.cu run instead); [`set_enabled`] does the same for tests.
+//! `REDLINE_FLASH_ATTN=1` turns these kernels on, `0` off (the older per-row kernels of
+//! kernels/model_ops.cu run instead); unset, [`DEFAULT_ENABLED`] decides (off until they pass
+//! on a card); [`set_enabled`] does the same for tests.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
@@ -57,8 +58,8 @@ const DEFAULT_SMEM_BYTES: usize = 48 << 10;
 /// 0: not read yet, 1: off, 2: on.
 static ENABLED: AtomicU8 = AtomicU8::new(0);
 
-/// Whether the kernels of this module serve `CudaBackend::attention` (`REDLINE_FLASH_ATTN`,
-/// default on; `0` off).
+/// Whether the kernels of this module serve `CudaBackend::attention` (`REDLINE_FLASH_ATTN`:
+/// `0` off, anything else on; unset: [`DEFAULT_ENABLED`]).
 pub fn enabled() -> bool {
     match ENABLED.load(Ordering::Relaxed) {
         1 => false,
@@ -71,8 +72,9 @@ pub fn enabled() -> bool {
     }
 }
 
-/// Default of [`enabled`] when `REDLINE_FLASH_ATTN` is unset.
-const DEFAULT_ENABLED: bool = false;
+/// Default of [`enabled`] when `REDLINE_FLASH_ATTN` is unset: off until a device window
+/// has passed tests/gpu_attention.rs and the fixture tests with the kernels on.
+pub const DEFAULT_ENABLED: bool = false;
 
 /// Turns the kernels of this module on or off for the whole process (tests, A/B benches).
 pub fn set_enabled(on: bool) {
