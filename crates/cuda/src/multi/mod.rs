@@ -564,6 +564,25 @@ impl<B: CardLink> Backend for Multi<B> {
         self.card(d).copy_cols(&*src.on(d)?, dst.on_mut(d)?, c)
     }
 
+    fn split_cols(
+        &self,
+        src: &Self::Tensor,
+        offsets: &[usize],
+        dsts: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        let d = self.home(&[src]);
+        self.place(src, d)?;
+        for t in dsts.iter() {
+            self.place(t, d)?;
+        }
+        let sd = src.on(d)?;
+        let mut dd = dsts
+            .iter_mut()
+            .map(|t| t.on_mut(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.card(d).split_cols(&sd, offsets, &mut dd)
+    }
+
     fn get_rows(
         &self,
         x: &Self::Tensor,
