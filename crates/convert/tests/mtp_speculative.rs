@@ -34,7 +34,10 @@ fn build_mtp_fixture() -> Option<PathBuf> {
         eprintln!("skipping: {} is absent", src.display());
         return None;
     }
-    let dir = std::env::temp_dir().join(format!("redline-mtp-spec-{}", std::process::id()));
+    // Under cargo's per-target scratch folder (reused run after run), not the system temp dir,
+    // where one 27 MB folder per test process piled up.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mtp-speculative-fixture");
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
