@@ -50,7 +50,9 @@ struct alignas(8) MqF2 {
     float x, y;
 };
 
-// Weights stream through once: bypass L1 so x (read by every block) stays there.
+#if __CUDA_ARCH__ < 800
+// Weights stream through once: bypass L1 so x (read by every block) stays there (sm_70's
+// register-staged path; sm_80+ copies with cp.async).
 static __device__ __forceinline__ MqVec mq_ld_stream(const MqVec* p) {
     MqVec v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -58,6 +60,7 @@ static __device__ __forceinline__ MqVec mq_ld_stream(const MqVec* p) {
         : "l"(p));
     return v;
 }
+#endif
 
 #if __CUDA_ARCH__ >= 800
 // 16 bytes global -> shared, asynchronous, L2 only (.cg): the weights are read once.
@@ -445,7 +448,6 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     const int row0 = blockIdx.x * 16;
     const MqF2* xds = (const MqF2*)xds_f;
     MqVec* sv = mq_smem + wid * MMQ_STAGES * 16 * VPR;  // this warp's stages
-    const uint8_t* sb = (const uint8_t*)sv;
     const int nunits = ncols / 32;
     const int nchunks = (nunits + 7) / 8;
 
@@ -508,6 +510,7 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     }
     mq_cp_wait<0>();
 #else
+    const uint8_t* sb = (const uint8_t*)sv;
     MqVec st[L];
     auto load = [&](int c) {
 #pragma unroll

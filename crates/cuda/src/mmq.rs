@@ -77,6 +77,26 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("REDLINE_MMQ").is_ok_and(|v| v == "1"))
 }
 
+/// Fewest tokens for which the backend's matmul takes this path instead of the matvec
+/// (`REDLINE_MMQ_MIN` overrides; read once). On the H200 (17:50 window, mmq v1) the matvec
+/// still won at 2-4 tokens for Q4_K on every 32B shape and the tensor-core path won from 8.
+pub fn dispatch_min_tokens() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("REDLINE_MMQ_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+            .max(MIN_TOKENS)
+    })
+}
+
+/// The backend's question: should a product of `n` tokens of weight type `ty` on `dev` take
+/// the tensor-core path ([`enabled`], [`supports_device`], at least [`dispatch_min_tokens`]).
+pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+    n >= dispatch_min_tokens() && enabled() && supports_device(dev, ty, n)
+}
+
 /// Warps per block for a rows x cols product: the warps split the 256-weight chunks of one
 /// 16-row tile, so few tiles (a 5120-row matrix is 320) want more warps to keep enough bytes in
 /// flight per SM, many tiles fewer (less reduction, more blocks per SM).

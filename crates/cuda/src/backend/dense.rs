@@ -165,6 +165,15 @@ impl CudaBackend {
             {
                 return Ok(());
             }
+            // A few tokens (batched decode, speculative verify): int8 tensor cores read the
+            // weights once for up to 32 tokens where the matvec reads them once per token.
+            if crate::mmq::dispatch(&self.dev, m.ty, n) {
+                return self.with_scratch(n, w.cols, |s| {
+                    self.dev
+                        .mmq(m, &x.data, n, &mut out.data, s)
+                        .map_err(dev_err)
+                });
+            }
             return self.with_scratch(n, w.cols, |s| {
                 self.dev
                     .matvec(m, &x.data, n, &mut out.data, s)

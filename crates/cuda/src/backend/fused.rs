@@ -210,6 +210,12 @@ impl CudaBackend {
         }
         self.with_q8(x.rows, x.cols, |s, holds| {
             self.ensure_q8(x, s, holds)?;
+            if crate::mmq::dispatch(&self.dev, m.ty, x.rows) {
+                return self
+                    .dev
+                    .mmq_prequantized(m, x.rows, s, &mut out.data)
+                    .map_err(dev_err);
+            }
             self.dev
                 .matvec_prequantized(m, s, &mut out.data)
                 .map_err(dev_err)
