@@ -382,7 +382,7 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         match self.fusable(w, x) {
-            Some(m) if x.rows == 1 && (out.rows, out.cols) == (1, w.rows) => {
+            Some(m) if !self.matmul_add_uses_temp(w, x, out) => {
                 let y = dev_ptr(&*out.data, self.dev.stream());
                 self.with_q8(1, x.cols, |s, holds| {
                     self.ensure_q8(x, s, holds)?;
@@ -401,6 +401,17 @@ impl CudaBackend {
                 self.add_impl(out, &t)
             }
         }
+    }
+
+    /// Whether `matmul_add_impl` goes through a step temporary (anything but one token of a
+    /// fusable quantized matrix): the arena block a replay of the step must take too.
+    pub(super) fn matmul_add_uses_temp(
+        &self,
+        w: &CudaWeight,
+        x: &CudaTensor,
+        out: &CudaTensor,
+    ) -> bool {
+        !(self.fusable(w, x).is_some() && x.rows == 1 && (out.rows, out.cols) == (1, w.rows))
     }
 
     /// `rms_norm` of whole rows that also writes the q8_1 copy of `out`; `Ok(false)` when

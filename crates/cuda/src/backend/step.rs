@@ -355,10 +355,11 @@ impl StepCtl {
                     // A different op sequence under a known key: the host inputs did not land
                     // where the graph reads them. Drop it; the step's results are lost.
                     self.graphs.remove(&self.key);
-                    self.warmed.remove(&self.key);
-                    return Err(dev_err(
-                        "decode step differs from its recording (same key, other ops)",
-                    ));
+                    let warm = self.warmed.remove(&self.key);
+                    return Err(dev_err(format!(
+                        "decode step differs from its recording (same key, other ops): \
+                         replay used {used:?}, recording {warm:?}"
+                    )));
                 }
                 g.graph.launch().map_err(dev_err)?;
                 self.replays += 1;
