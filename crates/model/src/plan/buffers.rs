@@ -17,6 +17,10 @@ pub const RUNTIME_OVERHEAD_BYTES: u64 = 512 << 20;
 /// Rows of a micro-batch (tokens per forward call), llama.cpp's default `n_ubatch`.
 pub const DEFAULT_UBATCH: usize = 512;
 
+/// Tokens per chunk of the GPU's chunked DeltaNet prefill (CHUNK in crates/cuda's
+/// backend/recurrent.rs and kernels/deltanet.cu).
+const DELTANET_CHUNK: usize = 64;
+
 /// KV positions one tile of prefill attention covers: scores are held for one tile at a time.
 const ATTENTION_KV_TILE: u64 = 256;
 
@@ -65,8 +69,10 @@ pub struct ComputeBytes {
     /// (3 × n_ff), attention q (with gate), k, v and output (q_rows + 2 × kv_dim + q_dim), or
     /// DeltaNet conv channels, gate and output (conv_channels + 2 × value_dim + 2 × n_v_heads).
     pub activations: u64,
-    /// Tiled prefill attention: scores for one KV tile of 256 positions and the output
-    /// accumulator, [n_head, n_ubatch, 256 + head_dim_v] f32.
+    /// The step scratch that prefill attention and the chunked DeltaNet prefill share (one
+    /// block, reused by every layer), the larger of: tiled attention's scores for one KV tile
+    /// of 256 positions and the output accumulator, [n_head, n_ubatch, 256 + head_dim_v] f32;
+    /// the chunked delta rule's [n_v_heads, ceil(n_ubatch / 64) × 64, d_k + d_v + 65] f32.
     pub attention: u64,
 }
 
@@ -89,14 +95,19 @@ pub fn compute_bytes(m: &ModelMemory, n_ubatch: usize) -> ComputeBytes {
         (d.conv_channels + 2 * d.n_v_heads * d.head_v_dim + 2 * d.n_v_heads) as u64
     });
     let per_row = 2 * m.n_embd as u64 + attn_width.max(ffn_width).max(deltanet_width);
+    let attention = if m.n_attention_layers() > 0 {
+        4 * m.n_head as u64 * ub * (ATTENTION_KV_TILE + m.head_dim_v as u64)
+    } else {
+        0
+    };
+    let deltanet_chunked = m.deltanet.map_or(0, |d| {
+        let rows = n_ubatch.div_ceil(DELTANET_CHUNK) * DELTANET_CHUNK;
+        4 * (d.n_v_heads * rows * (d.head_k_dim + d.head_v_dim + DELTANET_CHUNK + 1)) as u64
+    });
     ComputeBytes {
         logits: 4 * ub * m.n_vocab as u64,
         activations: 4 * ub * per_row,
-        attention: if m.n_attention_layers() > 0 {
-            4 * m.n_head as u64 * ub * (ATTENTION_KV_TILE + m.head_dim_v as u64)
-        } else {
-            0
-        },
+        attention: attention.max(deltanet_chunked),
     }
 }
 
@@ -145,6 +156,9 @@ mod tests {
         assert_eq!(c.logits, 4 * 512 * 248320);
         // widest: FFN 3 × 17408 = 52224 > attention 12288 + 2048 + 6144, + 2 × 5120
         assert_eq!(c.activations, 4 * 512 * (52224 + 10240));
-        assert_eq!(c.attention, 4 * 24 * 512 * (256 + 256));
+        // chunked DeltaNet scratch 48 v-heads × 512 × (128 + 128 + 65) = 31.6 MB is larger
+        // than tiled attention's 24 heads × 512 × (256 + 256) = 25.2 MB
+        assert_eq!(c.attention, 4 * 48 * 512 * (128 + 128 + 65));
+        assert!(c.attention > 4 * 24 * 512 * (256 + 256));
     }
 }
