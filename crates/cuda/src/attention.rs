@@ -22,7 +22,7 @@
 //! none.
 //!
 //! `REDLINE_FLASH_ATTN=1` turns these kernels on, `0` off (the older per-row kernels of
-//! kernels/model_ops.cu run instead); unset, [`DEFAULT_ENABLED`] decides (off until they pass
+//! kernels/model_ops.cu run instead); unset, [`DEFAULT_ENABLED`] decides (on since they passed
 //! on a card); [`set_enabled`] does the same for tests.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -72,9 +72,10 @@ pub fn enabled() -> bool {
     }
 }
 
-/// Default of [`enabled`] when `REDLINE_FLASH_ATTN` is unset: off until a device window
-/// has passed tests/gpu_attention.rs and the fixture tests with the kernels on.
-pub const DEFAULT_ENABLED: bool = false;
+/// Default of [`enabled`] when `REDLINE_FLASH_ATTN` is unset: on since tests/gpu_attention.rs,
+/// the attention conformance suite and the fixture tests passed with the kernels on (H200,
+/// 2026-12-02/03); `REDLINE_FLASH_ATTN=0` goes back to the kernels of model_ops.cu.
+pub const DEFAULT_ENABLED: bool = true;
 
 /// Turns the kernels of this module on or off for the whole process (tests, A/B benches).
 pub fn set_enabled(on: bool) {

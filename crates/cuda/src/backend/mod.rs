@@ -114,7 +114,8 @@ pub struct CudaBackend {
     step: Mutex<StepCtl>,
     /// Per-op device timing (`REDLINE_PROFILE_OPS=1`, see [`profile`]).
     profile: Option<Mutex<profile::OpProfile>>,
-    /// Fused decode paths on ([`fused`]; `REDLINE_FUSED=1`, default off until verified).
+    /// Fused decode paths on ([`fused`]; default on since the H200 run of session 4;
+    /// `REDLINE_FUSED=0` for the unfused ops).
     fused: AtomicBool,
     /// Backend ops run so far: the fused paths reuse a q8_1 copy only from the op before.
     ops: AtomicU64,
@@ -161,7 +162,7 @@ impl CudaBackend {
             }),
             step: Mutex::new(StepCtl::new()),
             profile: None,
-            fused: AtomicBool::new(std::env::var("REDLINE_FUSED").is_ok_and(|v| v == "1")),
+            fused: AtomicBool::new(std::env::var("REDLINE_FUSED").map_or(true, |v| v != "0")),
             ops: AtomicU64::new(0),
         };
         if std::env::var("REDLINE_PDL").is_ok_and(|v| v == "1") {

@@ -11,8 +11,8 @@
 //!   then `dn_chunk_state` walks the chunks per (head, 32 state rows). Shorter runs and decode
 //!   steps use `dn_recurrent`, a warp per 4 state rows kept in registers across the run.
 //!
-//! `REDLINE_CUDA_DELTANET=fast` selects these kernels (the sequential model_ops.cu kernels stay
-//! the default until the fast ones have passed their GPU test on a card). The state layout is
+//! These kernels are the default since they passed their GPU tests on the H200 (2026-12-02/03);
+//! `REDLINE_CUDA_DELTANET=legacy` selects the sequential model_ops.cu kernels. The state layout is
 //! the same for every form, so snapshots and decode steps do not care which form wrote it.
 
 use std::sync::OnceLock;
@@ -81,15 +81,16 @@ pub enum Conv1dForm {
     Auto,
 }
 
-/// The forms the `Backend` ops use: `REDLINE_CUDA_DELTANET=fast` → (Auto, Auto), `chunked` →
-/// (Chunked, Auto), anything else → (Legacy, Sequential). Read once.
+/// The forms the `Backend` ops use: unset or `fast` → (Auto, Auto), `chunked` → (Chunked, Auto),
+/// `legacy` / `off` → (Legacy, Sequential), the per-token kernels of model_ops.cu. Read once.
 pub fn configured_forms() -> (DeltaRuleForm, Conv1dForm) {
     static FORMS: OnceLock<(DeltaRuleForm, Conv1dForm)> = OnceLock::new();
     *FORMS.get_or_init(|| match std::env::var("REDLINE_CUDA_DELTANET").as_deref() {
         Ok("fast") => (DeltaRuleForm::Auto, Conv1dForm::Auto),
         // every multi-token run chunked, whatever its length (tests on short prompts)
         Ok("chunked") => (DeltaRuleForm::Chunked, Conv1dForm::Auto),
-        _ => (DeltaRuleForm::Legacy, Conv1dForm::Sequential),
+        Ok("legacy") | Ok("off") => (DeltaRuleForm::Legacy, Conv1dForm::Sequential),
+        _ => (DeltaRuleForm::Auto, Conv1dForm::Auto),
     })
 }
 
