@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Packs what a device window needs into devpk/pack.tar.xz (ignored by git), small enough to
+# travel beside the tracked tree (~47 MB of 64 MiB): a stripped release `redline` (~15 MB, ~5 MB
+# compressed), the CUDA kernel cache prefilled for sm_90 with NVRTC 13.0 (the H200 image's
+# version: nothing compiles on the card), and any extra files named on the command line.
+#
+#   bash scripts/device-pack.sh [FILE...]
+#   then: run(command="tar xJf devpk/pack.tar.xz && XDG_CACHE_HOME=$PWD/devbin/cache devbin/redline …",
+#             carry=["devpk"])
+#
+# Why: an unstripped release binary (~110 MB) alone is over the device tool's 64 MiB, and a cold
+# kernel compile costs ~90 s of device time per window.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVRTC_DIR=${NVRTC_DIR:-/tmp/nvrtc13}
+ARCH=${ARCH:-90}
+cargo build --release -q -p redline
+mkdir -p devbin/cache devpk
+strip -o devbin/redline target/release/redline
+if [ ! -e "$NVRTC_DIR/x/nvidia/cu13/lib/libnvrtc.so.13" ]; then
+    mkdir -p "$NVRTC_DIR"
+    python3 -m pip download -q --no-deps --only-binary=:all: "nvidia-cuda-nvrtc>=13.0,<13.1" -d "$NVRTC_DIR"
+    python3 -m zipfile -e "$NVRTC_DIR"/nvidia_cuda_nvrtc-13.0.*.whl "$NVRTC_DIR/x"
+fi
+LIB="$NVRTC_DIR/x/nvidia/cu13/lib"
+# libnvrtc loads libnvrtc-builtins from the library path
+LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
+    --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache
+for f in "$@"; do cp -r "$f" devbin/; done
+tar cJf devpk/pack.tar.xz devbin
+ls -la devpk/pack.tar.xz
