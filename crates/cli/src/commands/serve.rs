@@ -101,6 +101,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_target(false)
+        // colour codes only on a terminal: a log file or journald gets plain text
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .try_init();
     let kv_type = KvType::from_name(&args.cache_type_k)
         .with_context(|| format!("unknown --cache-type-k {:?}", args.cache_type_k))?;

@@ -95,12 +95,10 @@ impl ModelMemory {
             .filter_map(|t| t.dims.get(1).map(|&d| d as usize))
             .max()
             .unwrap_or(c.n_ff);
-        let file_type = md.get_u32("general.file_type").and_then(|id| {
-            FileType::ALL
-                .into_iter()
-                .find(|t| t.llama_ftype() == id)
-                .map(|t| t.name().to_owned())
-        });
+        let file_type = match md.get_u32("general.file_type") {
+            Some(id) => gguf::file_type_name(id).map(str::to_owned),
+            None => guess_file_type(&tensors),
+        };
         let m = ModelMemory {
             name: md.get_str("general.name").unwrap_or(arch).to_owned(),
             arch: arch.to_owned(),
@@ -316,9 +314,54 @@ impl ModelMemory {
     }
 }
 
+/// For a file without `general.file_type`: the type most of its 2-D weights have, as
+/// llama.cpp guesses it ("F32 (guessed)"); `None` for a file without 2-D weights.
+fn guess_file_type(tensors: &[PlanTensor]) -> Option<String> {
+    let mut counts: Vec<(gguf::GgmlType, usize)> = Vec::new();
+    for t in tensors.iter().filter(|t| t.dims.len() >= 2) {
+        match counts.iter_mut().find(|(ty, _)| *ty == t.ty) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((t.ty, 1)),
+        }
+    }
+    // first of the most common, so ties go to the type met first in the file
+    let mut best: Option<(gguf::GgmlType, usize)> = None;
+    for &(ty, n) in &counts {
+        if best.is_none_or(|(_, b)| n > b) {
+            best = Some((ty, n));
+        }
+    }
+    best.map(|(ty, _)| format!("{} (guessed)", ty.name().to_uppercase()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_without_file_type_gets_the_common_weight_type_guessed() {
+        let t = |name: &str, dims: &[u64], ty| PlanTensor {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ty,
+            n_bytes: 0,
+        };
+        let tensors = [
+            t("blk.0.attn_norm.weight", &[64], GgmlType::F32),
+            t("blk.0.attn_q.weight", &[64, 64], GgmlType::Q4K),
+            t("blk.0.ffn_down.weight", &[128, 64], GgmlType::Q6K),
+            t("blk.0.ffn_up.weight", &[64, 128], GgmlType::Q4K),
+            t("output.weight", &[64, 512], GgmlType::Q6K),
+            t("token_embd.weight", &[64, 512], GgmlType::Q4K),
+        ];
+        assert_eq!(guess_file_type(&tensors).as_deref(), Some("Q4_K (guessed)"));
+        assert_eq!(guess_file_type(&tensors[..1]), None);
+        // the bundled stories260K has no general.file_type and only F32 tensors
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/stories260K.gguf");
+        let f = gguf::GgufFile::open(path).unwrap();
+        let m = ModelMemory::from_gguf(&f).unwrap();
+        assert_eq!(m.file_type.as_deref(), Some("F32 (guessed)"));
+    }
 
     #[test]
     fn groups_partition_the_tensor_table() {
