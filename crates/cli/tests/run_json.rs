@@ -109,3 +109,25 @@ fn chat_mode_answers_each_turn_and_exits_on_eof() {
         assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
     }
 }
+
+/// A prompt longer than `-c` is refused with what to do, before anything reaches stdout.
+#[test]
+fn a_prompt_over_the_context_is_refused_before_any_output() {
+    let prompt = "word ".repeat(50);
+    let out = Command::new(env!("CARGO_BIN_EXE_redline"))
+        .args(["run", "-p", &prompt, "-c", "16", "-n", "4", "-t", "2"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("redline runs");
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "stdout: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("but the context is 16 tokens") && err.contains("raise -c"),
+        "{err}"
+    );
+}

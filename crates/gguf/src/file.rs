@@ -49,7 +49,14 @@ impl GgufFile {
             error,
         };
         let file = std::fs::File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        if meta.is_dir() {
+            return Err(io_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory, not a GGUF file (a Hugging Face folder converts with `redline convert`)",
+            )));
+        }
+        let len = meta.len();
         let storage = if len == 0 {
             // Some platforms refuse to map an empty file; parsing reports the truncation.
             Storage::Owned(Vec::new())

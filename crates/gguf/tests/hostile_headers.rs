@@ -472,3 +472,13 @@ fn corrupted_real_header_bytes_never_panic() {
         }
     }
 }
+
+#[test]
+fn a_directory_is_a_clear_error() {
+    let dir = std::env::temp_dir();
+    let e = GgufFile::open(&dir)
+        .err()
+        .expect("a directory must not open");
+    let msg = e.to_string();
+    assert!(msg.contains("is a directory"), "{msg}");
+}

@@ -234,6 +234,14 @@ fn one_shot<B: super::speculate::SpecBackend>(
         );
     }
     let prompt_ids = tokenizer.encode(prompt, true, false)?;
+    if prompt_ids.len() > params.n_ctx {
+        // before anything is printed: the prompt is not echoed for a run that cannot start
+        bail!(
+            "the prompt has {} tokens but the context is {} tokens; shorten the prompt or raise -c",
+            prompt_ids.len(),
+            params.n_ctx
+        );
+    }
     let mut state = model.new_state(params.n_ctx, KvType::F16)?;
     placed.report_memory(LogTo::Stderr, true);
     let seed = sampler_config.seed;
