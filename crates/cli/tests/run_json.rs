@@ -127,7 +127,7 @@ fn a_prompt_over_the_context_is_refused_before_any_output() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("but the context is 16 tokens") && err.contains("raise -c"),
+        err.contains("does not fit the context (16)") && err.contains("raise -c"),
         "{err}"
     );
 }

@@ -37,6 +37,23 @@ impl Default for GenerateParams {
     }
 }
 
+/// Whether a prompt of `n_prompt` tokens after `n_past` already in the sequence fits a context
+/// of `n_ctx` tokens: the check [`generate`] makes first, for callers that want it before they
+/// print or allocate anything.
+pub fn check_prompt_fits(
+    n_past: usize,
+    n_prompt: usize,
+    n_ctx: usize,
+) -> Result<(), GenerateError> {
+    if n_past + n_prompt > n_ctx {
+        return Err(GenerateError::PromptTooLong {
+            n_prompt: n_past + n_prompt,
+            n_ctx,
+        });
+    }
+    Ok(())
+}
+
 /// Why generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
@@ -134,12 +151,7 @@ pub fn generate<E: std::fmt::Display>(
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
-    if n_past + prompt.len() > params.n_ctx {
-        return Err(GenerateError::PromptTooLong {
-            n_prompt: n_past + prompt.len(),
-            n_ctx: params.n_ctx,
-        });
-    }
+    check_prompt_fits(n_past, prompt.len(), params.n_ctx)?;
     let n_vocab = tokenizer.n_vocab();
     let mut timings = Timings {
         prompt_n: prompt.len(),

@@ -211,6 +211,19 @@ fn run_on<B: super::speculate::SpecBackend>(
     }
 }
 
+/// The one-shot prompt's ids, refused when they do not fit `n_ctx`: checked before anything is
+/// printed, so a run that cannot start does not echo the prompt.
+pub(super) fn encode_prompt(
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    n_ctx: usize,
+) -> anyhow::Result<Vec<u32>> {
+    let ids = tokenizer.encode(prompt, true, false)?;
+    engine::generate::check_prompt_fits(0, ids.len(), n_ctx)
+        .map_err(|e| anyhow::anyhow!("{e}; shorten the prompt or raise -c"))?;
+    Ok(ids)
+}
+
 fn one_shot<B: super::speculate::SpecBackend>(
     args: &Args,
     model: &ModelOn<B>,
@@ -233,15 +246,7 @@ fn one_shot<B: super::speculate::SpecBackend>(
             args.json,
         );
     }
-    let prompt_ids = tokenizer.encode(prompt, true, false)?;
-    if prompt_ids.len() > params.n_ctx {
-        // before anything is printed: the prompt is not echoed for a run that cannot start
-        bail!(
-            "the prompt has {} tokens but the context is {} tokens; shorten the prompt or raise -c",
-            prompt_ids.len(),
-            params.n_ctx
-        );
-    }
+    let prompt_ids = encode_prompt(tokenizer, prompt, params.n_ctx)?;
     let mut state = model.new_state(params.n_ctx, KvType::F16)?;
     placed.report_memory(LogTo::Stderr, true);
     let seed = sampler_config.seed;

@@ -228,7 +228,7 @@ pub fn one_shot<B: SpecBackend>(
     params: &GenerateParams,
     json: bool,
 ) -> anyhow::Result<()> {
-    let prompt_ids = tokenizer.encode(prompt, true, false)?;
+    let prompt_ids = super::run::encode_prompt(tokenizer, prompt, params.n_ctx)?;
     let drafter = load_drafter(spec, model, margs, pargs, params.n_ctx)?;
     let state = model.new_state(params.n_ctx, KvType::F16)?;
     let seed = sampler_config.seed;

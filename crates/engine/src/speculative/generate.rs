@@ -31,12 +31,7 @@ pub fn generate_speculative<S: SpecModel>(
     }
     let n_past = model.target_len();
     let n_ctx = params.n_ctx.min(model.n_ctx());
-    if n_past + prompt.len() > n_ctx {
-        return Err(GenerateError::PromptTooLong {
-            n_prompt: n_past + prompt.len(),
-            n_ctx,
-        });
-    }
+    crate::generate::check_prompt_fits(n_past, prompt.len(), n_ctx)?;
     let n_vocab = tokenizer.n_vocab();
     if model.n_vocab() < n_vocab {
         return Err(GenerateError::BadLogits {
