@@ -46,6 +46,11 @@ pub trait Backend: Send + Sync + Sized {
     /// `Clone` makes snapshots (restore to an earlier position).
     type RecurrentState: Send + Clone;
 
+    /// Whether `RecurrentState::clone_from` copies into the destination's own buffers (equal
+    /// shapes), so restoring a snapshot keeps every address a recorded step
+    /// ([`Backend::begin_step`]) points at, and the step's recording stays valid.
+    const RESTORE_KEEPS_BUFFERS: bool = false;
+
     /// A short human-readable name ("cpu", "cuda:0").
     fn name(&self) -> String;
 
@@ -54,8 +59,8 @@ pub trait Backend: Send + Sync + Sized {
     /// offload) puts each layer's caches and states on that layer's device; others ignore it.
     fn set_layer(&self, _layer: Option<usize>) {}
 
-    /// Starts one decode step identified by `key` (every row is the single new token of its
-    /// own sequence). Equal keys promise the same op calls with the same shapes on the same
+    /// Starts one step identified by `key`: a small batch in which every sequence has at least
+    /// one row (decode: one each; a speculative verify pass: a few consecutive ones). Equal keys promise the same op calls with the same shapes on the same
     /// caches and states, differing only in host inputs (token ids, positions), so a backend
     /// may record the step once and replay it (CUDA graphs). Until [`Backend::end_step`],
     /// results may not be computed yet: no `download` in between. Default: run eagerly.

@@ -347,7 +347,9 @@ MV_FORMAT(q6_k, FmtQ6_K)
 // 15-50 MB launch spends much of its time ramping up and draining, BENCHMARKS.md matvec v3),
 // one launch instead of several. Segment s owns blocks [block0[s], block0[s+1]); each keeps its
 // own matrix, output, optional f32 bias and accumulate flag (y += W x: the residual add), so
-// bias and residual adds need no launch of their own. One token (decode of one sequence).
+// bias and residual adds need no launch of their own. n_tokens <= NT tokens (one for decode of
+// one sequence; several for batched decode and speculative verify passes), the weights read
+// once for all of them; y of token t is y + t * nrows.
 #define MVM_MAX_SEGS 4
 
 struct MvSeg {
@@ -367,9 +369,9 @@ struct MvSegs {
     int ncols;
 };
 
-template <typename F, int R>
+template <typename F, int NT, int R>
 static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
-                                                 const float* __restrict__ xds, int load_mode) {
+                                                 const float* __restrict__ xds, int n_tokens, int load_mode) {
     // this block's segment (unrolled selects: no local-memory copy of the parameter struct)
     const uint8_t* W = p.seg[0].W;
     float* y = p.seg[0].y;
@@ -389,28 +391,42 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     const int lane = threadIdx.x;
     const int row0 = (((int)blockIdx.x - block0) * MV_WARPS + threadIdx.y) * R;
     if (row0 >= nrows) return;
-    float acc[R][1];
-    mv_quant_rows<F, 1, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, 1, load_mode, row0, 0, 1, acc);
+    float acc[R][NT];
+    mv_quant_rows<F, NT, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const float s = warp_sum(acc[r][0]);
         const int row = row0 + r;
-        if (lane == 0 && row < nrows) {
-            float v = s;
-            if (bias) v += bias[row];
-            if (accumulate) v += y[row];
-            y[row] = v;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0 && row < nrows && t < n_tokens) {
+                float* yp = y + (long long)t * nrows + row;
+                float v = s;
+                if (bias) v += bias[row];
+                if (accumulate) v += *yp;
+                *yp = v;
+            }
         }
     }
 }
 
+// NT = 1 keeps the one-token kernels' names (mvm_<fmt>_r<R>); n_tokens is then 1.
 #define MVM_KERNEL(name, F, R)                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
         mvm_##name##_r##R(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
                           int load_mode) {                                                             \
-        mvm_quant<F, R>(p, xq, xds, load_mode);                                                        \
+        mvm_quant<F, 1, R>(p, xq, xds, 1, load_mode);                                                  \
     }
-#define MVM_FORMAT(name, F) MVM_KERNEL(name, F, 2) MVM_KERNEL(name, F, 4)
+#define MVM_KERNEL_NT(name, F, NT, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvm_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
+                                  const float* __restrict__ xds, int n_tokens, int load_mode) {        \
+        mvm_quant<F, NT, R>(p, xq, xds, n_tokens, load_mode);                                          \
+    }
+#define MVM_FORMAT(name, F)                                                                             \
+    MVM_KERNEL(name, F, 2) MVM_KERNEL(name, F, 4)                                                       \
+    MVM_KERNEL_NT(name, F, 2, 2) MVM_KERNEL_NT(name, F, 2, 4) MVM_KERNEL_NT(name, F, 4, 2)             \
+    MVM_KERNEL_NT(name, F, 4, 4) MVM_KERNEL_NT(name, F, 8, 2) MVM_KERNEL_NT(name, F, 8, 4)
 
 MVM_FORMAT(q4_0, FmtQ4_0)
 MVM_FORMAT(q4_1, FmtQ4_1)

@@ -417,11 +417,12 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// One-token products of several matrices of one block format and one width that read
-    /// the same x (already quantized into `xq` for one token), in one launch over their
-    /// concatenated rows, each with its own output, optional bias and accumulate flag
-    /// (kernels/matvec_quant.cu, mvm_*). The caller guarantees every `y` and `bias` holds
-    /// `w.n_rows` f32 (addresses, as the kernel takes them).
+    /// Products of several matrices of one block format and one width that read the same x
+    /// (already quantized into `xq`, 1..=[`MAX_TOKENS_PER_LAUNCH`] tokens), in one launch
+    /// over their concatenated rows, each with its own output, optional bias and accumulate
+    /// flag (kernels/matvec_quant.cu, mvm_*). The caller guarantees every `y` holds
+    /// `n_tokens * w.n_rows` f32 (token-major) and every `bias` `w.n_rows` (addresses, as
+    /// the kernel takes them).
     pub fn matvec_segments(&self, segs: &[Segment<'_>], xq: &MatvecScratch) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
@@ -430,7 +431,7 @@ impl CudaDevice {
         let (stem, quantized) = kernel_stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
         if !quantized
             || segs.len() > MAX_SEGMENTS
-            || xq.n_tokens != 1
+            || !(1..=MAX_TOKENS_PER_LAUNCH).contains(&xq.n_tokens)
             || xq.cols != cols
             || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
         {
@@ -443,7 +444,9 @@ impl CudaDevice {
             )));
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let r = rows_per_warp(ty, total_rows, cols, 1);
+        let n_tokens = xq.n_tokens;
+        let nt = n_tokens.next_power_of_two();
+        let r = rows_per_warp(ty, total_rows, cols, nt);
         let rows_per_block = (r * WARPS_PER_BLOCK) as usize;
         let mut p = MvSegs {
             row_bytes: first.w.row_bytes as i64,
@@ -470,7 +473,13 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        let f = self.function(Program::MatvecQuant, &format!("mvm_{stem}_r{r}"))?;
+        let name = if nt == 1 {
+            format!("mvm_{stem}_r{r}")
+        } else {
+            format!("mvm_{stem}_n{nt}_r{r}")
+        };
+        let f = self.function(Program::MatvecQuant, &name)?;
+        let mut n_i = n_tokens as i32;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, WARPS_PER_BLOCK, 1),
@@ -480,22 +489,31 @@ impl CudaDevice {
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
-            let mut params = [
+            let mut params = vec![
                 crate::pdl::arg(&mut p),
                 crate::pdl::arg(&mut pq),
                 crate::pdl::arg(&mut pd),
-                crate::pdl::arg(&mut load_mode),
             ];
+            if nt > 1 {
+                params.push(crate::pdl::arg(&mut n_i));
+            }
+            params.push(crate::pdl::arg(&mut load_mode));
             // SAFETY: as below; the mvm kernels wait for the previous kernel before reading
             // x or the outputs and before writing anything.
             unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
             return Ok(());
         }
         let mut b = self.stream().launch_builder(&f);
-        b.arg(&p).arg(&xq.xq).arg(&xq.xds).arg(&load_mode);
-        // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode); every segment's matrix
-        // is a live DeviceMatrix of this type and width, outputs/biases hold n_rows f32 (the
-        // caller's contract), x was quantized for one token of `cols`.
+        b.arg(&p).arg(&xq.xq).arg(&xq.xds);
+        if nt > 1 {
+            b.arg(&n_i);
+        }
+        b.arg(&load_mode);
+        // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
+        // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT;
+        // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
+        // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
+        // for n_tokens tokens of `cols`.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

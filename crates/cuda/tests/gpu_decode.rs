@@ -261,8 +261,8 @@ fn stories260k_graph_replay_matches_eager_and_cpu() {
     check_model("stories260K", &path, &[1, 432, 383, 286, 261, 376]);
 }
 
-/// Hybrid model: rolling back to a snapshot replaces the recurrent buffers, so the recorded
-/// steps of the old buffers must not be replayed; the redone steps give the same logits.
+/// Hybrid model: rolling back to a snapshot copies the saved recurrent state into the live
+/// buffers; the redone steps (replayed recordings) give the same logits as the first time.
 #[test]
 fn qwen35_snapshot_restore_with_graphs() {
     let Some(m) = load_gpu(&fixture("qwen35", "model-f32.gguf"), true) else {
@@ -287,6 +287,101 @@ fn qwen35_snapshot_restore_with_graphs() {
         let again = m.forward(&mut s, &[t], false).unwrap();
         let d = max_abs_diff(&again, &first[i]);
         assert!(d <= 1e-5, "step {i} after restore differs by {d}");
+    }
+}
+
+/// Speculative verify passes as recorded steps: k rows of one sequence (every row's logits)
+/// after a snapshot, a restore to it, then one accepted token, round after round; graph vs
+/// eager logits at every pass. The restore copies into the live buffers, so the k-row key
+/// replays. Then two sequences of 3 and 2 rows in one pass with the hidden states
+/// (`forward_multi_rows`, the MTP drafter's input), graph vs eager.
+fn verify_rounds(name: &str, path: &std::path::Path, prompt: &[u32]) {
+    let (Some(graph), Some(eager)) = (load_gpu(path, true), load_gpu(path, false)) else {
+        return;
+    };
+    let mut sg = graph.new_state(128, KvType::F16).unwrap();
+    let mut se = eager.new_state(128, KvType::F16).unwrap();
+    graph.forward(&mut sg, prompt, false).unwrap();
+    eager.forward(&mut se, prompt, false).unwrap();
+    let (c0, r0) = graph.backend().graph_counts();
+    let mut worst = 0f32;
+    for round in 0..8u32 {
+        let draft = [3 + round, 7 + round, 11 + round];
+        for s in [&mut sg, &mut se] {
+            s.snapshot();
+        }
+        let base = sg.len();
+        let lg = graph.forward(&mut sg, &draft, true).unwrap();
+        let le = eager.forward(&mut se, &draft, true).unwrap();
+        let d = max_abs_diff(&lg, &le);
+        worst = worst.max(d);
+        assert!(
+            d <= 1e-5,
+            "{name}: verify round {round}: graph vs eager logits differ by {d}"
+        );
+        sg.truncate(base).unwrap();
+        se.truncate(base).unwrap();
+        sg.drop_snapshot(base);
+        se.drop_snapshot(base);
+        let lg = graph.forward(&mut sg, &draft[..1], false).unwrap();
+        let le = eager.forward(&mut se, &draft[..1], false).unwrap();
+        let d = max_abs_diff(&lg, &le);
+        assert!(
+            d <= 1e-5,
+            "{name}: accepted token of round {round}: graph vs eager differ by {d}"
+        );
+    }
+    let (c1, r1) = graph.backend().graph_counts();
+    println!(
+        "{name}: 8 verify rounds of 3 rows, graph vs eager max |diff| {worst:.2e}; {} captured, {} replayed",
+        c1 - c0,
+        r1 - r0
+    );
+    // 8 three-row passes + 8 one-row steps: each key warms, records, then replays
+    assert!(
+        r1 - r0 >= 10,
+        "{name}: multi-row verify passes were not replayed ({} replays)",
+        r1 - r0
+    );
+    let mut g2: Vec<_> = (0..2)
+        .map(|_| graph.new_state(128, KvType::F16).unwrap())
+        .collect();
+    let mut e2: Vec<_> = (0..2)
+        .map(|_| eager.new_state(128, KvType::F16).unwrap())
+        .collect();
+    for (a, b) in g2.iter_mut().zip(e2.iter_mut()) {
+        graph.forward(a, prompt, false).unwrap();
+        eager.forward(b, prompt, false).unwrap();
+    }
+    for step in 0..5u32 {
+        let t0 = [20 + step, 21 + step, 22 + step];
+        let t1 = [30 + step, 31 + step];
+        let toks: [&[u32]; 2] = [&t0, &t1];
+        let mut rg: Vec<&mut _> = g2.iter_mut().collect();
+        let mut re: Vec<&mut _> = e2.iter_mut().collect();
+        let (lg, hg) = graph
+            .forward_multi_rows(&mut rg, &toks, &[true, false], true)
+            .unwrap();
+        let (le, he) = eager
+            .forward_multi_rows(&mut re, &toks, &[true, false], true)
+            .unwrap();
+        let (dl, dh) = (max_abs_diff(&lg, &le), max_abs_diff(&hg, &he));
+        assert!(
+            dl <= 1e-5 && dh <= 1e-5,
+            "{name}: 3+2-row pass {step}: graph vs eager logits differ by {dl}, hidden by {dh}"
+        );
+    }
+    println!("{name}: 5 passes of 3+2 rows with hidden states, graph == eager");
+}
+
+#[test]
+fn verify_passes_replay_as_graphs() {
+    if gpu().is_none() {
+        return;
+    }
+    for arch in ["llama", "qwen35"] {
+        let r = reference(arch);
+        verify_rounds(arch, &fixture(arch, "model-f32.gguf"), &r.prompt_ids);
     }
 }
 
@@ -446,6 +541,32 @@ fn fused_vs_unfused(name: &str, path: &std::path::Path, prompt: &[u32], steps: u
         );
         let nv = f.config().n_vocab;
         bt = (0..3).map(|i| argmax(&lf[i * nv..(i + 1) * nv])).collect();
+    }
+    // speculative verify passes: 4 rows of one sequence, every row's logits (a recorded
+    // multi-row step on the fused side), then back to the snapshot and one token on
+    for round in 0..4 {
+        let draft: Vec<u32> = (0..4).map(|j| bt[j % 3]).collect();
+        let base = sf[0].len();
+        sf[0].snapshot();
+        su[0].snapshot();
+        let lf = f.forward(&mut sf[0], &draft, true).unwrap();
+        let lu = u.forward(&mut su[0], &draft, true).unwrap();
+        let d = rel_diff(&lf, &lu);
+        assert!(
+            d <= 1e-4,
+            "{name}: verify pass {round} (4 rows): fused vs unfused differ by {d}"
+        );
+        for st in [&mut sf[0], &mut su[0]] {
+            st.truncate(base).unwrap();
+            st.drop_snapshot(base);
+        }
+        let lf = f.forward(&mut sf[0], &draft[..1], false).unwrap();
+        let lu = u.forward(&mut su[0], &draft[..1], false).unwrap();
+        let d = rel_diff(&lf, &lu);
+        assert!(
+            d <= 1e-4,
+            "{name}: step after verify pass {round}: fused vs unfused differ by {d}"
+        );
     }
     toks
 }

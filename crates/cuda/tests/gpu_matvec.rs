@@ -197,7 +197,8 @@ fn matvec_matches_cpu_reference_for_every_format() {
 /// Several matrices of one format in one launch (`matvec_segments`, the fused decode path):
 /// each output equals the per-matrix matvec of the same quantized x (the same per-row kernel
 /// code, so bit for bit), plus its bias, plus the old output where it accumulates — for every
-/// block format, odd row counts, 1-4 segments, both rows-per-warp kernels.
+/// block format, odd row counts, 1-4 segments, both rows-per-warp kernels, 1, 3 and 8 tokens
+/// (batched decode and verify passes: every token's row block of each output).
 #[test]
 fn matvec_segments_match_single_matvecs() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -225,76 +226,82 @@ fn matvec_segments_match_single_matvecs() {
         };
         let row_sets: [&[usize]; 4] = [&[37], &[1, 129], &[64, 7, 523], &[5, 1, 33, 260]];
         for &cols in &widths {
-            for rows in row_sets {
+            for (ri, rows) in row_sets.into_iter().enumerate() {
                 for rpw in [0u32, 2, 4] {
-                    seed += 1;
-                    cuda::matvec::set_rows_per_warp_override(rpw);
-                    let x = random_activations(cols, seed);
-                    let xd = up(&x);
-                    let mut scratch = dev.matvec_scratch(1, cols).unwrap();
-                    dev.quantize_for_matvec(&xd, 1, cols, &mut scratch).unwrap();
-                    let mut mats = Vec::new();
-                    let mut want = Vec::new();
-                    let mut ys = Vec::new();
-                    let mut biases = Vec::new();
-                    for (i, &r) in rows.iter().enumerate() {
-                        let w = dev
-                            .upload_matrix(
-                                ty,
-                                r,
-                                cols,
-                                &random_matrix(ty, r, cols, seed + 7 * i as u64),
-                            )
+                    // every row set at one token; two of them also at 3 and 8 tokens
+                    let counts: &[usize] = if ri % 2 == 0 { &[1, 3, 8] } else { &[1] };
+                    for &nt in counts {
+                        seed += 1;
+                        cuda::matvec::set_rows_per_warp_override(rpw);
+                        let x = random_activations(nt * cols, seed);
+                        let xd = up(&x);
+                        let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
+                        dev.quantize_for_matvec(&xd, nt, cols, &mut scratch)
                             .unwrap();
-                        let mut yref = up(&vec![f32::NAN; r]);
-                        dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
-                        let yref = dev.stream().clone_dtoh(&yref).unwrap();
-                        let y0 = random_activations(r, seed ^ (i as u64 + 99));
-                        let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
-                        let acc = i % 3 == 1;
-                        let expect: Vec<f32> = (0..r)
-                            .map(|j| {
-                                let mut v = yref[j];
-                                if let Some(b) = &bias {
-                                    v += b[j];
-                                }
-                                if acc {
-                                    v += y0[j];
-                                }
-                                v
+                        let mut mats = Vec::new();
+                        let mut want = Vec::new();
+                        let mut ys = Vec::new();
+                        let mut biases = Vec::new();
+                        for (i, &r) in rows.iter().enumerate() {
+                            let w = dev
+                                .upload_matrix(
+                                    ty,
+                                    r,
+                                    cols,
+                                    &random_matrix(ty, r, cols, seed + 7 * i as u64),
+                                )
+                                .unwrap();
+                            let mut yref = up(&vec![f32::NAN; nt * r]);
+                            dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
+                            let yref = dev.stream().clone_dtoh(&yref).unwrap();
+                            let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
+                            let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
+                            let acc = i % 3 == 1;
+                            let expect: Vec<f32> = (0..nt * r)
+                                .map(|j| {
+                                    let mut v = yref[j];
+                                    if let Some(b) = &bias {
+                                        v += b[j % r];
+                                    }
+                                    if acc {
+                                        v += y0[j];
+                                    }
+                                    v
+                                })
+                                .collect();
+                            want.push((expect, acc));
+                            ys.push(up(&if acc { y0 } else { vec![f32::NAN; nt * r] }));
+                            biases.push(bias.map(|b| up(&b)));
+                            mats.push(w);
+                        }
+                        let segs: Vec<cuda::matvec::Segment<'_>> = mats
+                            .iter()
+                            .enumerate()
+                            .map(|(i, w)| cuda::matvec::Segment {
+                                w,
+                                y: dev.device_address(&ys[i]),
+                                bias: biases[i].as_ref().map(|b| dev.device_address(b)),
+                                accumulate: want[i].1,
                             })
                             .collect();
-                        want.push((expect, acc));
-                        ys.push(up(&if acc { y0 } else { vec![f32::NAN; r] }));
-                        biases.push(bias.map(|b| up(&b)));
-                        mats.push(w);
-                    }
-                    let segs: Vec<cuda::matvec::Segment<'_>> = mats
-                        .iter()
-                        .enumerate()
-                        .map(|(i, w)| cuda::matvec::Segment {
-                            w,
-                            y: dev.device_address(&ys[i]),
-                            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
-                            accumulate: want[i].1,
-                        })
-                        .collect();
-                    if let Err(e) = dev.matvec_segments(&segs, &scratch) {
-                        failures.push(format!("{} {rows:?}x{cols}: launch: {e}", ty.name()));
-                        continue;
-                    }
-                    for (i, y) in ys.iter().enumerate() {
-                        let got = dev.stream().clone_dtoh(y).unwrap();
-                        let bad = got.iter().zip(&want[i].0).position(|(g, w)| {
-                            !(g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0))
-                        });
-                        if let Some(j) = bad {
-                            failures.push(format!(
-                                "{} segments {rows:?} x {cols} (rows/warp {rpw}): segment {i} row {j}: {} vs {}",
+                        if let Err(e) = dev.matvec_segments(&segs, &scratch) {
+                            failures
+                                .push(format!("{} {rows:?}x{cols} n={nt}: launch: {e}", ty.name()));
+                            continue;
+                        }
+                        for (i, y) in ys.iter().enumerate() {
+                            let got = dev.stream().clone_dtoh(y).unwrap();
+                            let bad = got.iter().zip(&want[i].0).position(|(g, w)| {
+                                !(g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0))
+                            });
+                            if let Some(j) = bad {
+                                failures.push(format!(
+                                "{} segments {rows:?} x {cols} (rows/warp {rpw}, {nt} tokens): segment {i} value {j}: {} vs {}",
                                 ty.name(),
                                 got[j],
                                 want[i].0[j]
                             ));
+                            }
                         }
                     }
                 }

@@ -512,16 +512,13 @@ impl<B: Backend> ModelOn<B> {
                 s.needs_reset = false;
             }
         }
-        // Small batches of one row per sequence (decode) may be recorded and replayed by the
-        // backend; the guard ends the step before anything is downloaded.
-        // (Exactly one row per sequence: a micro-batch of a mixed step can hold as many rows as
-        // there are states while two of them belong to one prompt.)
-        let decode = tokens.len() == states.len()
-            && tokens.len() <= MAX_STEP_ROWS
-            && one_row_per_sequence(&batch, states.len());
+        // Small batches (decode: one row per sequence; speculative verify: a few rows per
+        // sequence) may be recorded and replayed by the backend; the guard ends the step before
+        // anything is downloaded.
+        let recordable = tokens.len() <= MAX_STEP_ROWS && step_shape(&batch, states.len());
         let mut step = StepGuard::begin(
             b,
-            (decode && !want_hidden).then(|| step_key(states, &batch, out_rows)),
+            recordable.then(|| step_key(states, &batch, out_rows, want_hidden)),
         );
         let mut x = b.zeros(tokens.len(), c.n_embd);
         b.embed(&self.tok_embd, tokens, &mut x)?;
@@ -572,24 +569,66 @@ impl<B: Backend> ModelOn<B> {
     }
 }
 
-/// Most rows of a batch the backend may record as a decode step.
+/// Most rows of a batch the backend may record as a step.
 const MAX_STEP_ROWS: usize = 64;
 
-/// Whether every one of the `n_seq` sequences has exactly one row in `batch`.
-fn one_row_per_sequence(batch: &Batch, n_seq: usize) -> bool {
-    let mut seen = vec![false; n_seq];
-    batch.rows.len() == n_seq
-        && batch
-            .rows
-            .iter()
-            .all(|r| r.seq < n_seq && !std::mem::replace(&mut seen[r.seq], true))
+/// Most rows of one sequence in a recorded step (a speculative verify pass of `--draft-max`
+/// drafts has draft-max + 1; longer runs are prompt chunks, which rarely repeat a shape).
+const MAX_STEP_ROWS_PER_SEQ: usize = 16;
+
+/// Whether multi-row steps may be recorded (`REDLINE_MULTI_ROW_STEPS=0` keeps them eager,
+/// recording only one-row-per-sequence decode steps, for A/B and debugging). Read once.
+fn multi_row_steps() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_MULTI_ROW_STEPS").map_or(true, |v| v != "0"))
+}
+
+/// Whether `batch` has the shape of a recordable step over `n_seq` sequences: every sequence
+/// has at least one row, its rows consecutive and at most [`MAX_STEP_ROWS_PER_SEQ`] of them
+/// (exactly one each when multi-row steps are off).
+fn step_shape(batch: &Batch, n_seq: usize) -> bool {
+    step_shape_with(
+        batch,
+        n_seq,
+        if multi_row_steps() {
+            MAX_STEP_ROWS_PER_SEQ
+        } else {
+            1
+        },
+    )
+}
+
+fn step_shape_with(batch: &Batch, n_seq: usize, max_per_seq: usize) -> bool {
+    let mut count = vec![0usize; n_seq];
+    let mut last: Option<usize> = None;
+    for r in &batch.rows {
+        if r.seq >= n_seq {
+            return false;
+        }
+        // rows of one sequence are consecutive: a sequence seen before may only continue
+        if last != Some(r.seq) && count[r.seq] > 0 {
+            return false;
+        }
+        count[r.seq] += 1;
+        if count[r.seq] > max_per_seq {
+            return false;
+        }
+        last = Some(r.seq);
+    }
+    count.iter().all(|&c| c > 0)
 }
 
 /// The `Backend::begin_step` key of a step: which state buffers it reads and writes, the
 /// sequence of each row, and which rows give logits (every shape follows from these).
-fn step_key<B: Backend>(states: &[&mut SeqStateOn<B>], batch: &Batch, out_rows: &[usize]) -> u64 {
+fn step_key<B: Backend>(
+    states: &[&mut SeqStateOn<B>],
+    batch: &Batch,
+    out_rows: &[usize],
+    want_hidden: bool,
+) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    want_hidden.hash(&mut h);
     for s in states {
         s.buffers_id.hash(&mut h);
     }
@@ -674,21 +713,32 @@ mod tests {
         send::<SeqState>();
     }
 
-    /// Only a batch with exactly one row per sequence is a decode step (a micro-batch of a
-    /// mixed step may hold as many rows as states, two of them from one prompt).
+    /// A recordable step gives every sequence at least one row, rows of one sequence
+    /// consecutive, at most `max_per_seq` of them (1: plain decode steps only).
     #[test]
-    fn a_decode_step_has_one_row_per_sequence() {
+    fn recordable_step_shapes() {
         let rows =
             |seqs: &[usize]| Batch::new(seqs.iter().map(|&seq| Row { seq, pos: 7 }).collect());
-        assert!(one_row_per_sequence(&rows(&[0]), 1));
-        assert!(one_row_per_sequence(&rows(&[1, 0, 2]), 3));
-        assert!(!one_row_per_sequence(&rows(&[0, 0]), 2));
-        assert!(!one_row_per_sequence(&rows(&[0, 2]), 2));
-        assert!(!one_row_per_sequence(&rows(&[0]), 2));
+        assert!(step_shape_with(&rows(&[0]), 1, 1));
+        assert!(step_shape_with(&rows(&[1, 0, 2]), 3, 1));
+        assert!(!step_shape_with(&rows(&[0, 0]), 2, 1));
+        assert!(!step_shape_with(&rows(&[0, 0]), 1, 1));
+        assert!(step_shape_with(&rows(&[0, 0]), 1, 16));
+        assert!(step_shape_with(&rows(&[0, 0, 0, 1, 1]), 2, 16));
+        assert!(step_shape_with(&rows(&[1, 1, 0]), 2, 2));
+        assert!(!step_shape_with(&rows(&[1, 1, 0]), 2, 1));
+        // a sequence without rows (a micro-batch of a mixed step), rows not consecutive,
+        // too many rows of one sequence, a row of no sequence
+        assert!(!step_shape_with(&rows(&[0, 0]), 2, 16));
+        assert!(!step_shape_with(&rows(&[0, 2]), 2, 16));
+        assert!(!step_shape_with(&rows(&[0, 1, 0]), 2, 16));
+        assert!(!step_shape_with(&rows(&[0; 17]), 1, 16));
+        assert!(!step_shape_with(&rows(&[0]), 2, 16));
     }
 
     /// Decode-step keys name the state buffers and the batch structure, never positions; a
-    /// snapshot restore (new recurrent buffers) gives a new key.
+    /// snapshot restore gives a new key on a backend whose restore replaces the buffers (the
+    /// CPU's; the CUDA backend copies in place and keeps the key).
     #[test]
     fn step_keys_follow_state_buffers_not_positions() {
         let path = concat!(
@@ -699,17 +749,18 @@ mod tests {
         let mut a = m.new_state(64, KvType::F32).unwrap();
         let mut b = m.new_state(64, KvType::F32).unwrap();
         let one = |pos| Batch::new(vec![Row { seq: 0, pos }]);
-        let ka = step_key(&[&mut a], &one(0), &[0]);
+        let ka = step_key(&[&mut a], &one(0), &[0], false);
         m.forward(&mut a, &[1, 2, 3], false).unwrap();
-        assert_eq!(step_key(&[&mut a], &one(3), &[0]), ka);
-        assert_ne!(step_key(&[&mut b], &one(3), &[0]), ka);
+        assert_eq!(step_key(&[&mut a], &one(3), &[0], false), ka);
+        assert_ne!(step_key(&[&mut b], &one(3), &[0], false), ka);
         a.snapshot();
         m.forward(&mut a, &[4], false).unwrap();
         a.truncate(3).unwrap();
-        assert_ne!(step_key(&[&mut a], &one(3), &[0]), ka);
+        assert_ne!(step_key(&[&mut a], &one(3), &[0], false), ka);
         let two = |s0, s1| Batch::new(vec![Row { seq: s0, pos: 3 }, Row { seq: s1, pos: 3 }]);
-        let kab = step_key(&[&mut a, &mut b], &two(0, 1), &[0, 1]);
-        assert_ne!(step_key(&[&mut b, &mut a], &two(0, 1), &[0, 1]), kab);
-        assert_ne!(step_key(&[&mut a, &mut b], &two(0, 1), &[1]), kab);
+        let kab = step_key(&[&mut a, &mut b], &two(0, 1), &[0, 1], false);
+        assert_ne!(step_key(&[&mut b, &mut a], &two(0, 1), &[0, 1], false), kab);
+        assert_ne!(step_key(&[&mut a, &mut b], &two(0, 1), &[1], false), kab);
+        assert_ne!(step_key(&[&mut a, &mut b], &two(0, 1), &[0, 1], true), kab);
     }
 }

@@ -45,7 +45,8 @@ pub struct SeqStateOn<B: Backend> {
     pub(crate) needs_reset: bool,
     bytes: usize,
     /// Names this state's device buffers for recorded decode steps (`Backend::begin_step`
-    /// keys): a new value whenever a layer's buffers are replaced (snapshot restore).
+    /// keys): a new value whenever a layer's buffers are replaced (a snapshot restore on a
+    /// backend whose restore does not copy in place).
     pub(crate) buffers_id: u64,
 }
 
@@ -206,7 +207,9 @@ impl<B: Backend> SeqStateOn<B> {
                     }
                 }
                 self.needs_reset = false;
-                self.buffers_id = next_buffers_id();
+                if !B::RESTORE_KEEPS_BUFFERS {
+                    self.buffers_id = next_buffers_id();
+                }
             }
         }
         self.snapshots.retain(|s| s.pos <= pos);

@@ -407,19 +407,21 @@ fn bench_on<B: SpecBackend>(
     let mut rows = Vec::new();
     // One decode step: the baseline every pass is compared with.
     let step = tokens(1);
+    let label = "decode step (1 token, last logits)";
     rows.push(CostRow {
-        label: "decode step (1 token, last logits)".into(),
-        ms: time_passes(args.repetitions, &mut state, base, |s| {
+        label: label.into(),
+        ms: time_passes(label, args.repetitions, &mut state, base, |s| {
             model.forward(s, &step, false).map(|_| ())
         })?,
     });
     for &k in &args.verify_k {
         let batch = tokens(k);
+        let label = format!("verify k={k} (all logits)");
         rows.push(CostRow {
-            label: format!("verify k={k} (all logits)"),
-            ms: time_passes(args.repetitions, &mut state, base, |s| {
+            ms: time_passes(&label, args.repetitions, &mut state, base, |s| {
                 model.forward(s, &batch, true).map(|_| ())
             })?,
+            label,
         });
     }
     if args.spec.enabled() {
@@ -447,9 +449,10 @@ fn bench_on<B: SpecBackend>(
                 let dbase = ds.len();
                 ds.snapshot();
                 let t = tokens(1);
+                let label = "draft model decode step";
                 rows.push(CostRow {
-                    label: "draft model decode step".into(),
-                    ms: time_passes(args.repetitions, &mut ds, dbase, |s| {
+                    label: label.into(),
+                    ms: time_passes(label, args.repetitions, &mut ds, dbase, |s| {
                         draft.forward(s, &t, false).map(|_| ())
                     })?,
                 });
@@ -460,23 +463,36 @@ fn bench_on<B: SpecBackend>(
     Ok(())
 }
 
-/// Times `pass` `reps` times after one warm-up, restoring the state to `base` (a snapshot
-/// there) after each; milliseconds per pass.
+/// Untimed passes before the timed ones: the first runs eagerly (compiles, sizes the step
+/// arena), the second records the step as a CUDA graph; the timed ones replay it.
+const WARMUP_PASSES: usize = 2;
+
+/// Times `pass` `reps` times after [`WARMUP_PASSES`], restoring the state to `base` (a
+/// snapshot there) after each; milliseconds per pass. With `REDLINE_PROFILE_OPS=1` the timed
+/// passes' per-op device time is printed under `label`.
 fn time_passes<B: Backend>(
+    label: &str,
     reps: usize,
     state: &mut SeqStateOn<B>,
     base: usize,
     mut pass: impl FnMut(&mut SeqStateOn<B>) -> Result<(), model::ModelError>,
 ) -> anyhow::Result<Vec<f64>> {
     let mut ms = Vec::with_capacity(reps);
-    for i in 0..=reps {
+    for i in 0..reps + WARMUP_PASSES {
+        if i == WARMUP_PASSES {
+            cuda::backend::op_profile_reset();
+        }
         let t0 = Instant::now();
         pass(state)?;
         let dt = t0.elapsed().as_secs_f64() * 1e3;
         state.truncate(base)?;
-        if i > 0 {
+        if i >= WARMUP_PASSES {
             ms.push(dt);
         }
+    }
+    if let Some(table) = cuda::backend::op_profile_report() {
+        eprintln!("per-op device time, {label}:");
+        eprint!("{table}");
     }
     Ok(ms)
 }

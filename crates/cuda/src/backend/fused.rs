@@ -10,8 +10,8 @@
 //! - **producers write q8_1**: `rms_norm` over whole rows and `swiglu` also write the q8_1 copy
 //!   of their output into the scratch (kernels/model_ops.cu `mo_rms_norm_q8`, `mo_swiglu_q8`),
 //!   so the next product (Q/K/V, gate/up, down) launches no quantize kernel at all.
-//! - **several matrices per launch**: `matmul_many` runs the one-token products of one weight
-//!   format as one `mvm_` launch over the concatenated rows, the bias in the epilogue;
+//! - **several matrices per launch**: `matmul_many` runs the products (1..=8 tokens) of one
+//!   weight format as one `mvm_` launch over the concatenated rows, the bias in the epilogue;
 //!   `matmul_add` adds the residual in the epilogue ([`crate::matvec::Segment`]).
 //! - **RoPE of q and k in one launch** (`mo_rope_qk`).
 //!
@@ -88,9 +88,17 @@ struct SplitSegs {
 // SAFETY: plain repr(C) data (addresses and integers) with the layout of the kernel's struct.
 unsafe impl cudarc::driver::DeviceRepr for SplitSegs {}
 
-/// Tokens at most for the fused paths (the one-token `mvm_` launch takes 1; the rest reuse x
-/// through the per-matrix kernels, which take up to 8 per launch).
+/// Tokens at most for the fused paths (x quantized once, the segment kernels and the
+/// per-matrix kernels take up to 8 per launch).
 const MAX_FUSED_TOKENS: usize = matvec::MAX_TOKENS_PER_LAUNCH;
+
+/// Whether products of 2..=8 tokens go through the segment kernels (default on;
+/// `REDLINE_MULTI_TOKEN_SEGMENTS=0` sends them to one launch per matrix plus separate bias and
+/// residual adds, as before). Read once.
+fn multi_token_segments() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_MULTI_TOKEN_SEGMENTS").map_or(true, |v| v != "0"))
+}
 
 impl CudaBackend {
     /// Turns the fused decode paths on or off (default on; `REDLINE_FUSED=0` off). Recorded steps are
@@ -242,14 +250,14 @@ impl CudaBackend {
             ));
         }
         let bias_of = |i: usize| biases.get(i).copied().flatten();
-        // One-token products of quantized matrices as segments; everything else one by one.
+        // Few-token products of quantized matrices as segments; everything else one by one.
         let mut segs: Vec<(usize, &crate::matvec::DeviceMatrix)> = Vec::new();
         let mut rest: Vec<usize> = Vec::new();
         for (i, w) in ws.iter().enumerate() {
             let seg = match self.fusable(w, x) {
                 Some(m)
-                    if x.rows == 1
-                        && (outs[i].rows, outs[i].cols) == (1, w.rows)
+                    if self.segments_take(m, x.rows)
+                        && (outs[i].rows, outs[i].cols) == (x.rows, w.rows)
                         && bias_of(i)
                             .is_none_or(|b| b.dense.is_some() && b.rows * b.cols == w.rows) =>
                 {
@@ -337,7 +345,17 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The segment launches of `matmul_many` (one token, quantized matrices).
+    /// Whether the segment kernels (`mvm_*`, several matrices and the bias / residual add in
+    /// one launch) take a product of `m` for `n` tokens: one token always; 2..=8 unless
+    /// `REDLINE_MULTI_TOKEN_SEGMENTS=0` or the int8 tensor-core path takes that many tokens.
+    fn segments_take(&self, m: &crate::matvec::DeviceMatrix, n: usize) -> bool {
+        n == 1
+            || (n <= MAX_FUSED_TOKENS
+                && multi_token_segments()
+                && !crate::mmq::dispatch(&self.dev, m.ty, n))
+    }
+
+    /// The segment launches of `matmul_many` (few tokens, quantized matrices).
     fn matmul_segments<'w>(
         &self,
         segs: &[(usize, &crate::matvec::DeviceMatrix)],
@@ -346,7 +364,7 @@ impl CudaBackend {
         outs: &mut [&mut CudaTensor],
     ) -> Result<(), BackendError> {
         let stream = self.dev.stream();
-        self.with_q8(1, x.cols, |s, holds| {
+        self.with_q8(x.rows, x.cols, |s, holds| {
             self.ensure_q8(x, s, holds)?;
             // group by weight type, in order of first appearance
             let mut types = Vec::new();
@@ -385,7 +403,7 @@ impl CudaBackend {
         match self.fusable(w, x) {
             Some(m) if !self.matmul_add_uses_temp(w, x, out) => {
                 let y = dev_ptr(&*out.data, self.dev.stream());
-                self.with_q8(1, x.cols, |s, holds| {
+                self.with_q8(x.rows, x.cols, |s, holds| {
                     self.ensure_q8(x, s, holds)?;
                     let seg = Segment {
                         w: m,
@@ -404,15 +422,18 @@ impl CudaBackend {
         }
     }
 
-    /// Whether `matmul_add_impl` goes through a step temporary (anything but one token of a
-    /// fusable quantized matrix): the arena block a replay of the step must take too.
+    /// Whether `matmul_add_impl` goes through a step temporary (anything the segment kernels
+    /// do not take): the arena block a replay of the step must take too.
     pub(super) fn matmul_add_uses_temp(
         &self,
         w: &CudaWeight,
         x: &CudaTensor,
         out: &CudaTensor,
     ) -> bool {
-        !(self.fusable(w, x).is_some() && x.rows == 1 && (out.rows, out.cols) == (1, w.rows))
+        !(self
+            .fusable(w, x)
+            .is_some_and(|m| self.segments_take(m, x.rows))
+            && (out.rows, out.cols) == (x.rows, w.rows))
     }
 
     /// `rms_norm` of whole rows that also writes the q8_1 copy of `out`; `Ok(false)` when

@@ -329,6 +329,7 @@ impl backend::Backend for CudaBackend {
     type Weight = CudaWeight;
     type KvCache = CudaKvCache;
     type RecurrentState = CudaRecurrentState;
+    const RESTORE_KEEPS_BUFFERS: bool = true;
 
     fn name(&self) -> String {
         format!("cuda:{}", self.dev.info().ordinal)

@@ -42,12 +42,43 @@ pub const CHUNKED_MIN_RUN: usize = 32;
 
 /// One Gated DeltaNet layer's state of one sequence: the conv window `[d_conv - 1, channels]`
 /// (oldest first) and the delta-rule matrices `[n_v_heads, d_v, d_k]`, f32. `Clone` copies on
-/// the device (a snapshot).
-#[derive(Clone)]
+/// the device (a snapshot); `clone_from` copies into the destination's own buffers when the
+/// shapes agree, so a restored state keeps the addresses recorded decode steps point at
+/// (`Backend::RESTORE_KEEPS_BUFFERS`).
 pub struct CudaRecurrentState {
     conv: CudaSlice<f32>,
     s: CudaSlice<f32>,
     shape: RecurrentShape,
+}
+
+impl Clone for CudaRecurrentState {
+    fn clone(&self) -> Self {
+        CudaRecurrentState {
+            conv: self.conv.clone(),
+            s: self.s.clone(),
+            shape: self.shape,
+        }
+    }
+
+    fn clone_from(&mut self, src: &Self) {
+        let same = self.shape == src.shape
+            && self.conv.len() == src.conv.len()
+            && self.s.len() == src.s.len();
+        if !same {
+            *self = src.clone();
+            return;
+        }
+        // Device-to-device on the state's stream (the one every op of this backend uses).
+        let stream = self.s.stream().clone();
+        let copied = stream
+            .memcpy_dtod(&src.conv, &mut self.conv)
+            .and_then(|()| stream.memcpy_dtod(&src.s, &mut self.s));
+        if copied.is_err() {
+            // Same behaviour as `clone` (cudarc's CudaSlice::clone panics on a failed copy):
+            // fall back to fresh buffers, which reports through the same path.
+            *self = src.clone();
+        }
+    }
 }
 
 impl CudaRecurrentState {
