@@ -554,10 +554,13 @@ extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict_
 
 // ---- one-token products of small f32 matrices (decode fusion) --------------------------------
 
-// y_s = W_s x for up to F32_MAX_SEGS f32 matrices [nrows_s, cols] that share x [cols] (one
-// token), one block per row, float4 loads (cols % 4 == 0) all in flight: the DeltaNet alpha/beta
-// projections (48 x 5120 f32) took 13 us each as one warp per row on 12 blocks.
+// y_s = W_s x for up to F32_MAX_SEGS f32 matrices [nrows_s, cols] that share x [n_tokens, cols]
+// (1..=F32_MAX_TOKENS tokens: decode, batched decode, verify passes), one block per row, float4
+// loads (cols % 4 == 0) all in flight, the row read once for every token: the DeltaNet
+// alpha/beta projections (48 x 5120 f32) took 13 us each as one warp per row on 12 blocks.
+// y of token t is y + t * nrows.
 #define F32_MAX_SEGS 4
+#define F32_MAX_TOKENS 8
 struct alignas(16) f32x4 {
     float x, y, z, w;
 };
@@ -571,6 +574,7 @@ struct F32Segs {
     F32Seg seg[F32_MAX_SEGS];
     int n_segs;
     int cols;
+    int n_tokens;
 };
 
 extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __restrict__ x) {
@@ -578,27 +582,42 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
     pdl_trigger();
     const float* W = p.seg[0].W;
     float* y = p.seg[0].y;
-    int block0 = 0;
+    int block0 = 0, nrows = p.seg[0].nrows;
 #pragma unroll
     for (int s = 1; s < F32_MAX_SEGS; s++) {
         if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
             W = p.seg[s].W;
             y = p.seg[s].y;
             block0 = p.seg[s].block0;
+            nrows = p.seg[s].nrows;
         }
     }
     const int row = (int)blockIdx.x - block0;
     const int n4 = p.cols / 4;
+    const int nt = min(p.n_tokens, F32_MAX_TOKENS);
     const f32x4* wr = (const f32x4*)(W + (long long)row * p.cols);
     const f32x4* x4 = (const f32x4*)x;
-    float acc = 0.0f;
+    float acc[F32_MAX_TOKENS];
+#pragma unroll
+    for (int t = 0; t < F32_MAX_TOKENS; t++) acc[t] = 0.0f;
 #pragma unroll 4
     for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-        const f32x4 a = wr[i], b = x4[i];
-        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        const f32x4 a = wr[i];
+#pragma unroll
+        for (int t = 0; t < F32_MAX_TOKENS; t++) {
+            if (t < nt) {
+                const f32x4 b = x4[(long long)t * n4 + i];
+                acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        }
     }
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) y[row] = acc;
+#pragma unroll
+    for (int t = 0; t < F32_MAX_TOKENS; t++) {
+        if (t < nt) {
+            const float s = block_sum(acc[t]);
+            if (threadIdx.x == 0) y[(long long)t * nrows + row] = s;
+        }
+    }
 }
 
 // ---- split of a fused projection into several tensors (decode fusion) ------------------------

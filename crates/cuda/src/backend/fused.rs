@@ -58,6 +58,7 @@ struct F32Segs {
     seg: [F32Seg; F32_MAX_SEGS],
     n_segs: i32,
     cols: i32,
+    n_tokens: i32,
 }
 
 // SAFETY: plain repr(C) data (addresses and integers) with the layout of the kernel's struct.
@@ -273,14 +274,16 @@ impl CudaBackend {
         if !segs.is_empty() {
             self.matmul_segments(&segs, &bias_of, x, outs)?;
         }
-        // one-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per row
+        // few-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per
+        // row (prefill outside steps keeps the GEMM / per-matrix path)
+        let few = x.rows == 1 || (x.rows <= MAX_FUSED_TOKENS && self.mode() != Mode::Off);
         let (f32_rows, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| {
             let w = ws[i];
-            x.rows == 1
+            few && x.rows >= 1
                 && bias_of(i).is_none()
                 && w.cols == x.cols
                 && x.cols.is_multiple_of(4)
-                && (outs[i].rows, outs[i].cols) == (1, w.rows)
+                && (outs[i].rows, outs[i].cols) == (x.rows, w.rows)
                 && w.matrix.as_ref().is_some_and(|m| m.ty == GgmlType::F32)
         });
         for chunk in f32_rows.chunks(F32_MAX_SEGS) {
@@ -296,7 +299,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS, one token).
+    /// `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS, 1..=8 tokens).
     fn matvec_f32_rows(
         &self,
         idx: &[usize],
@@ -308,6 +311,7 @@ impl CudaBackend {
         let mut p = F32Segs {
             n_segs: idx.len() as i32,
             cols: x.cols as i32,
+            n_tokens: x.rows as i32,
             ..F32Segs::default()
         };
         let mut blocks = 0usize;
@@ -339,8 +343,9 @@ impl CudaBackend {
         let mut b = stream.launch_builder(&f);
         b.arg(&p).arg(&*x.data);
         // SAFETY: matches mo_matvec_f32_rows(F32Segs, x); each segment is a live f32 matrix of
-        // n_rows x cols (cols % 4 == 0, rows 16-byte aligned) and its output holds n_rows f32;
-        // x holds cols f32.
+        // n_rows x cols (cols % 4 == 0, rows 16-byte aligned) and its output holds
+        // n_tokens * n_rows f32 (checked by the caller); x holds n_tokens * cols f32,
+        // n_tokens <= 8 = F32_MAX_TOKENS.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
