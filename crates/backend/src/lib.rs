@@ -60,8 +60,9 @@ pub trait Backend: Send + Sync + Sized {
     fn set_layer(&self, _layer: Option<usize>) {}
 
     /// Starts one step identified by `key`: a small batch in which every sequence has at least
-    /// one row (decode: one each; a speculative verify pass: a few consecutive ones). Equal keys promise the same op calls with the same shapes on the same
-    /// caches and states, differing only in host inputs (token ids, positions), so a backend
+    /// one row (decode: one each; a speculative verify pass: a few consecutive ones). Equal
+    /// keys promise the same op calls with the same shapes on the same caches and states,
+    /// differing only in host inputs (token ids, positions), so a backend
     /// may record the step once and replay it (CUDA graphs). Until [`Backend::end_step`],
     /// results may not be computed yet: no `download` in between. Default: run eagerly.
     fn begin_step(&self, _key: u64) -> StepMode {

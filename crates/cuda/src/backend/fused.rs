@@ -276,11 +276,11 @@ impl CudaBackend {
         }
         // few-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per
         // row (prefill outside steps keeps the GEMM / per-matrix path)
-        let few = x.rows == 1 || (x.rows <= MAX_FUSED_TOKENS && self.mode() != Mode::Off);
+        let few =
+            x.rows == 1 || ((2..=MAX_FUSED_TOKENS).contains(&x.rows) && self.mode() != Mode::Off);
         let (f32_rows, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| {
             let w = ws[i];
-            few && x.rows >= 1
-                && bias_of(i).is_none()
+            few && bias_of(i).is_none()
                 && w.cols == x.cols
                 && x.cols.is_multiple_of(4)
                 && (outs[i].rows, outs[i].cols) == (x.rows, w.rows)
