@@ -17,6 +17,7 @@ pub mod hybrid;
 pub mod kernel_cache;
 pub mod matvec;
 pub mod mmq;
+pub mod mmv;
 pub mod multi;
 pub mod nvrtc;
 pub mod ops;

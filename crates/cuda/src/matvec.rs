@@ -152,6 +152,11 @@ pub struct MatvecScratch {
 }
 
 impl MatvecScratch {
+    /// The q8_1 buffers (xq, xds) and the shape (tokens, cols) of the x they hold.
+    pub(crate) fn quantized(&self) -> (&CudaSlice<i8>, &CudaSlice<f32>, usize, usize) {
+        (&self.xq, &self.xds, self.n_tokens, self.cols)
+    }
+
     /// The q8_1 buffers (xq int8 `[n, cols]`, xds `(d, d * sum)` per 32) for a kernel that
     /// writes x's quantization itself (norm / SwiGLU producers), after which the scratch
     /// holds x of `n_tokens` x `cols`. Errors if they are too small.
@@ -188,10 +193,11 @@ pub struct Segment<'a> {
     pub accumulate: bool,
 }
 
-/// Kernel parameter of the mvm_ kernels (struct MvSeg / MvSegs in kernels/matvec_quant.cu).
+/// Kernel parameter of the mvm_ kernels (struct MvSeg / MvSegs in kernels/matvec_quant.cu,
+/// and the same structs in kernels/mmv.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct MvSeg {
+pub(crate) struct MvSeg {
     w: u64,
     y: u64,
     bias: u64,
@@ -203,7 +209,7 @@ struct MvSeg {
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct MvSegs {
+pub(crate) struct MvSegs {
     seg: [MvSeg; MAX_SEGMENTS],
     row_bytes: i64,
     n_segs: i32,
@@ -417,6 +423,39 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// The kernel parameter of a segment launch with `rows_per_block` rows per thread block,
+    /// and the launch's block count (each segment starts on a block of its own).
+    pub(crate) fn segment_params(
+        &self,
+        segs: &[Segment<'_>],
+        rows_per_block: usize,
+    ) -> (MvSegs, usize) {
+        let first = &segs[0];
+        let mut p = MvSegs {
+            row_bytes: first.w.row_bytes as i64,
+            n_segs: segs.len() as i32,
+            ncols: first.w.n_cols as i32,
+            ..MvSegs::default()
+        };
+        let mut blocks = 0usize;
+        for (i, s) in segs.iter().enumerate() {
+            p.seg[i] = MvSeg {
+                w: {
+                    let (ptr, _sync) = s.w.data.device_ptr(self.stream());
+                    ptr
+                },
+                y: s.y,
+                bias: s.bias.unwrap_or(0),
+                nrows: s.w.n_rows as i32,
+                block0: blocks as i32,
+                accumulate: s.accumulate as i32,
+                pad: 0,
+            };
+            blocks += s.w.n_rows.div_ceil(rows_per_block);
+        }
+        (p, blocks)
+    }
+
     /// Products of several matrices of one block format and one width that read the same x
     /// (already quantized into `xq`, 1..=[`MAX_TOKENS_PER_LAUNCH`] tokens), in one launch
     /// over their concatenated rows, each with its own output, optional bias and accumulate
@@ -448,28 +487,7 @@ impl CudaDevice {
         let nt = n_tokens.next_power_of_two();
         let r = rows_per_warp(ty, total_rows, cols, nt);
         let rows_per_block = (r * WARPS_PER_BLOCK) as usize;
-        let mut p = MvSegs {
-            row_bytes: first.w.row_bytes as i64,
-            n_segs: segs.len() as i32,
-            ncols: cols as i32,
-            ..MvSegs::default()
-        };
-        let mut blocks = 0usize;
-        for (i, s) in segs.iter().enumerate() {
-            p.seg[i] = MvSeg {
-                w: {
-                    let (ptr, _sync) = s.w.data.device_ptr(self.stream());
-                    ptr
-                },
-                y: s.y,
-                bias: s.bias.unwrap_or(0),
-                nrows: s.w.n_rows as i32,
-                block0: blocks as i32,
-                accumulate: s.accumulate as i32,
-                pad: 0,
-            };
-            blocks += s.w.n_rows.div_ceil(rows_per_block);
-        }
+        let (p, blocks) = self.segment_params(segs, rows_per_block);
         if blocks == 0 {
             return Ok(());
         }

@@ -29,10 +29,13 @@ pub enum Program {
     FlashAttn,
     /// Small-batch (2..32 tokens) quantized products on int8 tensor cores (crate::mmq).
     Mmq,
+    /// Few-token (1..8) quantized products on int8 tensor cores, fragments loaded straight
+    /// from global memory (crate::mmv).
+    Mmv,
 }
 
 impl Program {
-    pub const ALL: [Program; 10] = [
+    pub const ALL: [Program; 11] = [
         Program::MatvecQuant,
         Program::MatvecFloat,
         Program::Bandwidth,
@@ -43,6 +46,7 @@ impl Program {
         Program::DeltaNet,
         Program::FlashAttn,
         Program::Mmq,
+        Program::Mmv,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -57,6 +61,7 @@ impl Program {
             Program::FlashAttn => "flash_attn.cu",
             Program::DeltaNet => "deltanet.cu",
             Program::Mmq => "mmq.cu",
+            Program::Mmv => "mmv.cu",
         }
     }
 
@@ -72,6 +77,7 @@ impl Program {
             Program::FlashAttn => include_str!("../kernels/flash_attn.cu"),
             Program::DeltaNet => include_str!("../kernels/deltanet.cu"),
             Program::Mmq => include_str!("../kernels/mmq.cu"),
+            Program::Mmv => include_str!("../kernels/mmv.cu"),
         }
     }
 

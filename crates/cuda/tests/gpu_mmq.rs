@@ -112,6 +112,7 @@ fn check(
     rf: &Reference,
     n: usize,
     scratch: &mut cuda::MatvecScratch,
+    mmv: bool,
 ) -> Result<f64, String> {
     let (rows, cols) = (w.n_rows, w.n_cols);
     // one row of NaN past the outputs: nothing may be written there
@@ -119,8 +120,14 @@ fn check(
         .stream()
         .clone_htod(&vec![f32::NAN; (n + 1) * rows])
         .map_err(|e| e.to_string())?;
-    dev.mmq(w, xd, n, &mut y, scratch)
-        .map_err(|e| e.to_string())?;
+    if mmv {
+        dev.quantize_for_matvec(xd, n, cols, scratch)
+            .and_then(|_| dev.mmv_prequantized(w, scratch, &mut y))
+            .map_err(|e| e.to_string())?;
+    } else {
+        dev.mmq(w, xd, n, &mut y, scratch)
+            .map_err(|e| e.to_string())?;
+    }
     let y = dev.stream().clone_dtoh(&y).map_err(|e| e.to_string())?;
     let name = w.ty.name();
     let mut worst = 0f64;
@@ -196,7 +203,7 @@ fn mmq_matches_cpu_reference_for_every_format() {
                     let warps = [0, 1, 3, 8][(i + emulate as usize) % 4];
                     cuda::mmq::set_force_emulation(emulate);
                     cuda::mmq::set_warps_override(warps);
-                    match check(&dev, &w, &xd, &rf, n, &mut scratch) {
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch, false) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
                             "{e} ({}, warps {warps})",
@@ -327,6 +334,234 @@ fn mmq_timing_vs_matvec() {
                     mv / mv1,
                     mq / mv1,
                     format!("w{}", best.0),
+                    sweep
+                        .iter()
+                        .skip(1)
+                        .map(|(w, t)| format!("w{w} {t:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+            }
+        }
+    }
+}
+
+// ---- the few-token tensor-core path (crate::mmv, kernels/mmv.cu) ---------------------------
+
+const MMV_FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
+
+#[test]
+fn mmv_matches_cpu_reference() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
+    const MAX_N: usize = 8;
+    let mut failures = Vec::new();
+    let mut seed = 70u64;
+    for ty in MMV_FORMATS {
+        // 16-row tiles: 1 row, 15, 17, 37, 129, 523 rows; 1..21 super-blocks per row (fewer
+        // and more than the warps of a block, odd counts: the two-buffer loop's tail)
+        let shapes = [
+            (1, 256),
+            (15, 768),
+            (17, 2304),
+            (37, 8448),
+            (523, 2560),
+            (129, 5376),
+        ];
+        for &(rows, cols) in &shapes {
+            seed += 1;
+            let wbytes = random_matrix(ty, rows, cols, seed);
+            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
+            let rf = reference(ty, &wbytes, rows, cols, &x, MAX_N);
+            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
+            let xd = dev.stream().clone_htod(&x).expect("upload x");
+            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let mut worst = 0f64;
+            for n in 1..=MAX_N {
+                for emulate in [false, true] {
+                    let warps = [0, 1, 3, 8][(n + emulate as usize) % 4];
+                    cuda::mmv::set_force_emulation(emulate);
+                    cuda::mmv::set_warps_override(warps);
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch, true) {
+                        Ok(e) => worst = worst.max(e),
+                        Err(e) => failures.push(format!(
+                            "{e} ({}, warps {warps})",
+                            if emulate { "emulated mma" } else { "mma" }
+                        )),
+                    }
+                }
+            }
+            eprintln!(
+                "mmv checked {:>5} {:>4}x{:<5} n=1..{MAX_N}: max rel err {worst:.2e}",
+                ty.name(),
+                rows,
+                cols
+            );
+        }
+    }
+    cuda::mmv::set_force_emulation(false);
+    cuda::mmv::set_warps_override(0);
+    for f in failures.iter().take(40) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures (first above)",
+        failures.len()
+    );
+}
+
+/// Three matrices in one launch (Q/K/V-like: 40, 17 and 1 rows), one with a bias, one that
+/// accumulates into its output (the residual add), 3 tokens: each output equals its own
+/// product plus bias / old value.
+#[test]
+#[allow(clippy::needless_range_loop)] // rows index several parallel arrays
+fn mmv_segments_with_bias_and_accumulate() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let (cols, n) = (1024usize, 3usize);
+    for ty in MMV_FORMATS {
+        let rows = [40usize, 17, 1];
+        let x = random_activations(n * cols, 11);
+        let xd = dev.stream().clone_htod(&x).expect("x");
+        let mut scratch = dev.matvec_scratch(n, cols).expect("scratch");
+        dev.quantize_for_matvec(&xd, n, cols, &mut scratch)
+            .expect("quantize");
+        let mut ws = Vec::new();
+        let mut refs = Vec::new();
+        for (i, &r) in rows.iter().enumerate() {
+            let b = random_matrix(ty, r, cols, 100 + i as u64);
+            refs.push(reference(ty, &b, r, cols, &x, n));
+            ws.push(dev.upload_matrix(ty, r, cols, &b).expect("upload"));
+        }
+        let bias: Vec<f32> = (0..rows[0]).map(|i| 0.25 * i as f32 - 3.0).collect();
+        let bias_d = dev.stream().clone_htod(&bias).expect("bias");
+        let old: Vec<f32> = (0..n * rows[1]).map(|i| (i as f32).sin() * 5.0).collect();
+        let mut ys: Vec<cuda::CudaSlice<f32>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| {
+                let init = if i == 1 {
+                    old.clone()
+                } else {
+                    vec![f32::NAN; n * r]
+                };
+                dev.stream().clone_htod(&init).expect("y")
+            })
+            .collect();
+        let segs: Vec<cuda::matvec::Segment<'_>> = ws
+            .iter()
+            .enumerate()
+            .map(|(i, w)| cuda::matvec::Segment {
+                w,
+                y: dev.device_address(&ys[i]),
+                bias: (i == 0).then(|| dev.device_address(&bias_d)),
+                accumulate: i == 1,
+            })
+            .collect();
+        dev.mmv_segments(&segs, &scratch).expect("mmv segments");
+        drop(segs);
+        for (i, &r) in rows.iter().enumerate() {
+            let got = dev.stream().clone_dtoh(&ys[i]).expect("y back");
+            for t in 0..n {
+                for row in 0..r {
+                    let o = t * r + row;
+                    let mut want = refs[i].exact[o];
+                    if i == 0 {
+                        want += bias[row] as f64;
+                    }
+                    if i == 1 {
+                        want += old[o] as f64;
+                    }
+                    let tol = 2e-5 * refs[i].mag[o] + 1e-5 * want.abs() + 1e-5;
+                    assert!(
+                        (got[o] as f64 - want).abs() <= tol,
+                        "{} segment {i} y[{t},{row}] = {} want {want}",
+                        ty.name(),
+                        got[o]
+                    );
+                }
+            }
+        }
+        ys.clear();
+    }
+}
+
+#[test]
+#[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
+fn mmv_timing_vs_matvec() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
+    dev.module(cuda::Program::MatvecQuant)
+        .expect("matvec kernels compile");
+    let shapes = [
+        (27648usize, 5120usize),
+        (5120, 27648),
+        (5120, 5120),
+        (17408, 5120),
+        (5120, 17408),
+        (10240, 5120),
+    ];
+    let counts = [1usize, 2, 3, 4, 6, 8];
+    println!(
+        "{:>5} {:>12} {:>2} {:>8} {:>8} {:>7} {:>7} {:>8}  warps sweep (mmv µs)",
+        "type", "shape", "n", "matvec", "mmv", "mv/mv1", "mmv/mv1", "mmv GB/s"
+    );
+    for ty in MMV_FORMATS {
+        for &(rows, cols) in &shapes {
+            let bytes = random_matrix(ty, rows, cols, 99);
+            let nbytes = bytes.len();
+            let copies = (400_000_000 / nbytes).clamp(2, 16);
+            let ws: Vec<_> = (0..copies)
+                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
+                .collect();
+            drop(bytes);
+            let x = dev
+                .stream()
+                .clone_htod(&random_activations(8 * cols, 5))
+                .expect("x");
+            let mut y = dev.stream().alloc_zeros::<f32>(8 * rows).expect("y");
+            let mut s = dev.matvec_scratch(8, cols).expect("scratch");
+            let mut mv1 = 0.0;
+            for &n in &counts {
+                dev.quantize_for_matvec(&x, n, cols, &mut s)
+                    .expect("quantize");
+                let mv = time_us(&dev, copies, 40, |i| {
+                    dev.matvec_prequantized(&ws[i], &s, &mut y)
+                })
+                .expect("matvec timing");
+                if n == 1 {
+                    mv1 = mv;
+                }
+                let mut sweep = Vec::new();
+                for warps in [0u32, 2, 4, 8] {
+                    cuda::mmv::set_warps_override(warps);
+                    let us = time_us(&dev, copies, 40, |i| {
+                        dev.mmv_prequantized(&ws[i], &s, &mut y)
+                    })
+                    .expect("mmv timing");
+                    sweep.push((warps, us));
+                }
+                cuda::mmv::set_warps_override(0);
+                let mm = sweep[0].1;
+                println!(
+                    "{:>5} {:>12} {:>2} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.0}  {}",
+                    ty.name(),
+                    format!("{rows}x{cols}"),
+                    n,
+                    mv,
+                    mm,
+                    mv / mv1,
+                    mm / mv1,
+                    nbytes as f64 / (mm * 1e3),
                     sweep
                         .iter()
                         .skip(1)

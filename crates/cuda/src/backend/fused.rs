@@ -226,6 +226,12 @@ impl CudaBackend {
                     .mmq_prequantized(m, x.rows, s, &mut out.data)
                     .map_err(dev_err);
             }
+            if crate::mmv::dispatch(&self.dev, m.ty, x.rows) {
+                return self
+                    .dev
+                    .mmv_prequantized(m, s, &mut out.data)
+                    .map_err(dev_err);
+            }
             self.dev
                 .matvec_prequantized(m, s, &mut out.data)
                 .map_err(dev_err)
@@ -392,7 +398,7 @@ impl CudaBackend {
                     })
                     .collect();
                 for chunk in group.chunks(MAX_SEGMENTS) {
-                    self.dev.matvec_segments(chunk, s).map_err(dev_err)?;
+                    self.dev.few_token_segments(chunk, s).map_err(dev_err)?;
                 }
             }
             Ok(())
@@ -416,7 +422,7 @@ impl CudaBackend {
                         bias: None,
                         accumulate: true,
                     };
-                    self.dev.matvec_segments(&[seg], s).map_err(dev_err)
+                    self.dev.few_token_segments(&[seg], s).map_err(dev_err)
                 })
             }
             _ => {

@@ -18,6 +18,7 @@ fn main() -> ExitCode {
     let mut archs: Vec<u32> = CI_ARCHS.to_vec();
     let mut resource_usage = false;
     let mut write_cache: Option<PathBuf> = None;
+    let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -38,6 +39,8 @@ fn main() -> ExitCode {
             // ptxas register / shared memory / spill report per kernel (printed, not a failure)
             "--resource-usage" => resource_usage = true,
             "--write-cache" => write_cache = args.next().map(PathBuf::from),
+            // with --resource-usage: one program only (e.g. mmv.cu)
+            "--only" => only = args.next(),
             "-h" | "--help" => return usage(""),
             other => return usage(&format!("unknown argument {other}")),
         }
@@ -54,6 +57,9 @@ fn main() -> ExitCode {
     if resource_usage {
         for &arch in &archs {
             for p in cuda::Program::ALL {
+                if only.as_deref().is_some_and(|o| o != p.file_name()) {
+                    continue;
+                }
                 match nvrtc.compile(&p.program_source(), arch, &["--ptxas-options=-v"]) {
                     Ok(c) => println!("== sm_{arch} {}\n{}", p.file_name(), c.log),
                     Err(e) => println!("== sm_{arch} {}: {e}", p.file_name()),
@@ -109,7 +115,7 @@ fn usage(err: &str) -> ExitCode {
     if !err.is_empty() {
         eprintln!("kernel-compile-check: {err}");
     }
-    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage] [--write-cache DIR]");
+    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage [--only FILE.cu]] [--write-cache DIR]");
     if err.is_empty() {
         ExitCode::SUCCESS
     } else {

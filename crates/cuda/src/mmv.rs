@@ -1,0 +1,221 @@
+//! Few-token (1..=8) quantized products on int8 tensor cores with the weights loaded straight
+//! into `mma.sync` fragments (kernels/mmv.cu): the same segment interface as the dp4a `mvm_`
+//! kernels ([`CudaDevice::matvec_segments`]: several matrices reading one x, each with its own
+//! output, bias and residual add), at a cost per weight byte that does not grow with the token
+//! count. The dp4a matvec re-does its dot work per token and costs 2..4x its one-token time at
+//! 3..8 tokens; this path is what speculative verify passes and batched decode streams want.
+//!
+//! Formats: Q4_K and Q6_K (the bulk of a Q4_K_M file). sm_80+ only in the dispatch; the
+//! kernels compile for sm_70 with the mma emulated by shuffles + dp4a (tests force that path
+//! on any card).
+
+use crate::device::CudaDevice;
+use crate::error::{CudaError, Result};
+use crate::matvec::{MatvecScratch, Segment, MAX_SEGMENTS};
+use crate::sources::Program;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use gguf::GgmlType;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// Most tokens one launch takes (one 8-column mma tile).
+pub const MAX_TOKENS: usize = 8;
+/// Rows per thread block (the mma's m).
+const ROWS_PER_BLOCK: usize = 16;
+/// Most warps per block (MMV_MAX_WARPS in the kernel).
+const MAX_WARPS: u32 = 8;
+
+/// Forced warps per block (1..=8); 0 = per-shape choice.
+static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+/// Runs the shuffle + dp4a emulation of the mma on every card (tests: the sm_70 path).
+static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
+
+/// Forces the warps per block (1..=8, they split one 16-row tile's super-blocks); 0 restores
+/// the per-shape choice. For benchmarks and tests.
+pub fn set_warps_override(w: u32) {
+    WARPS_OVERRIDE.store(w.min(MAX_WARPS), Ordering::Relaxed);
+}
+
+/// Runs the sm_70 fallback (warp shuffles + dp4a instead of mma) on every card, for tests.
+pub fn set_force_emulation(on: bool) {
+    FORCE_EMULATION.store(on, Ordering::Relaxed);
+}
+
+/// Kernel stem of a weight type this path has.
+fn stem(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q4K => Some("q4_k"),
+        GgmlType::Q6K => Some("q6_k"),
+        _ => None,
+    }
+}
+
+/// Whether this path handles weight type `ty` for `n` tokens.
+pub fn supports(ty: GgmlType, n: usize) -> bool {
+    stem(ty).is_some() && (1..=MAX_TOKENS).contains(&n)
+}
+
+/// Whether the backend's few-token products use this path: `REDLINE_MMV=1` turns it on (off
+/// by default until it has been verified and timed on the card). Read once.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_MMV").is_ok_and(|v| v == "1"))
+}
+
+/// Fewest tokens for which the backend takes this path instead of the dp4a matvec
+/// (`REDLINE_MMV_MIN`, default 2; read once).
+pub fn dispatch_min_tokens() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("REDLINE_MMV_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2)
+            .max(1)
+    })
+}
+
+/// The backend's question: should a product of `n` tokens of weight type `ty` on `dev` take
+/// this path ([`enabled`], sm_80+, a supported format, [`dispatch_min_tokens`]..=8 tokens).
+pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+    enabled() && dev.arch() >= 80 && n >= dispatch_min_tokens() && supports(ty, n)
+}
+
+/// Warps per block for `tiles` 16-row tiles of `n_cols` columns: the warps split a tile's
+/// 256-weight super-blocks, so few tiles (a 5120-row matrix is 320) want more warps to keep
+/// enough bytes in flight, many tiles fewer (less reduction); never a warp without work.
+pub fn warps_per_block(tiles: usize, n_cols: usize) -> u32 {
+    let forced = WARPS_OVERRIDE.load(Ordering::Relaxed);
+    let w = if forced > 0 {
+        forced as usize
+    } else if tiles >= 1024 {
+        4
+    } else {
+        8
+    };
+    w.min((n_cols / 256).max(1)) as u32
+}
+
+impl CudaDevice {
+    /// Few-token products of several matrices (one format and width, x already quantized
+    /// into `xq`), on the path the dispatch picks: this module's tensor-core kernels when
+    /// [`dispatch`] says so, the dp4a segment kernels otherwise. Same contract as
+    /// [`CudaDevice::matvec_segments`].
+    pub fn few_token_segments(&self, segs: &[Segment<'_>], xq: &MatvecScratch) -> Result<()> {
+        let (_, _, n, _) = xq.quantized();
+        match segs.first() {
+            Some(s) if dispatch(self, s.w.ty, n) => self.mmv_segments(segs, xq),
+            _ => self.matvec_segments(segs, xq),
+        }
+    }
+
+    /// `y (+)= W x (+ bias)` for every segment on the tensor-core path (kernels/mmv.cu), x of
+    /// 1..=8 tokens already quantized into `xq`. The caller guarantees every `y` holds
+    /// `n_tokens * w.n_rows` f32 (token-major) and every `bias` `w.n_rows`.
+    pub fn mmv_segments(&self, segs: &[Segment<'_>], xq: &MatvecScratch) -> Result<()> {
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        let (ty, cols) = (first.w.ty, first.w.n_cols);
+        let (xqd, xds, n_tokens, xcols) = xq.quantized();
+        let stem = stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
+        if segs.len() > MAX_SEGMENTS
+            || !(1..=MAX_TOKENS).contains(&n_tokens)
+            || xcols != cols
+            || !cols.is_multiple_of(256)
+            || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
+            || xqd.len() < n_tokens * cols
+            || xds.len() < n_tokens * cols / 16
+        {
+            return Err(CudaError::Shape(format!(
+                "mmv: {} segments of {} x {cols} with x quantized as {n_tokens}x{xcols}",
+                segs.len(),
+                ty.name(),
+            )));
+        }
+        let (p, blocks) = self.segment_params(segs, ROWS_PER_BLOCK);
+        if blocks == 0 {
+            return Ok(());
+        }
+        let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
+        let warps = warps_per_block(total_rows.div_ceil(ROWS_PER_BLOCK), cols);
+        let f = self.function(Program::Mmv, &format!("mmv_{stem}"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32, warps, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut n_i = n_tokens as i32;
+        let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
+        if crate::pdl::enabled(self.arch()) {
+            let (mut p, mut pq, mut pd) = (p, self.device_address(xqd), self.device_address(xds));
+            let mut params = [
+                crate::pdl::arg(&mut p),
+                crate::pdl::arg(&mut pq),
+                crate::pdl::arg(&mut pd),
+                crate::pdl::arg(&mut n_i),
+                crate::pdl::arg(&mut emulate),
+            ];
+            // SAFETY: as below; the kernel waits for the previous kernel before reading x or
+            // the outputs and before writing anything.
+            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
+            return Ok(());
+        }
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&p).arg(xqd).arg(xds).arg(&n_i).arg(&emulate);
+        // SAFETY: matches mmv_<fmt>(MvSegs, xq, xds, n_tokens, emulate) with n_tokens <= 8;
+        // every segment's matrix is a live DeviceMatrix of this format and width (>= 16 bytes
+        // of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows f32 and
+        // biases n_rows (the caller's contract), x was quantized for n_tokens tokens of cols.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `y = W x` for one matrix on the tensor-core path, x (1..=8 tokens) already quantized
+    /// into `xq`; y holds at least `n_tokens * w.n_rows` f32.
+    pub fn mmv_prequantized(
+        &self,
+        w: &crate::DeviceMatrix,
+        xq: &MatvecScratch,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (_, _, n, _) = xq.quantized();
+        if y.len() < n * w.n_rows {
+            return Err(CudaError::Shape(format!(
+                "mmv {}x{} for {n} tokens into y of {}",
+                w.n_rows,
+                w.n_cols,
+                y.len()
+            )));
+        }
+        let seg = Segment {
+            w,
+            y: self.device_address(y),
+            bias: None,
+            accumulate: false,
+        };
+        self.mmv_segments(&[seg], xq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supports_formats_and_counts() {
+        assert!(supports(GgmlType::Q4K, 1));
+        assert!(supports(GgmlType::Q6K, 8));
+        assert!(!supports(GgmlType::Q4K, 9));
+        assert!(!supports(GgmlType::Q4K, 0));
+        assert!(!supports(GgmlType::Q4_0, 4));
+    }
+
+    #[test]
+    fn warps_never_outnumber_super_blocks() {
+        set_warps_override(0);
+        assert_eq!(warps_per_block(320, 27648), 8);
+        assert_eq!(warps_per_block(1728, 5120), 4);
+        assert_eq!(warps_per_block(10, 512), 2);
+        assert_eq!(warps_per_block(10, 256), 1);
+    }
+}
