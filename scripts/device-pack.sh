@@ -5,6 +5,7 @@
 # version: nothing compiles on the card), and any extra files named on the command line.
 #
 #   bash scripts/device-pack.sh [FILE...]
+#   ONLY=mmv.cu bash scripts/device-pack.sh   (recompile one program into the existing cache)
 #   then: run(command="tar xJf devpk/pack.tar.xz && XDG_CACHE_HOME=$PWD/devbin/cache devbin/redline …",
 #             carry=["devpk"])
 #
@@ -25,7 +26,7 @@ fi
 LIB="$NVRTC_DIR/x/nvidia/cu13/lib"
 # libnvrtc loads libnvrtc-builtins from the library path
 LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
-    --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache
+    --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache ${ONLY:+--only "$ONLY"}
 for f in "$@"; do cp -r "$f" devbin/; done
 tar cJf devpk/pack.tar.xz devbin
 ls -la devpk/pack.tar.xz

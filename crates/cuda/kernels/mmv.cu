@@ -67,24 +67,41 @@ struct MvSegs {
     int ncols;
 };
 
-// Weights stream through once; they may allocate in L1 (the 8-byte loads of neighbouring
-// instructions share 32-byte sectors).
-static __device__ __forceinline__ MvV4 mv_ld16(const uint8_t* p) {
+// Weight loads. The weights stream through once; x (read by every warp) must stay in L1.
+// load_mode 0: ld.global.nc (allocates in L1: the 8-byte loads of neighbouring instructions
+// share 32-byte sectors); 2: ld.global.nc.L1::no_allocate (the weights bypass L1).
+static __device__ __forceinline__ MvV4 mv_ld16(const uint8_t* p, int mode) {
     MvV4 v;
-    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    if (mode == 2) {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    } else {
+        asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    }
     return v;
 }
-static __device__ __forceinline__ MvV2 mv_ld8(const uint8_t* p) {
+static __device__ __forceinline__ MvV2 mv_ld8(const uint8_t* p, int mode) {
     MvV2 v;
-    asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    if (mode == 2) {
+        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    } else {
+        asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    }
     return v;
 }
-static __device__ __forceinline__ uint32_t mv_ld2x2(const uint8_t* p) {
-    // a little-endian u32 from 2-byte-aligned weights
-    uint16_t lo, hi;
-    asm("ld.global.nc.u16 %0, [%1];" : "=h"(lo) : "l"(p));
-    asm("ld.global.nc.u16 %0, [%1];" : "=h"(hi) : "l"(p + 2));
-    return (uint32_t)lo | ((uint32_t)hi << 16);
+static __device__ __forceinline__ uint16_t mv_ld2(const uint8_t* p, int mode) {
+    uint16_t v;
+    if (mode == 2) {
+        asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    } else {
+        asm("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    }
+    return v;
+}
+// a little-endian u32 from 2-byte-aligned weights
+static __device__ __forceinline__ uint32_t mv_ld2x2(const uint8_t* p, int mode) {
+    return (uint32_t)mv_ld2(p, mode) | ((uint32_t)mv_ld2(p + 2, mode) << 16);
 }
 
 struct MvI4 {
@@ -126,10 +143,9 @@ static __device__ __noinline__ MvI4 mv_emul_k16(MvI4 c, uint32_t a0, uint32_t a1
     return c;
 }
 
-// c = A B for one m16n8k32 tile (from zero).
-static __device__ __forceinline__ MvI4 mv_mma_k32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                  uint32_t b1, int emulate) {
-    MvI4 c{0, 0, 0, 0};
+// c + A B for one m16n8k32 tile.
+static __device__ __forceinline__ MvI4 mv_mma_k32(MvI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1, int emulate) {
 #if __CUDA_ARCH__ >= 800
     if (emulate) return mv_emul_k32(c, a0, a1, a2, a3, b0, b1);
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -177,13 +193,13 @@ struct MvQ4K {
         MvV4 h[2];     // header (d, dmin, scales) of rows g, g + 8
         MvV2 q[2][4];  // qs bytes 32j + 8t .. + 7 of rows g, g + 8, j = 0..3
     };
-    static __device__ __forceinline__ void load(const uint8_t* pg, const uint8_t* pg8, int t, Frag& f) {
-        f.h[0] = mv_ld16(pg);
-        f.h[1] = mv_ld16(pg8);
+    static __device__ __forceinline__ void load(const uint8_t* pg, const uint8_t* pg8, int t, int mode, Frag& f) {
+        f.h[0] = mv_ld16(pg, mode);
+        f.h[1] = mv_ld16(pg8, mode);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            f.q[0][j] = mv_ld8(pg + 16 + 32 * j + 8 * t);
-            f.q[1][j] = mv_ld8(pg8 + 16 + 32 * j + 8 * t);
+            f.q[0][j] = mv_ld8(pg + 16 + 32 * j + 8 * t, mode);
+            f.q[1][j] = mv_ld8(pg8 + 16 + 32 * j + 8 * t, mode);
         }
     }
     static __device__ __forceinline__ void compute(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
@@ -215,7 +231,7 @@ struct MvQ4K {
             const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
             const int U = U0 + u;
             const MvV2 xb = *(const MvV2*)(x.q + 32 * U);
-            const MvI4 c = mv_mma_k32((wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
+            const MvI4 c = mv_mma_k32(MvI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
                                       (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
             const MvF2 x0 = x.d0[U], x1 = x.d1[U];
             acc[0] += (float)c.x * (sg * x0.x) + mg * x0.y;
@@ -239,21 +255,18 @@ struct MvQ6K {
         uint32_t sc[2][4];  // [row]: scales[16]
         uint32_t d;         // d of row g (low half), row g + 8 (high half)
     };
-    static __device__ __forceinline__ void load(const uint8_t* pg, const uint8_t* pg8, int t, Frag& f) {
+    static __device__ __forceinline__ void load(const uint8_t* pg, const uint8_t* pg8, int t, int mode, Frag& f) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const uint8_t* p = r == 0 ? pg : pg8;
 #pragma unroll
-            for (int i = 0; i < 8; i++) f.ql[r][i] = mv_ld2x2(p + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * t);
+            for (int i = 0; i < 8; i++) f.ql[r][i] = mv_ld2x2(p + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * t, mode);
 #pragma unroll
-            for (int i = 0; i < 4; i++) f.qh[r][i] = mv_ld2x2(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+            for (int i = 0; i < 4; i++) f.qh[r][i] = mv_ld2x2(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t, mode);
 #pragma unroll
-            for (int i = 0; i < 4; i++) f.sc[r][i] = mv_ld2x2(p + 192 + 4 * i);
+            for (int i = 0; i < 4; i++) f.sc[r][i] = mv_ld2x2(p + 192 + 4 * i, mode);
         }
-        uint16_t d0, d1;
-        asm("ld.global.nc.u16 %0, [%1];" : "=h"(d0) : "l"(pg + 208));
-        asm("ld.global.nc.u16 %0, [%1];" : "=h"(d1) : "l"(pg8 + 208));
-        f.d = (uint32_t)d0 | ((uint32_t)d1 << 16);
+        f.d = (uint32_t)mv_ld2(pg + 208, mode) | ((uint32_t)mv_ld2(pg8 + 208, mode) << 16);
     }
     static __device__ __forceinline__ void compute(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
         const float dg = f16_to_f32((uint16_t)(f.d & 0xFFFF)), dg8 = f16_to_f32((uint16_t)(f.d >> 16));
@@ -287,27 +300,39 @@ struct MvQ6K {
     }
 };
 
-// ---- the kernel --------------------------------------------------------------------------
+// ---- the kernels -------------------------------------------------------------------------
 
-template <typename F>
-static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
-                                           const float* __restrict__ xds_f, int n_tokens, int emulate) {
-    // this block's segment (unrolled selects: no local-memory copy of the parameter struct)
-    const uint8_t* W = p.seg[0].W;
-    float* y = p.seg[0].y;
-    const float* bias = p.seg[0].bias;
-    int nrows = p.seg[0].nrows, block0 = 0, accumulate = p.seg[0].accumulate;
+// This block's segment (unrolled selects: no local-memory copy of the parameter struct).
+struct MvSegSel {
+    const uint8_t* W;
+    float* y;
+    const float* bias;
+    int nrows, block0, accumulate;
+};
+static __device__ __forceinline__ MvSegSel mv_select(const MvSegs& p) {
+    MvSegSel r{p.seg[0].W, p.seg[0].y, p.seg[0].bias, p.seg[0].nrows, 0, p.seg[0].accumulate};
 #pragma unroll
     for (int s = 1; s < MMV_MAX_SEGS; s++) {
         if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
-            W = p.seg[s].W;
-            y = p.seg[s].y;
-            bias = p.seg[s].bias;
-            nrows = p.seg[s].nrows;
-            block0 = p.seg[s].block0;
-            accumulate = p.seg[s].accumulate;
+            r.W = p.seg[s].W;
+            r.y = p.seg[s].y;
+            r.bias = p.seg[s].bias;
+            r.nrows = p.seg[s].nrows;
+            r.block0 = p.seg[s].block0;
+            r.accumulate = p.seg[s].accumulate;
         }
     }
+    return r;
+}
+
+template <typename F, int D>
+static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
+                                           const float* __restrict__ xds_f, int n_tokens, int load_mode, int emulate) {
+    const MvSegSel sel = mv_select(p);
+    const uint8_t* W = sel.W;
+    float* y = sel.y;
+    const float* bias = sel.bias;
+    const int nrows = sel.nrows, block0 = sel.block0, accumulate = sel.accumulate;
     const int lane = threadIdx.x, wid = threadIdx.y, nw = blockDim.y;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = ((int)blockIdx.x - block0) * 16;
@@ -316,10 +341,14 @@ static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __rest
     const uint8_t* rg = W + (long long)min(row0 + g, nrows - 1) * row_bytes;
     const uint8_t* rg8 = W + (long long)min(row0 + g + 8, nrows - 1) * row_bytes;
 
-    // the first super-block's weights are in flight before the wait for x (PDL)
-    typename F::Frag fa, fb;
-    int sb = wid;
-    if (sb < nsb) F::load(rg + (long long)sb * F::SB, rg8 + (long long)sb * F::SB, t, fa);
+    // D fragment buffers: the loads of D - 1 super-blocks are in flight while one computes;
+    // the first ones before the wait for x (PDL)
+    typename F::Frag f[D];
+#pragma unroll
+    for (int i = 0; i < D - 1; i++) {
+        const int s = wid + i * nw;
+        if (s < nsb) F::load(rg + (long long)s * F::SB, rg8 + (long long)s * F::SB, t, load_mode, f[i]);
+    }
     pdl_wait();
     pdl_trigger();
 
@@ -329,14 +358,16 @@ static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __rest
     x.d1 = (const MvF2*)xds_f + (long long)min(2 * t + 1, n_tokens - 1) * nunits;
     x.emulate = emulate;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // two fragment buffers: super-block sb + nw loads while sb computes
-    for (; sb < nsb; sb += 2 * nw) {
-        const int s1 = sb + nw, s2 = sb + 2 * nw;
-        if (s1 < nsb) F::load(rg + (long long)s1 * F::SB, rg8 + (long long)s1 * F::SB, t, fb);
-        F::compute(fa, 8 * sb, x, lane, acc);
-        if (s1 >= nsb) break;
-        if (s2 < nsb) F::load(rg + (long long)s2 * F::SB, rg8 + (long long)s2 * F::SB, t, fa);
-        F::compute(fb, 8 * s1, x, lane, acc);
+    for (int base = wid; base < nsb; base += D * nw) {
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            const int s = base + i * nw;
+            if (s >= nsb) break;
+            const int sl = s + (D - 1) * nw;
+            if (sl < nsb)
+                F::load(rg + (long long)sl * F::SB, rg8 + (long long)sl * F::SB, t, load_mode, f[(i + D - 1) % D]);
+            F::compute(f[i], 8 * s, x, lane, acc);
+        }
     }
 
     __shared__ float red[MMV_MAX_WARPS][4][32];
@@ -365,12 +396,232 @@ static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __rest
     }
 }
 
-#define MMV_KERNEL(name, F)                                                                               \
+// ---- block-diagonal B for 1..4 tokens (Q4_K) -----------------------------------------------
+//
+// With n <= NP tokens (NP = 1, 2, 4), the 8 columns of B hold NP tokens x G = 8 / NP units:
+// column (tau, v) is x of token tau restricted to unit v of a "group" of G units (CG = G / 2
+// chunks of 32 qs bytes: the low and high nibble units of one chunk), zero in the k-slots of
+// the other units. Then C[row][(tau, v)] summed over the group's M = 2 CG mmas is the dot of
+// unit v alone, and no C value is wasted on padding tokens: the per-unit scale work (the cost
+// that kept mmv_ at 4x the matvec's instructions per byte) is done for n real token columns,
+// not for 8. k-slots: thread t (chunk c = t / TPC of the group, TPC = 4 / CG threads per
+// chunk, slice s = t % TPC of BPT = 32 / TPC bytes) holds in mma m bytes s BPT + 4m .. + 3 of
+// its chunk: a0/a1 = their low nibbles (rows g, g + 8), a2/a3 = their high nibbles. Its B words
+// are x of column g at the same element offsets, kept only where column g's unit is that low
+// (b0) or high (b1) unit. Its C values c0, c1 (c2, c3 for row g + 8) are columns 2t, 2t + 1:
+// token 2t / G, the low and high unit of chunk (2t % G) / 2.
+
+// Q4_K scales of sub-blocks j (0..7) as bytes, four per word (ggml get_scale_min_k4): words
+// [sc 0..3, mn 0..3, sc 4..7, mn 4..7].
+struct MvK4Scales {
+    uint32_t sc_lo, mn_lo, sc_hi, mn_hi;
+};
+static __device__ __forceinline__ MvK4Scales mv_k4_scales(const MvV4& h) {
+    MvK4Scales r;
+    r.sc_lo = h.y & 0x3F3F3F3Fu;
+    r.mn_lo = h.z & 0x3F3F3F3Fu;
+    r.sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    r.mn_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+    return r;
+}
+// (d * sc_j, -dmin * mn_j) of sub-block j
+static __device__ __forceinline__ void mv_k4_scale(const MvK4Scales& q, float d, float dmin, int j, float& sc,
+                                                   float& mn) {
+    const int sh = 8 * (j & 3);
+    const uint32_t ws = j < 4 ? q.sc_lo : q.sc_hi, wm = j < 4 ? q.mn_lo : q.mn_hi;
+    sc = d * (float)((ws >> sh) & 0xFF);
+    mn = -dmin * (float)((wm >> sh) & 0xFF);
+}
+
+template <int NP>
+struct MvQ4KBd {
+    static constexpr int SB = 144;
+    static constexpr int G = 8 / NP, CG = G / 2, TPC = 4 / CG, M = 2 * CG, BPT = 32 / TPC;
+    struct Frag {
+        MvV4 h[2];                // headers of rows g, g + 8
+        uint32_t q[2][NP][M];     // [row][group][word]: BPT = 4 M bytes of this thread's chunk slice
+    };
+    static __device__ __forceinline__ void load(const uint8_t* pg, const uint8_t* pg8, int t, int mode, Frag& f) {
+        f.h[0] = mv_ld16(pg, mode);
+        f.h[1] = mv_ld16(pg8, mode);
+        const int off = 16 + 32 * (t / TPC) + (t % TPC) * BPT;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint8_t* p = (r == 0 ? pg : pg8) + off;
+#pragma unroll
+            for (int gr = 0; gr < NP; gr++) {
+                const uint8_t* q = p + 32 * CG * gr;
+                if constexpr (BPT == 32) {
+                    const MvV4 a = mv_ld16(q, mode), b = mv_ld16(q + 16, mode);
+                    f.q[r][gr][0] = a.x; f.q[r][gr][1] = a.y; f.q[r][gr][2] = a.z; f.q[r][gr][3] = a.w;
+                    f.q[r][gr][4] = b.x; f.q[r][gr][5] = b.y; f.q[r][gr][6] = b.z; f.q[r][gr][7] = b.w;
+                } else if constexpr (BPT == 16) {
+                    const MvV4 a = mv_ld16(q, mode);
+                    f.q[r][gr][0] = a.x; f.q[r][gr][1] = a.y; f.q[r][gr][2] = a.z; f.q[r][gr][3] = a.w;
+                } else {
+                    const MvV2 a = mv_ld8(q, mode);
+                    f.q[r][gr][0] = a.x; f.q[r][gr][1] = a.y;
+                }
+            }
+        }
+    }
+};
+
+// x of this thread: B words of column g (token g / G) and the scales of its output token.
+struct MvXBd {
+    const int8_t* q;   // xq of column g's token, + its slice offset within a unit
+    const MvF2* d;     // xds of this thread's output token
+    uint32_t m0, m1;   // keep b0 / b1 (column g's unit is this thread's low / high unit)
+    int emulate;
+};
+
+template <int NP>
+static __device__ __forceinline__ void mvbd_compute(const typename MvQ4KBd<NP>::Frag& f, int U0, const MvXBd& x, int t,
+                                                    float (&acc)[2]) {
+    using F = MvQ4KBd<NP>;
+    const int g = (threadIdx.x & 31) >> 2;
+    const int cg = g % F::G;                 // column g's unit within its group
+    const int cc = (2 * t % F::G) / 2;       // this thread's output chunk within a group
+    MvK4Scales q[2];
+    float d[2], dmin[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        q[r] = mv_k4_scales(f.h[r]);
+        d[r] = f16_to_f32((uint16_t)(f.h[r].x & 0xFFFF));
+        dmin[r] = f16_to_f32((uint16_t)(f.h[r].x >> 16));
+    }
+#pragma unroll
+    for (int gr = 0; gr < NP; gr++) {
+        // column g's x: unit (group gr, cg) of its token, this thread's slice
+        const int8_t* xp = x.q + 32 * (U0 + 2 * F::CG * gr + cg);
+        uint32_t xw[F::M];
+        if constexpr (F::BPT == 32) {
+            const MvV4 a = *(const MvV4*)xp, b = *(const MvV4*)(xp + 16);
+            xw[0] = a.x; xw[1] = a.y; xw[2] = a.z; xw[3] = a.w; xw[4] = b.x; xw[5] = b.y; xw[6] = b.z; xw[7] = b.w;
+        } else if constexpr (F::BPT == 16) {
+            const MvV4 a = *(const MvV4*)xp;
+            xw[0] = a.x; xw[1] = a.y; xw[2] = a.z; xw[3] = a.w;
+        } else {
+            const MvV2 a = *(const MvV2*)xp;
+            xw[0] = a.x; xw[1] = a.y;
+        }
+        MvI4 c{0, 0, 0, 0};
+#pragma unroll
+        for (int m = 0; m < F::M; m++) {
+            const uint32_t wg = f.q[0][gr][m], wg8 = f.q[1][gr][m];
+            c = mv_mma_k32(c, wg & 0x0F0F0F0Fu, wg8 & 0x0F0F0F0Fu, (wg >> 4) & 0x0F0F0F0Fu, (wg8 >> 4) & 0x0F0F0F0Fu,
+                           xw[m] & x.m0, xw[m] & x.m1, x.emulate);
+        }
+        // this thread's units: low / high nibble of chunk (group gr, cc)
+        const int j = 2 * (F::CG * gr + cc);
+        const MvV4 xs = *(const MvV4*)(x.d + U0 + j);  // (d, d sum) of units j, j + 1
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float s0, m0, s1, m1;
+            mv_k4_scale(q[r], d[r], dmin[r], j, s0, m0);
+            mv_k4_scale(q[r], d[r], dmin[r], j + 1, s1, m1);
+            const int c0 = r == 0 ? c.x : c.z, c1 = r == 0 ? c.y : c.w;
+            acc[r] += (float)c0 * (s0 * __uint_as_float(xs.x)) + m0 * __uint_as_float(xs.y) +
+                      (float)c1 * (s1 * __uint_as_float(xs.z)) + m1 * __uint_as_float(xs.w);
+        }
+    }
+}
+
+template <int NP, int D>
+static __device__ __forceinline__ void mmvbd(const MvSegs& p, const int8_t* __restrict__ xq,
+                                             const float* __restrict__ xds_f, int n_tokens, int load_mode,
+                                             int emulate) {
+    using F = MvQ4KBd<NP>;
+    const MvSegSel sel = mv_select(p);
+    const int lane = threadIdx.x, wid = threadIdx.y, nw = blockDim.y;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = ((int)blockIdx.x - sel.block0) * 16;
+    const int ncols = p.ncols, nsb = ncols / 256, nunits = ncols / 32;
+    const long long row_bytes = p.row_bytes;
+    const uint8_t* rg = sel.W + (long long)min(row0 + g, sel.nrows - 1) * row_bytes;
+    const uint8_t* rg8 = sel.W + (long long)min(row0 + g + 8, sel.nrows - 1) * row_bytes;
+
+    typename F::Frag f[D];
+#pragma unroll
+    for (int i = 0; i < D - 1; i++) {
+        const int s = wid + i * nw;
+        if (s < nsb) F::load(rg + (long long)s * F::SB, rg8 + (long long)s * F::SB, t, load_mode, f[i]);
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    const int cg = g % F::G, ctok = g / F::G;      // column g: unit in group, token
+    const int tok = 2 * t / F::G;                  // this thread's output token
+    const int chunk = t / F::TPC;                  // this thread's A chunk within a group
+    MvXBd x;
+    x.q = xq + (long long)min(ctok, n_tokens - 1) * ncols + (t % F::TPC) * F::BPT;
+    x.d = (const MvF2*)xds_f + (long long)min(tok, n_tokens - 1) * nunits;
+    x.m0 = cg == 2 * chunk ? 0xFFFFFFFFu : 0u;
+    x.m1 = cg == 2 * chunk + 1 ? 0xFFFFFFFFu : 0u;
+    x.emulate = emulate;
+    float acc[2] = {0.0f, 0.0f};
+    for (int base = wid; base < nsb; base += D * nw) {
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            const int s = base + i * nw;
+            if (s >= nsb) break;
+            const int sl = s + (D - 1) * nw;
+            if (sl < nsb)
+                F::load(rg + (long long)sl * F::SB, rg8 + (long long)sl * F::SB, t, load_mode, f[(i + D - 1) % D]);
+            mvbd_compute<NP>(f[i], 8 * s, x, t, acc);
+        }
+    }
+    // threads with the same output token hold other chunks of the same rows
+#pragma unroll
+    for (int o = 1; o < 4 / NP; o <<= 1) {
+        acc[0] += __shfl_xor_sync(FULL_MASK, acc[0], o);
+        acc[1] += __shfl_xor_sync(FULL_MASK, acc[1], o);
+    }
+    __shared__ float red[MMV_MAX_WARPS][2][32];
+    if (nw > 1) {
+        red[wid][0][lane] = acc[0];
+        red[wid][1][lane] = acc[1];
+        __syncthreads();
+        if (wid != 0) return;
+        acc[0] = acc[1] = 0.0f;
+        for (int w = 0; w < nw; w++) {
+            acc[0] += red[w][0][lane];
+            acc[1] += red[w][1][lane];
+        }
+    }
+    if (t % (4 / NP) != 0 || tok >= n_tokens) return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + g + 8 * r;
+        if (row < sel.nrows) {
+            float* yp = sel.y + (long long)tok * sel.nrows + row;
+            float v = acc[r];
+            if (sel.bias) v += sel.bias[row];
+            if (sel.accumulate) v += *yp;
+            *yp = v;
+        }
+    }
+}
+
+#define MMVBD_KERNEL(NP)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
+        mmv_q4_k_t##NP(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,       \
+                       int n_tokens, int load_mode, int emulate) {                                        \
+        mmvbd<NP, 2>(p, xq, xds, n_tokens, load_mode, emulate);                                          \
+    }
+MMVBD_KERNEL(1)
+MMVBD_KERNEL(2)
+MMVBD_KERNEL(4)
+
+// One kernel per (format, D = fragment buffers per thread).
+#define MMV_KERNEL(name, F, D)                                                                            \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        mmv_##name(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, int n_tokens, \
-                   int emulate) {                                                                       \
-        mmv<F>(p, xq, xds, n_tokens, emulate);                                                          \
+        mmv_##name##_d##D(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,    \
+                          int n_tokens, int load_mode, int emulate) {                                   \
+        mmv<F, D>(p, xq, xds, n_tokens, load_mode, emulate);                                            \
     }
 
-MMV_KERNEL(q4_k, MvQ4K)
-MMV_KERNEL(q6_k, MvQ6K)
+MMV_KERNEL(q4_k, MvQ4K, 2)
+MMV_KERNEL(q4_k, MvQ4K, 3)
+MMV_KERNEL(q6_k, MvQ6K, 2)
+MMV_KERNEL(q6_k, MvQ6K, 3)

@@ -19,9 +19,14 @@ pub struct CompileOutcome {
 
 /// Compiles every program for every arch; never stops at the first failure.
 pub fn compile_all(nvrtc: &Nvrtc, archs: &[u32]) -> Vec<CompileOutcome> {
+    compile_programs(nvrtc, archs, &Program::ALL)
+}
+
+/// Compiles `programs` for every arch; never stops at the first failure.
+pub fn compile_programs(nvrtc: &Nvrtc, archs: &[u32], programs: &[Program]) -> Vec<CompileOutcome> {
     let mut out = Vec::new();
     for &arch in archs {
-        for program in Program::ALL {
+        for &program in programs {
             let t = std::time::Instant::now();
             let result = nvrtc
                 .compile(&program.program_source(), arch, &[])

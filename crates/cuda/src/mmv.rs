@@ -28,6 +28,75 @@ const MAX_WARPS: u32 = 8;
 static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// Runs the shuffle + dp4a emulation of the mma on every card (tests: the sm_70 path).
 static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
+/// Fragment buffers per thread (2 or 3: super-blocks in flight + 1); 0 = the default.
+static DEPTH_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+/// Weight load mode (0: ld.global.nc, 2: L1::no_allocate); u32::MAX = the default.
+static LOAD_MODE_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// Forces the fragment buffers per thread (2 or 3); 0 restores the default. For benchmarks.
+pub fn set_depth_override(d: u32) {
+    DEPTH_OVERRIDE.store(d, Ordering::Relaxed);
+}
+
+/// Forces the weight load mode (0: cached in L1, 2: L1::no_allocate); `None` restores the
+/// default. For benchmarks.
+pub fn set_load_mode_override(m: Option<u32>) {
+    LOAD_MODE_OVERRIDE.store(m.unwrap_or(u32::MAX), Ordering::Relaxed);
+}
+
+/// Whether Q4_K products of 1..4 tokens use the block-diagonal kernels (mmv_q4_k_t{1,2,4}):
+/// `REDLINE_MMV_BD=0` turns them off (then the 8-column kernel takes every count).
+static BD_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Turns the block-diagonal 1..4-token Q4_K kernels off (true) or back on. For benchmarks.
+pub fn set_block_diagonal_off(off: bool) {
+    BD_OFF.store(off, Ordering::Relaxed);
+}
+
+fn block_diagonal() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !BD_OFF.load(Ordering::Relaxed)
+        && *ENV.get_or_init(|| std::env::var("REDLINE_MMV_BD").map_or(true, |v| v != "0"))
+}
+
+/// The kernel of a product of `n` tokens (1..=8) of `stem`'s format: for Q4_K with 1..4 tokens
+/// the block-diagonal kernel of the next power of two (no C column spent on padding), else the
+/// 8-column kernel with this process's fragment depth.
+fn kernel_name(stem: &str, n: usize) -> String {
+    if stem == "q4_k" && n <= 4 && block_diagonal() {
+        format!("mmv_q4_k_t{}", n.next_power_of_two())
+    } else {
+        format!("mmv_{stem}_d{}", depth())
+    }
+}
+
+/// Fragment buffers per thread: `REDLINE_MMV_DEPTH` (2 or 3), else 2.
+fn depth() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    match DEPTH_OVERRIDE.load(Ordering::Relaxed) {
+        d @ (2 | 3) => d,
+        _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MMV_DEPTH").as_deref() {
+            Ok("3") => 3,
+            _ => 2,
+        }),
+    }
+}
+
+/// Weight load mode: `REDLINE_MMV_LOAD` (0 or 2), else per format as timed on the H200
+/// (session 7): Q4_K's 16- and 8-byte loads bypass L1 (2: x stays there; 53 vs 59 µs on
+/// 27648x5120), Q6_K's u16 pairs are cached (0: neighbouring pairs share lines; 106 vs 122).
+fn load_mode(stem: &str) -> i32 {
+    static ENV: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    let env = *ENV.get_or_init(|| match std::env::var("REDLINE_MMV_LOAD").as_deref() {
+        Ok("0") => Some(0),
+        Ok("2") => Some(2),
+        _ => None,
+    });
+    match LOAD_MODE_OVERRIDE.load(Ordering::Relaxed) {
+        m @ (0 | 2) => m as i32,
+        _ => env.unwrap_or(if stem == "q6_k" { 0 } else { 2 }),
+    }
+}
 
 /// Forces the warps per block (1..=8, they split one 16-row tile's super-blocks); 0 restores
 /// the per-shape choice. For benchmarks and tests.
@@ -138,13 +207,14 @@ impl CudaDevice {
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let warps = warps_per_block(total_rows.div_ceil(ROWS_PER_BLOCK), cols);
-        let f = self.function(Program::Mmv, &format!("mmv_{stem}"))?;
+        let f = self.function(Program::Mmv, &kernel_name(stem, n_tokens))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, warps, 1),
             shared_mem_bytes: 0,
         };
         let mut n_i = n_tokens as i32;
+        let mut mode = load_mode(stem);
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         if crate::pdl::enabled(self.arch()) {
             let (mut p, mut pq, mut pd) = (p, self.device_address(xqd), self.device_address(xds));
@@ -153,6 +223,7 @@ impl CudaDevice {
                 crate::pdl::arg(&mut pq),
                 crate::pdl::arg(&mut pd),
                 crate::pdl::arg(&mut n_i),
+                crate::pdl::arg(&mut mode),
                 crate::pdl::arg(&mut emulate),
             ];
             // SAFETY: as below; the kernel waits for the previous kernel before reading x or
@@ -161,8 +232,14 @@ impl CudaDevice {
             return Ok(());
         }
         let mut b = self.stream().launch_builder(&f);
-        b.arg(&p).arg(xqd).arg(xds).arg(&n_i).arg(&emulate);
-        // SAFETY: matches mmv_<fmt>(MvSegs, xq, xds, n_tokens, emulate) with n_tokens <= 8;
+        b.arg(&p)
+            .arg(xqd)
+            .arg(xds)
+            .arg(&n_i)
+            .arg(&mode)
+            .arg(&emulate);
+        // SAFETY: matches mmv_<fmt>_d<D> / mmv_q4_k_t<NP>(MvSegs, xq, xds, n_tokens, load_mode,
+        // emulate) with n_tokens <= 8 (<= NP for the t<NP> kernels, kernel_name);
         // every segment's matrix is a live DeviceMatrix of this format and width (>= 16 bytes
         // of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows f32 and
         // biases n_rows (the caller's contract), x was quantized for n_tokens tokens of cols.
@@ -208,6 +285,14 @@ mod tests {
         assert!(!supports(GgmlType::Q4K, 9));
         assert!(!supports(GgmlType::Q4K, 0));
         assert!(!supports(GgmlType::Q4_0, 4));
+    }
+
+    #[test]
+    fn kernel_names_by_token_count() {
+        assert_eq!(kernel_name("q4_k", 1), "mmv_q4_k_t1");
+        assert_eq!(kernel_name("q4_k", 3), "mmv_q4_k_t4");
+        assert_eq!(kernel_name("q4_k", 5), "mmv_q4_k_d2");
+        assert_eq!(kernel_name("q6_k", 2), "mmv_q6_k_d2");
     }
 
     #[test]

@@ -337,7 +337,7 @@ fn mmq_timing_vs_matvec() {
                     sweep
                         .iter()
                         .skip(1)
-                        .map(|(w, t)| format!("w{w} {t:.1}"))
+                        .map(|(w, t)| format!("{w} {t:.1}"))
                         .collect::<Vec<_>>()
                         .join(" ")
                 );
@@ -381,19 +381,23 @@ fn mmv_matches_cpu_reference() {
             let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
             let mut worst = 0f64;
             for n in 1..=MAX_N {
-                for emulate in [false, true] {
-                    let warps = [0, 1, 3, 8][(n + emulate as usize) % 4];
+                for (emulate, bd_off) in [(false, false), (true, false), (false, true)] {
+                    cuda::mmv::set_block_diagonal_off(bd_off);
+                    let warps = [0, 1, 3, 8][(n + emulate as usize + bd_off as usize) % 4];
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
+                    cuda::mmv::set_depth_override(2 + (n % 2) as u32);
+                    cuda::mmv::set_load_mode_override(Some(2 * (n / 4 % 2) as u32));
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, true) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
-                            "{e} ({}, warps {warps})",
+                            "{e} ({}, warps {warps}, block-diagonal off {bd_off})",
                             if emulate { "emulated mma" } else { "mma" }
                         )),
                     }
                 }
             }
+            cuda::mmv::set_block_diagonal_off(false);
             eprintln!(
                 "mmv checked {:>5} {:>4}x{:<5} n=1..{MAX_N}: max rel err {worst:.2e}",
                 ty.name(),
@@ -404,6 +408,8 @@ fn mmv_matches_cpu_reference() {
     }
     cuda::mmv::set_force_emulation(false);
     cuda::mmv::set_warps_override(0);
+    cuda::mmv::set_depth_override(0);
+    cuda::mmv::set_load_mode_override(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -541,16 +547,35 @@ fn mmv_timing_vs_matvec() {
                 if n == 1 {
                     mv1 = mv;
                 }
+                // (warps, depth, load mode): the defaults first
                 let mut sweep = Vec::new();
-                for warps in [0u32, 2, 4, 8] {
+                for (warps, depth, mode, bd_off) in [
+                    (0u32, 0u32, None, false),
+                    (0, 0, None, true),
+                    (0, 2, Some(0u32), false),
+                    (2, 0, None, false),
+                    (4, 0, None, false),
+                    (8, 0, None, false),
+                ] {
+                    cuda::mmv::set_block_diagonal_off(bd_off);
                     cuda::mmv::set_warps_override(warps);
+                    cuda::mmv::set_depth_override(depth);
+                    cuda::mmv::set_load_mode_override(mode);
                     let us = time_us(&dev, copies, 40, |i| {
                         dev.mmv_prequantized(&ws[i], &s, &mut y)
                     })
                     .expect("mmv timing");
-                    sweep.push((warps, us));
+                    let tag = format!(
+                        "w{warps}d{depth}m{}{}",
+                        mode.map_or(9, |m| m),
+                        if bd_off { "-nobd" } else { "" }
+                    );
+                    sweep.push((tag, us));
                 }
+                cuda::mmv::set_block_diagonal_off(false);
                 cuda::mmv::set_warps_override(0);
+                cuda::mmv::set_depth_override(0);
+                cuda::mmv::set_load_mode_override(None);
                 let mm = sweep[0].1;
                 println!(
                     "{:>5} {:>12} {:>2} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.0}  {}",
@@ -565,7 +590,7 @@ fn mmv_timing_vs_matvec() {
                     sweep
                         .iter()
                         .skip(1)
-                        .map(|(w, t)| format!("w{w} {t:.1}"))
+                        .map(|(w, t)| format!("{w} {t:.1}"))
                         .collect::<Vec<_>>()
                         .join(" ")
                 );

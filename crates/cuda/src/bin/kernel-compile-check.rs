@@ -7,7 +7,7 @@
 //! (`DIR/redline/kernels/<key>.cubin`, DIR playing `$XDG_CACHE_HOME`), so a machine with the same
 //! NVRTC version and card starts without compiling (first use otherwise takes a minute or more).
 
-use cuda::compile_check::{compile_all, CI_ARCHS};
+use cuda::compile_check::{compile_programs, CI_ARCHS};
 use cuda::kernel_cache::{cache_key, KernelCache};
 use cuda::nvrtc::Nvrtc;
 use std::path::PathBuf;
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             // ptxas register / shared memory / spill report per kernel (printed, not a failure)
             "--resource-usage" => resource_usage = true,
             "--write-cache" => write_cache = args.next().map(PathBuf::from),
-            // with --resource-usage: one program only (e.g. mmv.cu)
+            // one program only (e.g. mmv.cu)
             "--only" => only = args.next(),
             "-h" | "--help" => return usage(""),
             other => return usage(&format!("unknown argument {other}")),
@@ -70,7 +70,11 @@ fn main() -> ExitCode {
     }
     let cache = write_cache.map(|d| KernelCache::new(Some(d.join("redline").join("kernels"))));
     let mut failed = 0;
-    for o in compile_all(&nvrtc, &archs) {
+    let programs: Vec<cuda::Program> = cuda::Program::ALL
+        .into_iter()
+        .filter(|p| only.as_deref().is_none_or(|o| o == p.file_name()))
+        .collect();
+    for o in compile_programs(&nvrtc, &archs, &programs) {
         let ms = o.elapsed.as_secs_f64() * 1e3;
         match o.result {
             Ok((cubin, log)) if log.is_empty() => {
@@ -115,7 +119,7 @@ fn usage(err: &str) -> ExitCode {
     if !err.is_empty() {
         eprintln!("kernel-compile-check: {err}");
     }
-    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage [--only FILE.cu]] [--write-cache DIR]");
+    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage] [--write-cache DIR] [--only FILE.cu]");
     if err.is_empty() {
         ExitCode::SUCCESS
     } else {
