@@ -5,9 +5,15 @@
 //! count. The dp4a matvec re-does its dot work per token and costs 2..4x its one-token time at
 //! 3..8 tokens; this path is what speculative verify passes and batched decode streams want.
 //!
-//! Formats: Q4_K and Q6_K (the bulk of a Q4_K_M file). sm_80+ only in the dispatch; the
-//! kernels compile for sm_70 with the mma emulated by shuffles + dp4a (tests force that path
-//! on any card).
+//! Formats: Q4_K and Q6_K kernels; the dispatch sends Q4_K products of 3..=8 tokens here
+//! (Q6_K's kernel still loses to the matvec, see [`dispatch_min_tokens`] for the timings).
+//! For 1..4 tokens the B operand is block-diagonal (columns = tokens x units of a group), so no
+//! C column is spent on padding tokens. sm_80+ only in the dispatch; the kernels compile for
+//! sm_70 with the mma emulated by shuffles + dp4a (tests force that path on any card).
+//!
+//! Numerics: the same q8_1 x and exact int32 dots as the matvec, summed in another order
+//! (H200: rms error vs the exact-q8_1 f64 result 1.1-1.3e-7 against the matvec's 8e-8), so a
+//! step of 3+ tokens can round differently from one token by ~1e-7 relative.
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
@@ -123,43 +129,59 @@ pub fn supports(ty: GgmlType, n: usize) -> bool {
     stem(ty).is_some() && (1..=MAX_TOKENS).contains(&n)
 }
 
-/// Whether the backend's few-token products use this path: `REDLINE_MMV=1` turns it on (off
-/// by default until it has been verified and timed on the card). Read once.
+/// Whether the dispatch sends weight type `ty` here: Q4_K only. The Q6_K kernel (8 columns,
+/// u16 loads: super-blocks are 2-byte aligned) lost to the dp4a matvec at every count below
+/// 8 on the H200 (session 7: 27648x5120 n = 4: 113 vs 81 µs), so Q6_K stays on the matvec.
+fn dispatched_format(ty: GgmlType) -> bool {
+    ty == GgmlType::Q4K
+}
+
+/// Whether the backend's few-token products use this path: on by default (sm_80+, Q4_K,
+/// 3..=8 tokens; verified and timed on the H200 in session 7); `REDLINE_MMV=0` keeps every
+/// few-token product on the dp4a matvec. Read once.
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLINE_MMV").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("REDLINE_MMV").map_or(true, |v| v != "0"))
 }
 
 /// Fewest tokens for which the backend takes this path instead of the dp4a matvec
-/// (`REDLINE_MMV_MIN`, default 2; read once).
+/// (`REDLINE_MMV_MIN`, default 3; read once). H200, session 7, Q4_K (µs, dp4a / this path):
+/// 27648x5120 n = 1: 28.2 / 32.2, n = 2: 35.3 / 34.9, n = 3: 53.5 / 43.6, n = 4: 55.8 / 44.3;
+/// 5120x27648 n = 2: 34.3 / 42.3, n = 3: 68.9 / 55.2; 5120x5120 n = 2: 10.6 / 11.0, n = 3:
+/// 17.9 / 13.7 — the matvec wins at 1-2 tokens, this path from 3.
 pub fn dispatch_min_tokens() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
         std::env::var("REDLINE_MMV_MIN")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(2)
+            .unwrap_or(3)
             .max(1)
     })
 }
 
 /// The backend's question: should a product of `n` tokens of weight type `ty` on `dev` take
-/// this path ([`enabled`], sm_80+, a supported format, [`dispatch_min_tokens`]..=8 tokens).
+/// this path ([`enabled`], sm_80+, a dispatched format, [`dispatch_min_tokens`]..=8 tokens).
 pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
-    enabled() && dev.arch() >= 80 && n >= dispatch_min_tokens() && supports(ty, n)
+    enabled()
+        && dev.arch() >= 80
+        && n >= dispatch_min_tokens()
+        && dispatched_format(ty)
+        && supports(ty, n)
 }
 
-/// Warps per block for `tiles` 16-row tiles of `n_cols` columns: the warps split a tile's
-/// 256-weight super-blocks, so few tiles (a 5120-row matrix is 320) want more warps to keep
-/// enough bytes in flight, many tiles fewer (less reduction); never a warp without work.
-pub fn warps_per_block(tiles: usize, n_cols: usize) -> u32 {
+/// Warps per block for `tiles` 16-row tiles of `n_cols` columns and `n` tokens: the warps
+/// split a tile's 256-weight super-blocks; never a warp without work. The H200 sweep
+/// (session 7): 4 everywhere but 8 for >= 600 tiles at 3+ tokens (27648x5120 n = 4: 44.3 µs
+/// at 8 vs 48.0 at 4; 5120x27648: 56.5 at 4 vs 63.9 at 8; 10240x5120 n = 3: 21.4 vs 23.9).
+pub fn warps_per_block(tiles: usize, n_cols: usize, n: usize) -> u32 {
     let forced = WARPS_OVERRIDE.load(Ordering::Relaxed);
     let w = if forced > 0 {
         forced as usize
-    } else if tiles >= 1024 {
-        4
-    } else {
+    } else if tiles >= 600 && n >= 3 {
         8
+    } else {
+        4
     };
     w.min((n_cols / 256).max(1)) as u32
 }
@@ -206,7 +228,7 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let warps = warps_per_block(total_rows.div_ceil(ROWS_PER_BLOCK), cols);
+        let warps = warps_per_block(total_rows.div_ceil(ROWS_PER_BLOCK), cols, n_tokens);
         let f = self.function(Program::Mmv, &kernel_name(stem, n_tokens))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
@@ -298,9 +320,10 @@ mod tests {
     #[test]
     fn warps_never_outnumber_super_blocks() {
         set_warps_override(0);
-        assert_eq!(warps_per_block(320, 27648), 8);
-        assert_eq!(warps_per_block(1728, 5120), 4);
-        assert_eq!(warps_per_block(10, 512), 2);
-        assert_eq!(warps_per_block(10, 256), 1);
+        assert_eq!(warps_per_block(320, 27648, 4), 4);
+        assert_eq!(warps_per_block(1728, 5120, 4), 8);
+        assert_eq!(warps_per_block(1728, 5120, 2), 4);
+        assert_eq!(warps_per_block(10, 512, 8), 2);
+        assert_eq!(warps_per_block(10, 256, 1), 1);
     }
 }

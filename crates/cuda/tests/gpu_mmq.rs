@@ -598,3 +598,49 @@ fn mmv_timing_vs_matvec() {
         }
     }
 }
+
+/// The tensor-core path rounds no worse than the dp4a matvec: both against the exact-q8_1
+/// f64 reference on the same quantized x, RMS of the error over all outputs (relative to the
+/// RMS output), for every kernel the dispatch can pick (1..8 tokens, both formats).
+#[test]
+fn mmv_rounds_no_worse_than_the_matvec() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let (rows, cols) = (1024usize, 5120usize);
+    for ty in MMV_FORMATS {
+        let wbytes = random_matrix(ty, rows, cols, 5);
+        let x = random_activations(8 * cols, 6);
+        let rf = reference(ty, &wbytes, rows, cols, &x, 8);
+        let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
+        let xd = dev.stream().clone_htod(&x).expect("x");
+        let mut s = dev.matvec_scratch(8, cols).expect("scratch");
+        let mut y = dev.stream().alloc_zeros::<f32>(8 * rows).expect("y");
+        for n in 1..=8 {
+            dev.quantize_for_matvec(&xd, n, cols, &mut s)
+                .expect("quantize");
+            let rms_err = |y: &[f32]| {
+                let (mut e, mut r) = (0f64, 0f64);
+                for o in 0..n * rows {
+                    e += (y[o] as f64 - rf.exact[o]).powi(2);
+                    r += rf.exact[o].powi(2);
+                }
+                (e / r).sqrt()
+            };
+            dev.matvec_prequantized(&w, &s, &mut y).expect("matvec");
+            let mv = rms_err(&dev.stream().clone_dtoh(&y).expect("y"));
+            dev.mmv_prequantized(&w, &s, &mut y).expect("mmv");
+            let mm = rms_err(&dev.stream().clone_dtoh(&y).expect("y"));
+            eprintln!(
+                "{} {rows}x{cols} n={n}: rms relative error matvec {mv:.2e}, mmv {mm:.2e}",
+                ty.name()
+            );
+            assert!(
+                mm <= 2.0 * mv + 1e-8,
+                "{} n={n}: mmv rms error {mm:.2e} vs matvec {mv:.2e}",
+                ty.name()
+            );
+        }
+    }
+}
