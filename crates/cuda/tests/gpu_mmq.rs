@@ -622,9 +622,9 @@ fn mmv_rounds_no_worse_than_the_matvec() {
                 .expect("quantize");
             let rms_err = |y: &[f32]| {
                 let (mut e, mut r) = (0f64, 0f64);
-                for o in 0..n * rows {
-                    e += (y[o] as f64 - rf.exact[o]).powi(2);
-                    r += rf.exact[o].powi(2);
+                for (&got, &want) in y.iter().zip(&rf.exact).take(n * rows) {
+                    e += (got as f64 - want).powi(2);
+                    r += want.powi(2);
                 }
                 (e / r).sqrt()
             };
