@@ -165,9 +165,7 @@ impl CudaBackend {
             fused: AtomicBool::new(std::env::var("REDLINE_FUSED").map_or(true, |v| v != "0")),
             ops: AtomicU64::new(0),
         };
-        if std::env::var("REDLINE_PDL").is_ok_and(|v| v == "1") {
-            crate::pdl::set_enabled(true);
-        }
+        crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
             // Timed ops run eagerly: a graph replay has no per-op boundaries.
             b.set_graphs_enabled(false);
