@@ -70,23 +70,28 @@ pub fn supports_device(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     dev.arch() >= 80 && supports(ty, n)
 }
 
-/// Whether the backend's matmul dispatch should use this path: `REDLINE_MMQ=1` turns it on
-/// (off by default until it has passed on the card; `REDLINE_MMQ=0` for A/B once on). Read once.
+/// Whether the backend's matmul dispatch should use this path: on by default for batches
+/// beyond the few-token kernels (9..32 tokens: more than 8 decode streams), `REDLINE_MMQ=0`
+/// off. It was opt-in while `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` showed in 3-sequence
+/// recorded steps (session 4, from 2 tokens); session 7 could not reproduce that (the same
+/// test, graphs on, mmq from 2 tokens: every step recorded and equal to the unfused one).
+/// Read once.
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLINE_MMQ").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("REDLINE_MMQ").map_or(true, |v| v != "0"))
 }
 
 /// Fewest tokens for which the backend's matmul takes this path instead of the matvec
-/// (`REDLINE_MMQ_MIN` overrides; read once). On the H200 (17:50 window, mmq v1) the matvec
-/// still won at 2-4 tokens for Q4_K on every 32B shape and the tensor-core path won from 8.
+/// (`REDLINE_MMQ_MIN` overrides; read once). Default 9: up to 8 tokens the fused few-token
+/// kernels (dp4a segments, crate::mmv) are faster or as fast (H200, q4_K 27648x5120 n = 8:
+/// mmv 70 µs, mmq v2 82, dp4a 114); from 9 the matvec needs a second pass over the weights.
 pub fn dispatch_min_tokens() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
         std::env::var("REDLINE_MMQ_MIN")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(8)
+            .unwrap_or(9)
             .max(MIN_TOKENS)
     })
 }
