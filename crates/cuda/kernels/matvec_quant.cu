@@ -19,6 +19,7 @@
 // - The weights are read once for all n_tokens <= NT tokens (small-batch decode).
 // y: [n_tokens, nrows] f32.
 #include "quant_formats.cuh"
+#include "segments.cuh"
 
 struct alignas(16) u32x4 {
     uint32_t x, y, z, w;
@@ -350,44 +351,14 @@ MV_FORMAT(q6_k, FmtQ6_K)
 // bias and residual adds need no launch of their own. n_tokens <= NT tokens (one for decode of
 // one sequence; several for batched decode and speculative verify passes), the weights read
 // once for all of them; y of token t is y + t * nrows.
-#define MVM_MAX_SEGS 4
-
-struct MvSeg {
-    const uint8_t* W;
-    float* y;
-    const float* bias;  // null: none
-    int nrows;
-    int block0;         // first block of this segment
-    int accumulate;     // 1: y += W x
-    int pad_;
-};
-
-struct MvSegs {
-    MvSeg seg[MVM_MAX_SEGS];
-    long long row_bytes;
-    int n_segs;
-    int ncols;
-};
-
 template <typename F, int NT, int R>
 static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
                                                  const float* __restrict__ xds, int n_tokens, int load_mode) {
-    // this block's segment (unrolled selects: no local-memory copy of the parameter struct)
-    const uint8_t* W = p.seg[0].W;
-    float* y = p.seg[0].y;
-    const float* bias = p.seg[0].bias;
-    int nrows = p.seg[0].nrows, block0 = 0, accumulate = p.seg[0].accumulate;
-#pragma unroll
-    for (int s = 1; s < MVM_MAX_SEGS; s++) {
-        if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
-            W = p.seg[s].W;
-            y = p.seg[s].y;
-            bias = p.seg[s].bias;
-            nrows = p.seg[s].nrows;
-            block0 = p.seg[s].block0;
-            accumulate = p.seg[s].accumulate;
-        }
-    }
+    const MvSegSel sel = mv_select(p);
+    const uint8_t* W = sel.W;
+    float* y = sel.y;
+    const float* bias = sel.bias;
+    const int nrows = sel.nrows, block0 = sel.block0, accumulate = sel.accumulate;
     const int lane = threadIdx.x;
     const int row0 = (((int)blockIdx.x - block0) * MV_WARPS + threadIdx.y) * R;
     if (row0 >= nrows) return;

@@ -35,10 +35,11 @@
 // picks this kernel below sm_80).
 // Block layouts: ggml-common.h; bit layouts: ggml-quants.c dequantize_row_* (own code).
 #include "common.cuh"
+#include "int8_mma.cuh"
 #include "quant_formats.cuh"
+#include "segments.cuh"
 
 #define MMV_MAX_WARPS 8
-#define MMV_MAX_SEGS 4
 
 struct alignas(16) MvV4 {
     uint32_t x, y, z, w;
@@ -48,23 +49,6 @@ struct alignas(8) MvV2 {
 };
 struct alignas(8) MvF2 {
     float x, y;
-};
-
-struct MvSeg {
-    const uint8_t* W;
-    float* y;
-    const float* bias;  // null: none
-    int nrows;
-    int block0;         // first block of this segment
-    int accumulate;     // 1: y += W x
-    int pad_;
-};
-
-struct MvSegs {
-    MvSeg seg[MMV_MAX_SEGS];
-    long long row_bytes;
-    int n_segs;
-    int ncols;
 };
 
 // Weight loads. The weights stream through once; x (read by every warp) must stay in L1.
@@ -104,70 +88,31 @@ static __device__ __forceinline__ uint32_t mv_ld2x2(const uint8_t* p, int mode) 
     return (uint32_t)mv_ld2(p, mode) | ((uint32_t)mv_ld2(p + 2, mode) << 16);
 }
 
-struct MvI4 {
-    int x, y, z, w;
-};
-
-// The m16n8k32 product from the fragments by shuffles + dp4a: lane 4g+q holds A's k = 4q..
-// (and 16+4q..) of rows g, g+8; lane 4n+q holds B's k = 4q.. (and 16+4q..) of column n.
-static __device__ __noinline__ MvI4 mv_emul_k32(MvI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const int a_src = 4 * g + q, b_src0 = 8 * t + q, b_src1 = 8 * t + 4 + q;
-        const int ra0 = (int)__shfl_sync(FULL_MASK, a0, a_src), ra1 = (int)__shfl_sync(FULL_MASK, a1, a_src);
-        const int ra2 = (int)__shfl_sync(FULL_MASK, a2, a_src), ra3 = (int)__shfl_sync(FULL_MASK, a3, a_src);
-        const int b00 = (int)__shfl_sync(FULL_MASK, b0, b_src0), b01 = (int)__shfl_sync(FULL_MASK, b1, b_src0);
-        const int b10 = (int)__shfl_sync(FULL_MASK, b0, b_src1), b11 = (int)__shfl_sync(FULL_MASK, b1, b_src1);
-        c.x = dp4a(ra0, b00, dp4a(ra2, b01, c.x));
-        c.y = dp4a(ra0, b10, dp4a(ra2, b11, c.y));
-        c.z = dp4a(ra1, b00, dp4a(ra3, b01, c.z));
-        c.w = dp4a(ra1, b10, dp4a(ra3, b11, c.w));
-    }
-    return c;
-}
-
-static __device__ __noinline__ MvI4 mv_emul_k16(MvI4 c, uint32_t a0, uint32_t a1, uint32_t b) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const int a_src = 4 * g + q;
-        const int ra0 = (int)__shfl_sync(FULL_MASK, a0, a_src), ra1 = (int)__shfl_sync(FULL_MASK, a1, a_src);
-        const int rb0 = (int)__shfl_sync(FULL_MASK, b, 8 * t + q), rb1 = (int)__shfl_sync(FULL_MASK, b, 8 * t + 4 + q);
-        c.x = dp4a(ra0, rb0, c.x);
-        c.y = dp4a(ra0, rb1, c.y);
-        c.z = dp4a(ra1, rb0, c.z);
-        c.w = dp4a(ra1, rb1, c.w);
-    }
-    return c;
-}
-
 // c + A B for one m16n8k32 tile.
-static __device__ __forceinline__ MvI4 mv_mma_k32(MvI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+static __device__ __forceinline__ MmaI4 mv_mma_k32(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                   uint32_t b0, uint32_t b1, int emulate) {
 #if __CUDA_ARCH__ >= 800
-    if (emulate) return mv_emul_k32(c, a0, a1, a2, a3, b0, b1);
+    if (emulate) return mma_emul_k32(c, a0, a1, a2, a3, b0, b1);
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     return c;
 #else
-    return mv_emul_k32(c, a0, a1, a2, a3, b0, b1);
+    return mma_emul_k32(c, a0, a1, a2, a3, b0, b1);
 #endif
 }
 
-static __device__ __forceinline__ MvI4 mv_mma_k16(uint32_t a0, uint32_t a1, uint32_t b, int emulate) {
-    MvI4 c{0, 0, 0, 0};
+static __device__ __forceinline__ MmaI4 mv_mma_k16(uint32_t a0, uint32_t a1, uint32_t b, int emulate) {
+    MmaI4 c{0, 0, 0, 0};
 #if __CUDA_ARCH__ >= 800
-    if (emulate) return mv_emul_k16(c, a0, a1, b);
+    if (emulate) return mma_emul_k16(c, a0, a1, b);
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
         : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
         : "r"(a0), "r"(a1), "r"(b));
     return c;
 #else
-    return mv_emul_k16(c, a0, a1, b);
+    return mma_emul_k16(c, a0, a1, b);
 #endif
 }
 
@@ -231,7 +176,7 @@ struct MvQ4K {
             const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
             const int U = U0 + u;
             const MvV2 xb = *(const MvV2*)(x.q + 32 * U);
-            const MvI4 c = mv_mma_k32(MvI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
+            const MmaI4 c = mv_mma_k32(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
                                       (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
             const MvF2 x0 = x.d0[U], x1 = x.d1[U];
             acc[0] += (float)c.x * (sg * x0.x) + mg * x0.y;
@@ -274,7 +219,7 @@ struct MvQ6K {
         for (int u = 0; u < 8; u++) {
             const int n = u >> 2, k = u & 3;
             const int U = U0 + u;
-            MvI4 c[2];
+            MmaI4 c[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 uint32_t w[2];
@@ -302,97 +247,93 @@ struct MvQ6K {
 
 // ---- the kernels -------------------------------------------------------------------------
 
-// This block's segment (unrolled selects: no local-memory copy of the parameter struct).
-struct MvSegSel {
-    const uint8_t* W;
-    float* y;
-    const float* bias;
-    int nrows, block0, accumulate;
+// This block's 16-row tile of its segment; rg / rg8 = rows g and g + 8 (clamped to the last).
+struct MvTile {
+    MvSegSel sel;
+    int row0;
+    const uint8_t* rg;
+    const uint8_t* rg8;
 };
-static __device__ __forceinline__ MvSegSel mv_select(const MvSegs& p) {
-    MvSegSel r{p.seg[0].W, p.seg[0].y, p.seg[0].bias, p.seg[0].nrows, 0, p.seg[0].accumulate};
-#pragma unroll
-    for (int s = 1; s < MMV_MAX_SEGS; s++) {
-        if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
-            r.W = p.seg[s].W;
-            r.y = p.seg[s].y;
-            r.bias = p.seg[s].bias;
-            r.nrows = p.seg[s].nrows;
-            r.block0 = p.seg[s].block0;
-            r.accumulate = p.seg[s].accumulate;
-        }
-    }
-    return r;
+static __device__ __forceinline__ MvTile mv_tile(const MvSegs& p) {
+    MvTile tl;
+    tl.sel = mv_select(p);
+    const int g = (threadIdx.x & 31) >> 2;
+    tl.row0 = ((int)blockIdx.x - tl.sel.block0) * 16;
+    tl.rg = tl.sel.W + (long long)min(tl.row0 + g, tl.sel.nrows - 1) * p.row_bytes;
+    tl.rg8 = tl.sel.W + (long long)min(tl.row0 + g + 8, tl.sel.nrows - 1) * p.row_bytes;
+    return tl;
 }
 
-template <typename F, int D>
-static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
-                                           const float* __restrict__ xds_f, int n_tokens, int load_mode, int emulate) {
-    const MvSegSel sel = mv_select(p);
-    const uint8_t* W = sel.W;
-    float* y = sel.y;
-    const float* bias = sel.bias;
-    const int nrows = sel.nrows, block0 = sel.block0, accumulate = sel.accumulate;
-    const int lane = threadIdx.x, wid = threadIdx.y, nw = blockDim.y;
-    const int g = lane >> 2, t = lane & 3;
-    const int row0 = ((int)blockIdx.x - block0) * 16;
-    const int ncols = p.ncols, nsb = ncols / 256, nunits = ncols / 32;
-    const long long row_bytes = p.row_bytes;
-    const uint8_t* rg = W + (long long)min(row0 + g, nrows - 1) * row_bytes;
-    const uint8_t* rg8 = W + (long long)min(row0 + g + 8, nrows - 1) * row_bytes;
-
-    // D fragment buffers: the loads of D - 1 super-blocks are in flight while one computes;
-    // the first ones before the wait for x (PDL)
-    typename F::Frag f[D];
-#pragma unroll
-    for (int i = 0; i < D - 1; i++) {
-        const int s = wid + i * nw;
-        if (s < nsb) F::load(rg + (long long)s * F::SB, rg8 + (long long)s * F::SB, t, load_mode, f[i]);
-    }
+// The warp's super-blocks sb = w, w + nw, ... of its tile through two fragment buffers: the
+// next one loads while one computes; the first loads before the wait for x (PDL).
+// compute(frag, first unit of the super-block) accumulates.
+template <typename F, typename C>
+static __device__ __forceinline__ void mv_stream(const MvTile& tl, int nsb, int load_mode, C&& compute) {
+    const int t = threadIdx.x & 3, wid = threadIdx.y, nw = blockDim.y;
+    typename F::Frag f[2];
+    auto load = [&](int s, typename F::Frag& fr) {
+        F::load(tl.rg + (long long)s * F::SB, tl.rg8 + (long long)s * F::SB, t, load_mode, fr);
+    };
+    if (wid < nsb) load(wid, f[0]);
     pdl_wait();
     pdl_trigger();
+    for (int s = wid; s < nsb; s += 2 * nw) {
+        if (s + nw < nsb) load(s + nw, f[1]);
+        compute(f[0], 8 * s);
+        if (s + nw >= nsb) break;
+        if (s + 2 * nw < nsb) load(s + 2 * nw, f[0]);
+        compute(f[1], 8 * (s + nw));
+    }
+}
 
+// The block's warps' partial sums acc[N] summed into warp 0; false in the other warps (done).
+template <int N>
+static __device__ __forceinline__ bool mv_reduce_warps(float (&acc)[N]) {
+    const int lane = threadIdx.x, wid = threadIdx.y, nw = blockDim.y;
+    if (nw == 1) return true;
+    __shared__ float red[MMV_MAX_WARPS][N][32];
+#pragma unroll
+    for (int i = 0; i < N; i++) red[wid][i][lane] = acc[i];
+    __syncthreads();
+    if (wid != 0) return false;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        float s = 0.0f;
+        for (int w = 0; w < nw; w++) s += red[w][i][lane];
+        acc[i] = s;
+    }
+    return true;
+}
+
+// y (+)= v (+ bias) for token tok, row `row` of the segment (rows past its end: nothing).
+static __device__ __forceinline__ void mv_store(const MvSegSel& sel, int tok, int row, float v) {
+    if (row >= sel.nrows) return;
+    float* yp = sel.y + (long long)tok * sel.nrows + row;
+    if (sel.bias) v += sel.bias[row];
+    if (sel.accumulate) v += *yp;
+    *yp = v;
+}
+
+// 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
+template <typename F>
+static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
+                                           const float* __restrict__ xds_f, int n_tokens, int load_mode, int emulate) {
+    const MvTile tl = mv_tile(p);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    const int ncols = p.ncols, nsb = ncols / 256, nunits = ncols / 32;
+    // (pointers only: x is read after the wait in mv_stream)
     MvX x;
     x.q = xq + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
     x.d0 = (const MvF2*)xds_f + (long long)min(2 * t, n_tokens - 1) * nunits;
     x.d1 = (const MvF2*)xds_f + (long long)min(2 * t + 1, n_tokens - 1) * nunits;
     x.emulate = emulate;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int base = wid; base < nsb; base += D * nw) {
-#pragma unroll
-        for (int i = 0; i < D; i++) {
-            const int s = base + i * nw;
-            if (s >= nsb) break;
-            const int sl = s + (D - 1) * nw;
-            if (sl < nsb)
-                F::load(rg + (long long)sl * F::SB, rg8 + (long long)sl * F::SB, t, load_mode, f[(i + D - 1) % D]);
-            F::compute(f[i], 8 * s, x, lane, acc);
-        }
-    }
-
-    __shared__ float red[MMV_MAX_WARPS][4][32];
-    if (nw > 1) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) red[wid][i][lane] = acc[i];
-        __syncthreads();
-        if (wid != 0) return;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float s = 0.0f;
-            for (int w = 0; w < nw; w++) s += red[w][i][lane];
-            acc[i] = s;
-        }
-    }
+    mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { F::compute(f, U0, x, lane, acc); });
+    if (!mv_reduce_warps(acc)) return;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int row = row0 + g + 8 * (i >> 1), tok = 2 * t + (i & 1);
-        if (row < nrows && tok < n_tokens) {
-            float* yp = y + (long long)tok * nrows + row;
-            float v = acc[i];
-            if (bias) v += bias[row];
-            if (accumulate) v += *yp;
-            *yp = v;
-        }
+        const int tok = 2 * t + (i & 1);
+        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
     }
 }
 
@@ -505,7 +446,7 @@ static __device__ __forceinline__ void mvbd_compute(const typename MvQ4KBd<NP>::
             const MvV2 a = *(const MvV2*)xp;
             xw[0] = a.x; xw[1] = a.y;
         }
-        MvI4 c{0, 0, 0, 0};
+        MmaI4 c{0, 0, 0, 0};
 #pragma unroll
         for (int m = 0; m < F::M; m++) {
             const uint32_t wg = f.q[0][gr][m], wg8 = f.q[1][gr][m];
@@ -527,32 +468,18 @@ static __device__ __forceinline__ void mvbd_compute(const typename MvQ4KBd<NP>::
     }
 }
 
-template <int NP, int D>
+template <int NP>
 static __device__ __forceinline__ void mmvbd(const MvSegs& p, const int8_t* __restrict__ xq,
                                              const float* __restrict__ xds_f, int n_tokens, int load_mode,
                                              int emulate) {
     using F = MvQ4KBd<NP>;
-    const MvSegSel sel = mv_select(p);
-    const int lane = threadIdx.x, wid = threadIdx.y, nw = blockDim.y;
-    const int g = lane >> 2, t = lane & 3;
-    const int row0 = ((int)blockIdx.x - sel.block0) * 16;
+    const MvTile tl = mv_tile(p);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
     const int ncols = p.ncols, nsb = ncols / 256, nunits = ncols / 32;
-    const long long row_bytes = p.row_bytes;
-    const uint8_t* rg = sel.W + (long long)min(row0 + g, sel.nrows - 1) * row_bytes;
-    const uint8_t* rg8 = sel.W + (long long)min(row0 + g + 8, sel.nrows - 1) * row_bytes;
-
-    typename F::Frag f[D];
-#pragma unroll
-    for (int i = 0; i < D - 1; i++) {
-        const int s = wid + i * nw;
-        if (s < nsb) F::load(rg + (long long)s * F::SB, rg8 + (long long)s * F::SB, t, load_mode, f[i]);
-    }
-    pdl_wait();
-    pdl_trigger();
-
     const int cg = g % F::G, ctok = g / F::G;      // column g: unit in group, token
     const int tok = 2 * t / F::G;                  // this thread's output token
     const int chunk = t / F::TPC;                  // this thread's A chunk within a group
+    // (pointers only: x is read after the wait in mv_stream)
     MvXBd x;
     x.q = xq + (long long)min(ctok, n_tokens - 1) * ncols + (t % F::TPC) * F::BPT;
     x.d = (const MvF2*)xds_f + (long long)min(tok, n_tokens - 1) * nunits;
@@ -560,68 +487,36 @@ static __device__ __forceinline__ void mmvbd(const MvSegs& p, const int8_t* __re
     x.m1 = cg == 2 * chunk + 1 ? 0xFFFFFFFFu : 0u;
     x.emulate = emulate;
     float acc[2] = {0.0f, 0.0f};
-    for (int base = wid; base < nsb; base += D * nw) {
-#pragma unroll
-        for (int i = 0; i < D; i++) {
-            const int s = base + i * nw;
-            if (s >= nsb) break;
-            const int sl = s + (D - 1) * nw;
-            if (sl < nsb)
-                F::load(rg + (long long)sl * F::SB, rg8 + (long long)sl * F::SB, t, load_mode, f[(i + D - 1) % D]);
-            mvbd_compute<NP>(f[i], 8 * s, x, t, acc);
-        }
-    }
+    mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { mvbd_compute<NP>(f, U0, x, t, acc); });
     // threads with the same output token hold other chunks of the same rows
 #pragma unroll
     for (int o = 1; o < 4 / NP; o <<= 1) {
         acc[0] += __shfl_xor_sync(FULL_MASK, acc[0], o);
         acc[1] += __shfl_xor_sync(FULL_MASK, acc[1], o);
     }
-    __shared__ float red[MMV_MAX_WARPS][2][32];
-    if (nw > 1) {
-        red[wid][0][lane] = acc[0];
-        red[wid][1][lane] = acc[1];
-        __syncthreads();
-        if (wid != 0) return;
-        acc[0] = acc[1] = 0.0f;
-        for (int w = 0; w < nw; w++) {
-            acc[0] += red[w][0][lane];
-            acc[1] += red[w][1][lane];
-        }
-    }
+    if (!mv_reduce_warps(acc)) return;
     if (t % (4 / NP) != 0 || tok >= n_tokens) return;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + g + 8 * r;
-        if (row < sel.nrows) {
-            float* yp = sel.y + (long long)tok * sel.nrows + row;
-            float v = acc[r];
-            if (sel.bias) v += sel.bias[row];
-            if (sel.accumulate) v += *yp;
-            *yp = v;
-        }
-    }
+    mv_store(tl.sel, tok, tl.row0 + g, acc[0]);
+    mv_store(tl.sel, tok, tl.row0 + g + 8, acc[1]);
 }
 
 #define MMVBD_KERNEL(NP)                                                                                   \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
         mmv_q4_k_t##NP(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,       \
                        int n_tokens, int load_mode, int emulate) {                                        \
-        mmvbd<NP, 2>(p, xq, xds, n_tokens, load_mode, emulate);                                          \
+        mmvbd<NP>(p, xq, xds, n_tokens, load_mode, emulate);                                              \
     }
 MMVBD_KERNEL(1)
 MMVBD_KERNEL(2)
 MMVBD_KERNEL(4)
 
-// One kernel per (format, D = fragment buffers per thread).
-#define MMV_KERNEL(name, F, D)                                                                            \
+// One kernel per format (8 token columns).
+#define MMV_KERNEL(name, F)                                                                               \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        mmv_##name##_d##D(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,    \
-                          int n_tokens, int load_mode, int emulate) {                                   \
-        mmv<F, D>(p, xq, xds, n_tokens, load_mode, emulate);                                            \
+        mmv_##name(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, int n_tokens, \
+                   int load_mode, int emulate) {                                                        \
+        mmv<F>(p, xq, xds, n_tokens, load_mode, emulate);                                               \
     }
 
-MMV_KERNEL(q4_k, MvQ4K, 2)
-MMV_KERNEL(q4_k, MvQ4K, 3)
-MMV_KERNEL(q6_k, MvQ6K, 2)
-MMV_KERNEL(q6_k, MvQ6K, 3)
+MMV_KERNEL(q4_k, MvQ4K)
+MMV_KERNEL(q6_k, MvQ6K)

@@ -34,15 +34,8 @@ const MAX_WARPS: u32 = 8;
 static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// Runs the shuffle + dp4a emulation of the mma on every card (tests: the sm_70 path).
 static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
-/// Fragment buffers per thread (2 or 3: super-blocks in flight + 1); 0 = the default.
-static DEPTH_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// Weight load mode (0: ld.global.nc, 2: L1::no_allocate); u32::MAX = the default.
 static LOAD_MODE_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
-
-/// Forces the fragment buffers per thread (2 or 3); 0 restores the default. For benchmarks.
-pub fn set_depth_override(d: u32) {
-    DEPTH_OVERRIDE.store(d, Ordering::Relaxed);
-}
 
 /// Forces the weight load mode (0: cached in L1, 2: L1::no_allocate); `None` restores the
 /// default. For benchmarks.
@@ -67,24 +60,12 @@ fn block_diagonal() -> bool {
 
 /// The kernel of a product of `n` tokens (1..=8) of `stem`'s format: for Q4_K with 1..4 tokens
 /// the block-diagonal kernel of the next power of two (no C column spent on padding), else the
-/// 8-column kernel with this process's fragment depth.
+/// 8-column kernel.
 fn kernel_name(stem: &str, n: usize) -> String {
     if stem == "q4_k" && n <= 4 && block_diagonal() {
         format!("mmv_q4_k_t{}", n.next_power_of_two())
     } else {
-        format!("mmv_{stem}_d{}", depth())
-    }
-}
-
-/// Fragment buffers per thread: `REDLINE_MMV_DEPTH` (2 or 3), else 2.
-fn depth() -> u32 {
-    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    match DEPTH_OVERRIDE.load(Ordering::Relaxed) {
-        d @ (2 | 3) => d,
-        _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MMV_DEPTH").as_deref() {
-            Ok("3") => 3,
-            _ => 2,
-        }),
+        format!("mmv_{stem}")
     }
 }
 
@@ -260,7 +241,7 @@ impl CudaDevice {
             .arg(&n_i)
             .arg(&mode)
             .arg(&emulate);
-        // SAFETY: matches mmv_<fmt>_d<D> / mmv_q4_k_t<NP>(MvSegs, xq, xds, n_tokens, load_mode,
+        // SAFETY: matches mmv_<fmt> / mmv_q4_k_t<NP>(MvSegs, xq, xds, n_tokens, load_mode,
         // emulate) with n_tokens <= 8 (<= NP for the t<NP> kernels, kernel_name);
         // every segment's matrix is a live DeviceMatrix of this format and width (>= 16 bytes
         // of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows f32 and
@@ -313,8 +294,8 @@ mod tests {
     fn kernel_names_by_token_count() {
         assert_eq!(kernel_name("q4_k", 1), "mmv_q4_k_t1");
         assert_eq!(kernel_name("q4_k", 3), "mmv_q4_k_t4");
-        assert_eq!(kernel_name("q4_k", 5), "mmv_q4_k_d2");
-        assert_eq!(kernel_name("q6_k", 2), "mmv_q6_k_d2");
+        assert_eq!(kernel_name("q4_k", 5), "mmv_q4_k");
+        assert_eq!(kernel_name("q6_k", 2), "mmv_q6_k");
     }
 
     #[test]

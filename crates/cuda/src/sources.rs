@@ -9,6 +9,8 @@ pub const HEADERS: &[(&str, &str)] = &[
         "quant_formats.cuh",
         include_str!("../kernels/quant_formats.cuh"),
     ),
+    ("segments.cuh", include_str!("../kernels/segments.cuh")),
+    ("int8_mma.cuh", include_str!("../kernels/int8_mma.cuh")),
 ];
 
 /// One compilation unit (one CUDA module at run time).

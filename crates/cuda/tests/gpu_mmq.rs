@@ -386,7 +386,6 @@ fn mmv_matches_cpu_reference() {
                     let warps = [0, 1, 3, 8][(n + emulate as usize + bd_off as usize) % 4];
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
-                    cuda::mmv::set_depth_override(2 + (n % 2) as u32);
                     cuda::mmv::set_load_mode_override(Some(2 * (n / 4 % 2) as u32));
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, true) {
                         Ok(e) => worst = worst.max(e),
@@ -408,7 +407,6 @@ fn mmv_matches_cpu_reference() {
     }
     cuda::mmv::set_force_emulation(false);
     cuda::mmv::set_warps_override(0);
-    cuda::mmv::set_depth_override(0);
     cuda::mmv::set_load_mode_override(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
@@ -547,26 +545,25 @@ fn mmv_timing_vs_matvec() {
                 if n == 1 {
                     mv1 = mv;
                 }
-                // (warps, depth, load mode): the defaults first
+                // (warps, load mode, block-diagonal off): the defaults first
                 let mut sweep = Vec::new();
-                for (warps, depth, mode, bd_off) in [
-                    (0u32, 0u32, None, false),
-                    (0, 0, None, true),
-                    (0, 2, Some(0u32), false),
-                    (2, 0, None, false),
-                    (4, 0, None, false),
-                    (8, 0, None, false),
+                for (warps, mode, bd_off) in [
+                    (0u32, None, false),
+                    (0, None, true),
+                    (0, Some(0u32), false),
+                    (2, None, false),
+                    (4, None, false),
+                    (8, None, false),
                 ] {
                     cuda::mmv::set_block_diagonal_off(bd_off);
                     cuda::mmv::set_warps_override(warps);
-                    cuda::mmv::set_depth_override(depth);
                     cuda::mmv::set_load_mode_override(mode);
                     let us = time_us(&dev, copies, 40, |i| {
                         dev.mmv_prequantized(&ws[i], &s, &mut y)
                     })
                     .expect("mmv timing");
                     let tag = format!(
-                        "w{warps}d{depth}m{}{}",
+                        "w{warps}m{}{}",
                         mode.map_or(9, |m| m),
                         if bd_off { "-nobd" } else { "" }
                     );
@@ -574,7 +571,6 @@ fn mmv_timing_vs_matvec() {
                 }
                 cuda::mmv::set_block_diagonal_off(false);
                 cuda::mmv::set_warps_override(0);
-                cuda::mmv::set_depth_override(0);
                 cuda::mmv::set_load_mode_override(None);
                 let mm = sweep[0].1;
                 println!(
