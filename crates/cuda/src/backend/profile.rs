@@ -24,6 +24,23 @@ const SPIN_NS: u64 = 40_000_000;
 /// Pending event pairs beyond this are harvested mid-step (prefill calls have no step).
 const MAX_PENDING: usize = 4096;
 
+/// Op kinds (a label's first word: `attention`, `rms_norm`, `matmul_many`, …) that
+/// `REDLINE_SKIP_OPS` (comma-separated) says to leave out: a diagnostic for the cost of an op
+/// inside a recorded step (the tg difference with and without it). The outputs are wrong.
+fn skipped_ops() -> &'static [String] {
+    static SKIP: OnceLock<Vec<String>> = OnceLock::new();
+    SKIP.get_or_init(|| {
+        std::env::var("REDLINE_SKIP_OPS")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
 /// Whether `REDLINE_PROFILE_OPS` asks for the per-op profile (read once).
 pub fn op_profile_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -141,13 +158,24 @@ impl OpProfile {
 
 impl CudaBackend {
     /// Runs one op, timed on the device when profiling.
-    pub(super) fn timed<T>(
+    pub(super) fn timed<T: Default>(
         &self,
         label: impl FnOnce() -> String,
         op: impl FnOnce() -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         // Every op counts (the fused paths reuse a q8_1 copy only from the op before).
         self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let skip = skipped_ops();
+        if self.profile.is_none() && skip.is_empty() {
+            return op();
+        }
+        let label = label();
+        if skip
+            .iter()
+            .any(|k| label.split(' ').next() == Some(k.as_str()))
+        {
+            return Ok(T::default());
+        }
         let Some(p) = &self.profile else {
             return op();
         };
@@ -156,7 +184,7 @@ impl CudaBackend {
         let r = op();
         let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
         let end = p.event(stream)?;
-        p.pending.push((label(), start, end));
+        p.pending.push((label, start, end));
         if p.pending.len() >= MAX_PENDING {
             p.harvest()?;
         }
