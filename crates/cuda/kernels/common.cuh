@@ -19,6 +19,22 @@ typedef unsigned long long uint64_t;
 #define NEG_INF __int_as_float(0xff800000)
 #define FULL_MASK 0xffffffffu
 
+// Programmatic dependent launch (sm_90+; decode fusion, REDLINE_PDL): a kernel launched with the
+// programmatic-serialization attribute may start while the previous kernel drains. It must call
+// pdl_wait() before reading anything earlier kernels wrote (or writing anything they read);
+// work before it may only touch read-only data (weights). Both are no-ops without the attribute
+// and compile to nothing below sm_90.
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // IEEE half bits -> f32 (cvt.f32.f16 exists on every PTX target we build).
 static __device__ __forceinline__ float f16_to_f32(uint16_t h) {
     float f;

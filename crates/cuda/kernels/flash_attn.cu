@@ -280,6 +280,8 @@ static __device__ void flash_decode(const float* __restrict__ q, const int* __re
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, int dk, int dv, long long kpb, long long vpb,     \
              float scale, int T) {                                                                                 \
+        pdl_wait();                                                                                                \
+        pdl_trigger();                                                                                             \
         flash_decode<TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, dk, dv, kpb, vpb, scale, T);        \
     }
 FA_DECODE(fa_decode_f32, FA_F32)
@@ -456,6 +458,8 @@ static __device__ void flash_decode_d(const float* __restrict__ q, const int* __
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale) {      \
+        pdl_wait();                                                                                                \
+        pdl_trigger();                                                                                             \
         flash_decode_d<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);              \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)
@@ -476,6 +480,8 @@ extern "C" __global__ void __launch_bounds__(128)
     fa_merge(const float* __restrict__ part, const int* __restrict__ rows, float* __restrict__ out, int n_head, int dv,
              int S) {
     __shared__ float w_s[FA_MAX_SPLITS];
+    pdl_wait();
+    pdl_trigger();
     const int i = blockIdx.x, h = blockIdx.y;
     const float* base = part + ((long long)i * n_head + h) * S * (dv + 2);
     float M = NEG_INF;

@@ -177,14 +177,16 @@ static __device__ __forceinline__ void st_f16_scale(uint8_t* blk, float d) {
     *(uint16_t*)blk = f32_to_f16(d);
 }
 
-// grid (n_rows, ceil(width / 32)), block 32: stores src[rows[r]][col0 + i] at position pos[r].
-// For the block types width is a multiple of 32, so one warp owns one block.
-extern "C" __global__ void mo_kv_store(const float* __restrict__ src, int src_cols, int col0, const int* __restrict__ rows,
-                                       const int* __restrict__ pos, uint8_t* cache, int width, long long pos_bytes, int type) {
-    const int i = blockIdx.y * 32 + threadIdx.x;
+// One warp stores elements [32 * blk, 32 * blk + 32) of row `src_row` of src (row stride
+// src_cols) at cache row `cpos`. For the block types width is a multiple of 32, so one warp
+// owns one block.
+static __device__ __forceinline__ void kv_store_warp(const float* __restrict__ src, int src_cols, int src_row, int blk,
+                                                     int cpos, uint8_t* cache, int width, long long pos_bytes,
+                                                     int type) {
+    const int i = blk * 32 + threadIdx.x;
     const bool live = i < width;
-    const float v = live ? src[(long long)rows[blockIdx.x] * src_cols + col0 + i] : 0.0f;
-    uint8_t* row = cache + (long long)pos[blockIdx.x] * pos_bytes;
+    const float v = live ? src[(long long)src_row * src_cols + i] : 0.0f;
+    uint8_t* row = cache + (long long)cpos * pos_bytes;
     if (type == 0) {
         if (live) ((float*)row)[i] = v;
         return;
@@ -197,10 +199,10 @@ extern "C" __global__ void mo_kv_store(const float* __restrict__ src, int src_co
         const float amax = warp_max(fabsf(v));
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint8_t* blk = row + blockIdx.y * 34;
-        if (threadIdx.x == 0) st_f16_scale(blk, d);
+        uint8_t* b8 = row + blk * 34;
+        if (threadIdx.x == 0) st_f16_scale(b8, d);
         const int qi = (int)roundf(v * id);  // in [-127, 127]
-        blk[2 + threadIdx.x] = (uint8_t)(qi & 0xFF);
+        b8[2 + threadIdx.x] = (uint8_t)(qi & 0xFF);
         return;
     }
     // q4_0: d = (value of largest magnitude) / -8, q = min(15, (int)(x / d + 8.5))
@@ -214,9 +216,26 @@ extern "C" __global__ void mo_kv_store(const float* __restrict__ src, int src_co
     int q = (int)(v * id + 8.5f);
     q = q < 0 ? 0 : (q > 15 ? 15 : q);
     const int hi = __shfl_down_sync(FULL_MASK, q, 16);
-    uint8_t* blk = row + blockIdx.y * 18;
-    if (threadIdx.x == 0) st_f16_scale(blk, d);
-    if (threadIdx.x < 16) blk[2 + threadIdx.x] = (uint8_t)(q | (hi << 4));
+    uint8_t* b4 = row + blk * 18;
+    if (threadIdx.x == 0) st_f16_scale(b4, d);
+    if (threadIdx.x < 16) b4[2 + threadIdx.x] = (uint8_t)(q | (hi << 4));
+}
+
+// grid (n_rows, ceil(wk / 32) + ceil(wv / 32)), block 32: stores row rows[r] of k and of v at
+// position pos[r] of the K and V caches (both of `type`), one launch for both. Waits for the
+// kernel that wrote k and v when launched with programmatic serialization (REDLINE_PDL).
+extern "C" __global__ void mo_kv_store2(const float* __restrict__ k, const float* __restrict__ v,
+                                        const int* __restrict__ rows, const int* __restrict__ pos, uint8_t* kc,
+                                        uint8_t* vc, int wk, int wv, long long kpb, long long vpb, int type) {
+    pdl_wait();
+    pdl_trigger();
+    const int nbk = (wk + 31) / 32;
+    const int b = blockIdx.y;
+    if (b < nbk) {
+        kv_store_warp(k, wk, rows[blockIdx.x], b, pos[blockIdx.x], kc, wk, kpb, type);
+    } else {
+        kv_store_warp(v, wv, rows[blockIdx.x], b - nbk, pos[blockIdx.x], vc, wv, vpb, type);
+    }
 }
 
 #define MO_ATT_MAX_DIM 512
@@ -436,23 +455,6 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 // copy here saves the matvec's own quantize launch. The values and their quantization are the
 // same as quantize_q8_1 of the f32 output (same expressions), so fused == unfused bit for bit.
 
-// Programmatic dependent launch (REDLINE_PDL; same helpers as kernels/quant_formats.cuh): the
-// fused kernels below wait for the previous kernel before touching activations. No-ops without
-// the launch attribute and below sm_90.
-#ifndef REDLINE_PDL_HELPERS
-#define REDLINE_PDL_HELPERS
-static __device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-#endif
-
 // One warp holds 32 consecutive values v (lane i: value 32u + i); writes their q8_1 unit u.
 static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds, long long i, long long u) {
     const float amax = warp_max(fabsf(v));
@@ -474,11 +476,19 @@ static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds
 #define RMS_REGS 8
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps) {
-    pdl_wait();
-    pdl_trigger();
     const long long base = (long long)blockIdx.x * cols;
     const int bd = blockDim.x;
     if (cols <= RMS_REGS * bd) {
+        // the norm weights are never written by a kernel: loaded before the wait (PDL), so
+        // their global round trip overlaps the previous kernel instead of following the sum
+        float wr[RMS_REGS];
+#pragma unroll
+        for (int k = 0; k < RMS_REGS; k++) {
+            const int i = threadIdx.x + k * bd;
+            wr[k] = i < cols ? w[i] : 0.0f;
+        }
+        pdl_wait();
+        pdl_trigger();
         float v[RMS_REGS];
         float ss = 0.0f;
 #pragma unroll
@@ -494,13 +504,15 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
             const int i = threadIdx.x + k * bd;
             // warp-uniform: cols and blockDim.x are multiples of 32
             if (i < cols) {
-                const float o = v[k] * s * w[i];
+                const float o = v[k] * s * wr[k];
                 out[base + i] = o;
                 q8_1_unit(o, xq, xds, base + i, (base + i) / 32);
             }
         }
         return;
     }
+    pdl_wait();
+    pdl_trigger();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];

@@ -20,25 +20,6 @@
 #pragma once
 #include "common.cuh"
 
-// Programmatic dependent launch (sm_90+; decode fusion, REDLINE_PDL): a kernel launched with the
-// programmatic-serialization attribute may start while the previous kernel drains. It must call
-// pdl_wait() before reading anything earlier kernels wrote (or writing anything they read);
-// work before it may only touch read-only data (weights). Both are no-ops without the attribute
-// and compile to nothing below sm_90.
-#ifndef REDLINE_PDL_HELPERS
-#define REDLINE_PDL_HELPERS
-static __device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-#endif
-
 // ggml `kvalues_iq4nl` as little-endian packed bytes: {-127,-104,-83,-65}, {-49,-35,-22,-10},
 // {1,13,25,38}, {53,69,89,113}.
 #define IQ4NL_T0 0xBFAD9881u

@@ -33,6 +33,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
+use crate::pdl;
 use crate::sources::Program;
 
 /// Threads of a decode block (FD_THREADS).
@@ -42,8 +43,18 @@ const DECODE_MAX_ITEMS: usize = 8;
 /// Most decode splits (FA_MAX_SPLITS).
 pub const MAX_SPLITS: usize = 64;
 /// Decode splits are sized so each takes about this many tiles (fewer splits waste less merge
-/// work; more fill the card when one row has few KV heads).
-const TILES_PER_SPLIT: usize = 2;
+/// work; more fill the card when one row has few KV heads, and each block then walks a shorter
+/// chain of tiles, four barriers each). `REDLINE_FA_TILES_PER_SPLIT` overrides (benchmark knob).
+fn tiles_per_split() -> usize {
+    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("REDLINE_FA_TILES_PER_SPLIT")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&t| t >= 1)
+            .unwrap_or(2)
+    })
+}
 /// Query rows of a prefill block (FP_BM) and positions per K/V tile (FP_BN).
 const PREFILL_ROWS: usize = 64;
 const PREFILL_TILE: usize = 32;
@@ -182,11 +193,11 @@ pub fn decode_tile_for(p: &AttentionParams, kv_type: KvType) -> Option<usize> {
 }
 
 /// Splits for rows of up to `positions` positions in tiles of `tile`: about
-/// [`TILES_PER_SPLIT`] tiles each, at most [`MAX_SPLITS`].
+/// [`tiles_per_split`] tiles each, at most [`MAX_SPLITS`].
 pub fn decode_splits(positions: usize, tile: usize) -> usize {
     positions
         .div_ceil(tile.max(1))
-        .div_ceil(TILES_PER_SPLIT)
+        .div_ceil(tiles_per_split())
         .clamp(1, MAX_SPLITS)
 }
 
@@ -309,31 +320,46 @@ pub fn launch_decode(
         block_dim: (DECODE_THREADS as u32, 1, 1),
         shared_mem_bytes: decode_smem_bytes(p, tile) as u32,
     };
-    let ints = [
+    let mut ints = [
         p.n_head as i32,
         p.n_kv_head as i32,
         p.head_dim_k as i32,
         p.head_dim_v as i32,
     ];
-    let (kpb, vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
-    let tile_i = tile as i32;
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(q)
-        .arg(&rows)
-        .arg(&pos)
-        .arg(kv.k)
-        .arg(kv.v)
-        .arg(&mut *out)
-        .arg(&part);
-    for i in &ints {
-        b.arg(i);
-    }
-    b.arg(&kpb).arg(&vpb).arg(&p.scale).arg(&tile_i);
+    let (mut kpb, mut vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
+    let (mut tile_i, mut scale) = (tile as i32, p.scale);
+    let (mut rows, mut pos, mut part) = (rows, pos, part);
+    let mut a = [
+        dev.device_address(q),
+        dev.device_address(kv.k),
+        dev.device_address(kv.v),
+        dev.device_address(out),
+    ];
+    let [aq, ak, av, ao] = &mut a;
+    let [i0, i1, i2, i3] = &mut ints;
+    let mut params = [
+        pdl::arg(aq),
+        pdl::arg(&mut rows),
+        pdl::arg(&mut pos),
+        pdl::arg(ak),
+        pdl::arg(av),
+        pdl::arg(ao),
+        pdl::arg(&mut part),
+        pdl::arg(i0),
+        pdl::arg(i1),
+        pdl::arg(i2),
+        pdl::arg(i3),
+        pdl::arg(&mut kpb),
+        pdl::arg(&mut vpb),
+        pdl::arg(&mut scale),
+        pdl::arg(&mut tile_i),
+    ];
     // SAFETY: matches fa_decode_*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, dk, dv,
     // kpb, vpb, scale, T); cache rows checked against the shape, head sizes multiples of 8
     // and the group within the accumulators (decode_tile), positions < n_ctx (caller), part
-    // holds partials_len values when splits > 1 (caller), shared memory sized for tile.
-    unsafe { b.launch(cfg) }?;
+    // holds partials_len values when splits > 1 (caller), shared memory sized for tile. The
+    // kernel waits for the previous one first (PDL).
+    unsafe { pdl::launch(dev.stream(), &f, cfg, &mut params, pdl::enabled(dev.arch())) }?;
     launch_merge(dev, rows, n_rows, out, part, splits, p)
 }
 
@@ -359,26 +385,37 @@ fn launch_decode_d(
         block_dim: (DECODE_THREADS as u32, 1, 1),
         shared_mem_bytes: decode_d_smem_bytes(p.head_dim_k) as u32,
     };
-    let (nh, nkv) = (p.n_head as i32, p.n_kv_head as i32);
-    let (kpb, vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(q)
-        .arg(&rows)
-        .arg(&pos)
-        .arg(kv.k)
-        .arg(kv.v)
-        .arg(&mut *out)
-        .arg(&part)
-        .arg(&nh)
-        .arg(&nkv)
-        .arg(&kpb)
-        .arg(&vpb)
-        .arg(&p.scale);
+    let (mut nh, mut nkv) = (p.n_head as i32, p.n_kv_head as i32);
+    let (mut kpb, mut vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
+    let mut scale = p.scale;
+    let (mut rows, mut pos, mut part) = (rows, pos, part);
+    let mut a = [
+        dev.device_address(q),
+        dev.device_address(kv.k),
+        dev.device_address(kv.v),
+        dev.device_address(out),
+    ];
+    let [aq, ak, av, ao] = &mut a;
+    let mut params = [
+        pdl::arg(aq),
+        pdl::arg(&mut rows),
+        pdl::arg(&mut pos),
+        pdl::arg(ak),
+        pdl::arg(av),
+        pdl::arg(ao),
+        pdl::arg(&mut part),
+        pdl::arg(&mut nh),
+        pdl::arg(&mut nkv),
+        pdl::arg(&mut kpb),
+        pdl::arg(&mut vpb),
+        pdl::arg(&mut scale),
+    ];
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
     // vpb, scale); dk == dv == the kernel's D and the cache type match it (decode_d_kernel),
     // cache rows checked against the shape, positions < n_ctx (caller), part holds
     // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.
-    unsafe { b.launch(cfg) }?;
+    // The kernel waits for the previous one first (PDL).
+    unsafe { pdl::launch(dev.stream(), &f, cfg, &mut params, pdl::enabled(dev.arch())) }?;
     launch_merge(dev, rows, n_rows, out, part, splits, p)
 }
 
@@ -399,17 +436,19 @@ fn launch_merge(
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (nh, dv, s) = (p.n_head as i32, p.head_dim_v as i32, splits as i32);
-        let mut b = dev.stream().launch_builder(&f);
-        b.arg(&part)
-            .arg(&rows)
-            .arg(&mut *out)
-            .arg(&nh)
-            .arg(&dv)
-            .arg(&s);
+        let (mut nh, mut dv, mut s) = (p.n_head as i32, p.head_dim_v as i32, splits as i32);
+        let (mut part, mut rows, mut o) = (part, rows, dev.device_address(out));
+        let mut params = [
+            pdl::arg(&mut part),
+            pdl::arg(&mut rows),
+            pdl::arg(&mut o),
+            pdl::arg(&mut nh),
+            pdl::arg(&mut dv),
+            pdl::arg(&mut s),
+        ];
         // SAFETY: matches fa_merge(part, rows, out, n_head, dv, S); part filled above with
-        // S <= FA_MAX_SPLITS partials per (row, head).
-        unsafe { b.launch(cfg) }?;
+        // S <= FA_MAX_SPLITS partials per (row, head); the kernel waits for them first (PDL).
+        unsafe { pdl::launch(dev.stream(), &f, cfg, &mut params, pdl::enabled(dev.arch())) }?;
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::step::Mode;
 use super::{dev_err, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
 use crate::attention;
+use crate::pdl;
 
 /// Largest head size the attention kernel keeps in registers (MO_ATT_MAX_DIM).
 const MAX_HEAD_DIM: usize = 512;
@@ -321,35 +322,53 @@ impl CudaBackend {
         pos: &HostInts,
         n_rows: usize,
     ) -> Result<(), BackendError> {
-        let ty = kv_type_code(cache.kv_type);
-        let store = self.function("mo_kv_store")?;
-        for (src, buf, pos_bytes) in [
-            (k, &mut cache.k, cache.k_pos_bytes),
-            (v, &mut cache.v, cache.v_pos_bytes),
-        ] {
-            let width = src.cols;
-            let cfg = LaunchConfig {
-                grid_dim: (n_rows as u32, width.div_ceil(32) as u32, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (src_cols, col0, width_i, pb) =
-                (src.cols as i32, 0i32, width as i32, pos_bytes as i64);
-            let mut b = self.dev.stream().launch_builder(&store);
-            b.arg(&*src.data)
-                .arg(&src_cols)
-                .arg(&col0)
-                .arg(&row_ids.ptr)
-                .arg(&pos.ptr)
-                .arg(buf)
-                .arg(&width_i)
-                .arg(&pb)
-                .arg(&ty);
-            // SAFETY: matches mo_kv_store(src, src_cols, col0, rows, pos, cache, width,
-            // pos_bytes, type); rows < n, pos < n_ctx (checked), the cache holds n_ctx
-            // rows of pos_bytes; block types have width % 32 == 0 (checked at creation).
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        let store = self.function("mo_kv_store2")?;
+        let (wk, wv) = (k.cols, v.cols);
+        let cfg = LaunchConfig {
+            grid_dim: (n_rows as u32, (wk.div_ceil(32) + wv.div_ceil(32)) as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let stream = self.dev.stream();
+        let mut a = [
+            super::step::dev_ptr(&k.data, stream),
+            super::step::dev_ptr(&v.data, stream),
+            row_ids.ptr,
+            pos.ptr,
+            super::step::dev_ptr(&cache.k, stream),
+            super::step::dev_ptr(&cache.v, stream),
+        ];
+        let (mut wk_i, mut wv_i) = (wk as i32, wv as i32);
+        let (mut kpb, mut vpb) = (cache.k_pos_bytes as i64, cache.v_pos_bytes as i64);
+        let mut ty = kv_type_code(cache.kv_type);
+        let [a0, a1, a2, a3, a4, a5] = &mut a;
+        let mut params = [
+            pdl::arg(a0),
+            pdl::arg(a1),
+            pdl::arg(a2),
+            pdl::arg(a3),
+            pdl::arg(a4),
+            pdl::arg(a5),
+            pdl::arg(&mut wk_i),
+            pdl::arg(&mut wv_i),
+            pdl::arg(&mut kpb),
+            pdl::arg(&mut vpb),
+            pdl::arg(&mut ty),
+        ];
+        // SAFETY: matches mo_kv_store2(k, v, rows, pos, kc, vc, wk, wv, kpb, vpb, type); rows
+        // < n, pos < n_ctx (checked), each cache holds n_ctx rows of its pos_bytes; block types
+        // have widths % 32 == 0 (checked at creation). With PDL the kernel waits for the
+        // kernel that wrote k and v first.
+        unsafe {
+            pdl::launch(
+                stream,
+                &store,
+                cfg,
+                &mut params,
+                pdl::enabled(self.dev.arch()),
+            )
         }
+        .map_err(dev_err)?;
         Ok(())
     }
 
