@@ -26,6 +26,10 @@
 
 // ---- conv1d -----------------------------------------------------------------------------------
 
+// Largest conv kernel (d_conv <= 16: the window array of dn_conv1d_state). Both kernels may be
+// launched with programmatic serialization (REDLINE_PDL).
+#define DN_CONV_MAX 16
+
 // Thread per (token, channel): out[t][c] = sum_j w[c][j] x_{t-(d_conv-1)+j}[c], inputs before the
 // run from the window `state` [d_conv-1, ch] (oldest first). grid (ceil(ch/256), <= n_rows).
 extern "C" __global__ void dn_conv1d_out(const float* __restrict__ x, const float* __restrict__ w,
@@ -33,14 +37,22 @@ extern "C" __global__ void dn_conv1d_out(const float* __restrict__ x, const floa
                                          const float* __restrict__ state, float* __restrict__ out, int ch,
                                          int d_conv) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    // the taps before the wait (REDLINE_PDL): weights, never written by a kernel
+    float wt[DN_CONV_MAX];
+#pragma unroll
+    for (int j = 0; j < DN_CONV_MAX; j++) wt[j] = c < ch && j < d_conv ? w[(long long)c * d_conv + j] : 0.0f;
+    pdl_wait();
+    pdl_trigger();
     if (c >= ch) return;
     const int nw = d_conv - 1;
     for (int t = blockIdx.y; t < n_rows; t += gridDim.y) {
         float s = 0.0f;
-        for (int j = 0; j < d_conv; j++) {
+#pragma unroll
+        for (int j = 0; j < DN_CONV_MAX; j++) {
+            if (j >= d_conv) break;
             const int i = t - nw + j;  // run index of the input this tap reads
             const float xv = i >= 0 ? x[(long long)rows[i] * ch + c] : state[(long long)(nw + i) * ch + c];
-            s += w[(long long)c * d_conv + j] * xv;
+            s += wt[j] * xv;
         }
         out[(long long)rows[t] * ch + c] = s;
     }
@@ -50,6 +62,8 @@ extern "C" __global__ void dn_conv1d_out(const float* __restrict__ x, const floa
 // dn_conv1d_out, which reads the old window.
 extern "C" __global__ void dn_conv1d_state(const float* __restrict__ x, const int* __restrict__ rows, int n_rows,
                                            float* state, int ch, int d_conv) {
+    pdl_wait();
+    pdl_trigger();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int nw = d_conv - 1;

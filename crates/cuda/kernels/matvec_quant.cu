@@ -362,6 +362,8 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     const int lane = threadIdx.x;
     const int row0 = (((int)blockIdx.x - block0) * MV_WARPS + threadIdx.y) * R;
     if (row0 >= nrows) return;
+    // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
+    if (bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(bias + row0));
     float acc[R][NT];
     mv_quant_rows<F, NT, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1, acc);
 #pragma unroll

@@ -53,11 +53,17 @@ extern "C" __global__ void mo_mul_sigmoid(float* x, const float* __restrict__ g,
 // alpha <- softplus(alpha + dt_bias[h]) * a[h]; beta <- sigmoid(beta); both [n, n_heads].
 extern "C" __global__ void mo_delta_gates(float* alpha, float* beta, const float* __restrict__ dt_bias,
                                           const float* __restrict__ a, long long n, int n_heads) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    // the first element's weights before the wait (REDLINE_PDL; decode has one element per thread)
+    const long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const int h0 = (int)(i0 % n_heads);
+    const float dt0 = i0 < n ? dt_bias[h0] : 0.0f, a0 = i0 < n ? a[h0] : 0.0f;
+    pdl_wait();
+    pdl_trigger();
+    for (long long i = i0; i < n; i += (long long)gridDim.x * blockDim.x) {
         const int h = (int)(i % n_heads);
-        const float x = alpha[i] + dt_bias[h];
+        const float x = alpha[i] + (i == i0 ? dt0 : dt_bias[h]);
         const float sp = x > 20.0f ? x : log1pf(expf(x));
-        alpha[i] = sp * a[h];
+        alpha[i] = sp * (i == i0 ? a0 : a[h]);
         beta[i] = sigmoid_f(beta[i]);
     }
 }
@@ -65,9 +71,14 @@ extern "C" __global__ void mo_delta_gates(float* alpha, float* beta, const float
 // ---- norms ---------------------------------------------------------------------------------
 
 // One block per group of `group` consecutive values (groups of all rows back to back):
-// out = x / sqrt(mean(x^2) + eps) * w [* silu(z) when z != null]. out may alias x.
+// out = x / sqrt(mean(x^2) + eps) * w [* silu(z) when z != null]. out may alias x. May be
+// launched with programmatic serialization (waits for the kernel before it).
 extern "C" __global__ void mo_group_rms_norm(const float* x, const float* __restrict__ w, const float* __restrict__ z,
                                              float* out, int group, float eps) {
+    // weights before the wait (REDLINE_PDL): their round trip overlaps the previous kernel
+    const float w0 = (int)threadIdx.x < group ? w[threadIdx.x] : 0.0f;
+    pdl_wait();
+    pdl_trigger();
     const long long base = (long long)blockIdx.x * group;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < group; i += blockDim.x) {
@@ -77,7 +88,7 @@ extern "C" __global__ void mo_group_rms_norm(const float* x, const float* __rest
     ss = block_sum(ss);
     const float s = rsqrtf(ss / group + eps);
     for (int i = threadIdx.x; i < group; i += blockDim.x) {
-        float v = x[base + i] * s * w[i];
+        float v = x[base + i] * s * (i == (int)threadIdx.x ? w0 : w[i]);
         if (z) v *= silu_f(z[base + i]);
         out[base + i] = v;
     }
@@ -589,9 +600,8 @@ struct F32Segs {
     int n_tokens;
 };
 
+#define F32_PRE 8
 extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __restrict__ x) {
-    pdl_wait();
-    pdl_trigger();
     const float* W = p.seg[0].W;
     float* y = p.seg[0].y;
     int block0 = 0, nrows = p.seg[0].nrows;
@@ -612,8 +622,32 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
     float acc[F32_MAX_TOKENS];
 #pragma unroll
     for (int t = 0; t < F32_MAX_TOKENS; t++) acc[t] = 0.0f;
+    // the row's first F32_PRE vectors per thread before the wait (REDLINE_PDL): weights, so
+    // their DRAM round trip overlaps the previous kernel (a 5120-wide row on 256 threads is 5)
+    f32x4 pre[F32_PRE];
+#pragma unroll
+    for (int k = 0; k < F32_PRE; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        pre[k] = i < n4 ? wr[i] : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+    pdl_wait();
+    pdl_trigger();
+#pragma unroll
+    for (int k = 0; k < F32_PRE; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) {
+            const f32x4 a = pre[k];
+#pragma unroll
+            for (int t = 0; t < F32_MAX_TOKENS; t++) {
+                if (t < nt) {
+                    const f32x4 b = x4[(long long)t * n4 + i];
+                    acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+                }
+            }
+        }
+    }
 #pragma unroll 4
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    for (int i = threadIdx.x + F32_PRE * blockDim.x; i < n4; i += blockDim.x) {
         const f32x4 a = wr[i];
 #pragma unroll
         for (int t = 0; t < F32_MAX_TOKENS; t++) {

@@ -7,7 +7,9 @@ use cudarc::driver::{DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use gguf::GgmlType;
 
+use super::step::dev_ptr;
 use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
+use crate::pdl;
 
 fn same_shape(op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<(), BackendError> {
     if (a.rows, a.cols) != (b.rows, b.cols) {
@@ -339,25 +341,30 @@ impl CudaBackend {
             block_dim: (group.next_power_of_two().clamp(32, 256) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let group_i = group as i32;
-        let null = 0u64;
         let stream = self.dev.stream();
         let (po, _guard) = out.data.device_ptr_mut(stream);
-        let mut b = stream.launch_builder(&f);
-        match src {
-            Some(s) => b.arg(&*s.data),
-            None => b.arg(&po),
-        };
-        b.arg(wv);
-        match z {
-            Some(z) => b.arg(&*z.data),
-            None => b.arg(&null),
-        };
-        b.arg(&po).arg(&group_i).arg(&eps);
+        let mut a = [
+            src.map_or(po, |s| dev_ptr(&s.data, stream)),
+            dev_ptr(wv, stream),
+            z.map_or(0, |z| dev_ptr(&z.data, stream)),
+            po,
+        ];
+        let (mut group_i, mut eps) = (group as i32, eps);
+        let [a0, a1, a2, a3] = &mut a;
+        let mut params = [
+            pdl::arg(a0),
+            pdl::arg(a1),
+            pdl::arg(a2),
+            pdl::arg(a3),
+            pdl::arg(&mut group_i),
+            pdl::arg(&mut eps),
+        ];
         // SAFETY: matches mo_group_rms_norm(x, w, z, out, group, eps); x, z, out hold
         // n_groups * group values, w holds group; in place (x == out) is allowed by the kernel
-        // (every thread rewrites only the values it read, after the block reduction).
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        // (every thread rewrites only the values it read, after the block reduction). With
+        // PDL it reads only w before waiting for the previous kernel.
+        unsafe { pdl::launch(stream, &f, cfg, &mut params, pdl::enabled(self.dev.arch())) }
+            .map_err(dev_err)?;
         Ok(())
     }
 

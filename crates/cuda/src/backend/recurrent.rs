@@ -20,8 +20,9 @@ use std::sync::OnceLock;
 use backend::{BackendError, RecurrentShape, Row};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::step::Mode;
+use super::step::{dev_ptr, Mode};
 use super::{dev_err, elems_cfg, shape_err, CudaBackend, CudaTensor, CudaWeight, HostInts};
+use crate::pdl;
 use crate::sources::Program;
 
 /// Largest conv kernel (MO_CONV_MAX in model_ops.cu, the window array of dn_conv1d_state).
@@ -335,37 +336,46 @@ impl CudaBackend {
         ch: usize,
         d_conv: usize,
     ) -> Result<(), BackendError> {
-        let ints = [n_rows as i32, ch as i32, d_conv as i32];
         let f = self.deltanet_function("dn_conv1d_out")?;
         let cfg = LaunchConfig {
             grid_dim: (ch.div_ceil(256) as u32, n_rows.min(65535) as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&*x.data)
-            .arg(wd)
-            .arg(&row_ids.ptr)
-            .arg(&ints[0])
-            .arg(&*conv)
-            .arg(&mut *out.data)
-            .arg(&ints[1])
-            .arg(&ints[2]);
+        let stream = self.dev.stream();
+        let pdl_on = pdl::enabled(self.dev.arch());
+        let (mut px, mut pw, mut prows) =
+            (dev_ptr(&x.data, stream), dev_ptr(wd, stream), row_ids.ptr);
+        let (mut pstate, mut pout) = (dev_ptr(conv, stream), dev_ptr(&out.data, stream));
+        let (mut n_i, mut ch_i, mut dc_i) = (n_rows as i32, ch as i32, d_conv as i32);
+        let mut params = [
+            pdl::arg(&mut px),
+            pdl::arg(&mut pw),
+            pdl::arg(&mut prows),
+            pdl::arg(&mut n_i),
+            pdl::arg(&mut pstate),
+            pdl::arg(&mut pout),
+            pdl::arg(&mut ch_i),
+            pdl::arg(&mut dc_i),
+        ];
         // SAFETY: matches dn_conv1d_out(x, w, rows, n_rows, state, out, ch, d_conv): w is
         // [ch, d_conv], the state [d_conv - 1, ch], rows index rows of x and out; the kernel
-        // loops over tokens beyond the grid's 65535.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        // loops over tokens beyond the grid's 65535. With PDL it reads only w before waiting.
+        unsafe { pdl::launch(stream, &f, cfg, &mut params, pdl_on) }.map_err(dev_err)?;
         let f = self.deltanet_function("dn_conv1d_state")?;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&*x.data)
-            .arg(&row_ids.ptr)
-            .arg(&ints[0])
-            .arg(conv)
-            .arg(&ints[1])
-            .arg(&ints[2]);
+        let mut params = [
+            pdl::arg(&mut px),
+            pdl::arg(&mut prows),
+            pdl::arg(&mut n_i),
+            pdl::arg(&mut pstate),
+            pdl::arg(&mut ch_i),
+            pdl::arg(&mut dc_i),
+        ];
         // SAFETY: matches dn_conv1d_state(x, rows, n_rows, state, ch, d_conv); runs after
-        // dn_conv1d_out on the same stream (it reads the old window); d_conv <= 16.
-        unsafe { b.launch(blocks_1d(ch, 256)) }.map_err(dev_err)?;
+        // dn_conv1d_out on the same stream (it reads the old window, and with PDL this kernel
+        // waits for it to finish before touching anything); d_conv <= 16.
+        unsafe { pdl::launch(stream, &f, blocks_1d(ch, 256), &mut params, pdl_on) }
+            .map_err(dev_err)?;
         Ok(())
     }
 
@@ -401,16 +411,22 @@ impl CudaBackend {
             return Ok(());
         }
         let f = self.function("mo_delta_gates")?;
-        let (n_i, h_i) = (n as i64, h as i32);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&mut *alpha.data)
-            .arg(&mut *beta.data)
-            .arg(dt)
-            .arg(av)
-            .arg(&n_i)
-            .arg(&h_i);
+        let stream = self.dev.stream();
+        let (mut pa, mut pb) = (dev_ptr(&alpha.data, stream), dev_ptr(&beta.data, stream));
+        let (mut pdt, mut pav) = (dev_ptr(dt, stream), dev_ptr(av, stream));
+        let (mut n_i, mut h_i) = (n as i64, h as i32);
+        let mut params = [
+            pdl::arg(&mut pa),
+            pdl::arg(&mut pb),
+            pdl::arg(&mut pdt),
+            pdl::arg(&mut pav),
+            pdl::arg(&mut n_i),
+            pdl::arg(&mut h_i),
+        ];
         // SAFETY: matches mo_delta_gates(alpha, beta, dt_bias, a, n, n_heads); shapes checked.
-        unsafe { b.launch(elems_cfg(n)) }.map_err(dev_err)?;
+        // With PDL it reads only dt_bias and a before waiting for the previous kernel.
+        let on = pdl::enabled(self.dev.arch());
+        unsafe { pdl::launch(stream, &f, elems_cfg(n), &mut params, on) }.map_err(dev_err)?;
         Ok(())
     }
 
