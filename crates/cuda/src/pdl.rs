@@ -9,8 +9,13 @@
 //! (`griddepcontrol.wait`) before it touches activations. The fused matvecs issue their first
 //! group of weight loads before that wait, so a 15–80 MB launch's ramp overlaps the previous
 //! kernel's tail (BENCHMARKS.md, matvec v3: launches of that size reach 44–83 % of bandwidth
-//! mostly for lack of overlap). Only kernels whose source has the wait may be launched this way:
-//! `mvm_*`, `quantize_q8_1_pdl` and the `mo_*_q8` / `mo_rope_qk` / `mo_matvec_f32_rows` kernels.
+//! mostly for lack of overlap). The small decode kernels load their weights (norm weights, conv
+//! taps, gate biases, f32 rows) before the wait for the same reason: those loads miss L2 (the
+//! weight stream evicts them) and cost a DRAM round trip each (session 8: 32B tg128 +5.9 %,
+//! 27B +7.7 %). Only kernels whose source has the wait may be launched this way: `mvm_*`,
+//! `quantize_q8_1_pdl`, the `mo_*_q8` / `mo_rope_qk` / `mo_matvec_f32_rows` /
+//! `mo_group_rms_norm` / `mo_delta_gates` / `mo_kv_store2` kernels, `dn_conv1d_*`, and the
+//! flash-decode kernels with their merge.
 //! Stream capture records the programmatic edges into the decode-step graph (CUDA >= 12.3).
 
 use std::ffi::c_void;
