@@ -329,6 +329,22 @@ static __device__ void flash_decode_d(const float* __restrict__ q, const int* __
     const int n_tiles = (len + T - 1) / T;
     const int per = (n_tiles + S - 1) / S;
     const int t_begin = s * per, t_end = min(n_tiles, t_begin + per);
+    {
+        // This split's cached K/V rows (all but the newest, which the kernel before this one
+        // stores) toward L2 before the wait (REDLINE_PDL): the positions come from the host and
+        // the rows from earlier steps, so the tile loads below hit L2 instead of DRAM. A head's
+        // slice of a cache row is pos_bytes / n_kv_head (whole blocks per head).
+        const int p_lo = t_begin * T, p_hi = min(t_end * T, len - 1);
+        const long long kh = kpb / n_kv_head, vh = vpb / n_kv_head;
+        const int kl = (int)((kh + 127) / 128), vl = (int)((vh + 127) / 128);
+        for (int e = tid; e < (p_hi - p_lo) * (kl + vl); e += FD_THREADS) {
+            const int p = p_lo + e / (kl + vl), l = e % (kl + vl);
+            const uint8_t* a = l < kl ? kc + p * kpb + kvh * kh + 128LL * l : vc + p * vpb + kvh * vh + 128LL * (l - kl);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
     const int h0 = kvh * G + sub * FD_MAX_G;
     const float* qr = q + (long long)r * n_head * D + (long long)h0 * D;
     for (int e = tid; e < FD_MAX_G * D; e += FD_THREADS) q_s[e] = e < Gb * D ? qr[e] * scale : 0.0f;
@@ -458,8 +474,6 @@ static __device__ void flash_decode_d(const float* __restrict__ q, const int* __
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale) {      \
-        pdl_wait();                                                                                                \
-        pdl_trigger();                                                                                             \
         flash_decode_d<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);              \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)

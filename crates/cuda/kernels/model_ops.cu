@@ -556,17 +556,27 @@ extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float
 extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict__ pos, const float* __restrict__ factors,
                                       int n_heads_q, int n_heads_k, int head_dim, int n_rot, float freq_base,
                                       float freq_scale, int neox) {
+    // The angles need only the positions (uploaded before the step's first kernel) and the
+    // frequency factors (weights): computed before the wait (REDLINE_PDL), so the f64 pow / sin
+    // / cos chain overlaps the previous kernel instead of following it.
+    const float p = (float)pos[blockIdx.x];
+    const int half = n_rot / 2;
+    auto angle = [&](int i, float& c, float& s) {
+        double theta = (double)p * freq_scale * pow((double)freq_base, -2.0 * i / (double)n_rot);
+        if (factors) theta /= factors[i];
+        c = (float)cos(theta);
+        s = (float)sin(theta);
+    };
+    float c0 = 1.0f, s0 = 0.0f;
+    if ((int)threadIdx.x < half) angle(threadIdx.x, c0, s0);
     pdl_wait();
     pdl_trigger();
     const bool is_q = (int)blockIdx.y < n_heads_q;
     float* h = is_q ? q + ((long long)blockIdx.x * n_heads_q + blockIdx.y) * head_dim
                     : k + ((long long)blockIdx.x * n_heads_k + (blockIdx.y - n_heads_q)) * head_dim;
-    const float p = (float)pos[blockIdx.x];
-    const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double theta = (double)p * freq_scale * pow((double)freq_base, -2.0 * i / (double)n_rot);
-        if (factors) theta /= factors[i];
-        const float c = (float)cos(theta), s = (float)sin(theta);
+        float c = c0, s = s0;
+        if (i != (int)threadIdx.x) angle(i, c, s);
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
         const float a = h[i0], b = h[i1];
