@@ -642,23 +642,8 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
     }
     pdl_wait();
     pdl_trigger();
-#pragma unroll
-    for (int k = 0; k < F32_PRE; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < n4) {
-            const f32x4 a = pre[k];
-#pragma unroll
-            for (int t = 0; t < F32_MAX_TOKENS; t++) {
-                if (t < nt) {
-                    const f32x4 b = x4[(long long)t * n4 + i];
-                    acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-                }
-            }
-        }
-    }
-#pragma unroll 4
-    for (int i = threadIdx.x + F32_PRE * blockDim.x; i < n4; i += blockDim.x) {
-        const f32x4 a = wr[i];
+    // acc[t] += row vector i . x_t vector i
+    auto dot = [&](const f32x4 a, int i) {
 #pragma unroll
         for (int t = 0; t < F32_MAX_TOKENS; t++) {
             if (t < nt) {
@@ -666,7 +651,14 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
                 acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
         }
+    };
+#pragma unroll
+    for (int k = 0; k < F32_PRE; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) dot(pre[k], i);
     }
+#pragma unroll 4
+    for (int i = threadIdx.x + F32_PRE * blockDim.x; i < n4; i += blockDim.x) dot(wr[i], i);
 #pragma unroll
     for (int t = 0; t < F32_MAX_TOKENS; t++) {
         if (t < nt) {

@@ -320,46 +320,28 @@ pub fn launch_decode(
         block_dim: (DECODE_THREADS as u32, 1, 1),
         shared_mem_bytes: decode_smem_bytes(p, tile) as u32,
     };
-    let mut ints = [
-        p.n_head as i32,
-        p.n_kv_head as i32,
-        p.head_dim_k as i32,
-        p.head_dim_v as i32,
-    ];
-    let (mut kpb, mut vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
-    let (mut tile_i, mut scale) = (tile as i32, p.scale);
-    let (mut rows, mut pos, mut part) = (rows, pos, part);
-    let mut a = [
-        dev.device_address(q),
-        dev.device_address(kv.k),
-        dev.device_address(kv.v),
-        dev.device_address(out),
-    ];
-    let [aq, ak, av, ao] = &mut a;
-    let [i0, i1, i2, i3] = &mut ints;
-    let mut params = [
-        pdl::arg(aq),
-        pdl::arg(&mut rows),
-        pdl::arg(&mut pos),
-        pdl::arg(ak),
-        pdl::arg(av),
-        pdl::arg(ao),
-        pdl::arg(&mut part),
-        pdl::arg(i0),
-        pdl::arg(i1),
-        pdl::arg(i2),
-        pdl::arg(i3),
-        pdl::arg(&mut kpb),
-        pdl::arg(&mut vpb),
-        pdl::arg(&mut scale),
-        pdl::arg(&mut tile_i),
-    ];
+    let mut a = pdl::Args::new();
+    a.push(dev.device_address(q))
+        .push(rows)
+        .push(pos)
+        .push(dev.device_address(kv.k))
+        .push(dev.device_address(kv.v))
+        .push(dev.device_address(out))
+        .push(part)
+        .push(p.n_head as i32)
+        .push(p.n_kv_head as i32)
+        .push(p.head_dim_k as i32)
+        .push(p.head_dim_v as i32)
+        .push(kv.k_pos_bytes as i64)
+        .push(kv.v_pos_bytes as i64)
+        .push(p.scale)
+        .push(tile as i32);
     // SAFETY: matches fa_decode_*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, dk, dv,
     // kpb, vpb, scale, T); cache rows checked against the shape, head sizes multiples of 8
     // and the group within the accumulators (decode_tile), positions < n_ctx (caller), part
     // holds partials_len values when splits > 1 (caller), shared memory sized for tile. The
     // kernel waits for the previous one first (PDL).
-    unsafe { pdl::launch(dev.stream(), &f, cfg, &mut params, pdl::enabled(dev.arch())) }?;
+    unsafe { a.launch(dev.stream(), &f, cfg, pdl::enabled(dev.arch())) }?;
     launch_merge(dev, rows, n_rows, out, part, splits, p)
 }
 
@@ -385,37 +367,25 @@ fn launch_decode_d(
         block_dim: (DECODE_THREADS as u32, 1, 1),
         shared_mem_bytes: decode_d_smem_bytes(p.head_dim_k) as u32,
     };
-    let (mut nh, mut nkv) = (p.n_head as i32, p.n_kv_head as i32);
-    let (mut kpb, mut vpb) = (kv.k_pos_bytes as i64, kv.v_pos_bytes as i64);
-    let mut scale = p.scale;
-    let (mut rows, mut pos, mut part) = (rows, pos, part);
-    let mut a = [
-        dev.device_address(q),
-        dev.device_address(kv.k),
-        dev.device_address(kv.v),
-        dev.device_address(out),
-    ];
-    let [aq, ak, av, ao] = &mut a;
-    let mut params = [
-        pdl::arg(aq),
-        pdl::arg(&mut rows),
-        pdl::arg(&mut pos),
-        pdl::arg(ak),
-        pdl::arg(av),
-        pdl::arg(ao),
-        pdl::arg(&mut part),
-        pdl::arg(&mut nh),
-        pdl::arg(&mut nkv),
-        pdl::arg(&mut kpb),
-        pdl::arg(&mut vpb),
-        pdl::arg(&mut scale),
-    ];
+    let mut a = pdl::Args::new();
+    a.push(dev.device_address(q))
+        .push(rows)
+        .push(pos)
+        .push(dev.device_address(kv.k))
+        .push(dev.device_address(kv.v))
+        .push(dev.device_address(out))
+        .push(part)
+        .push(p.n_head as i32)
+        .push(p.n_kv_head as i32)
+        .push(kv.k_pos_bytes as i64)
+        .push(kv.v_pos_bytes as i64)
+        .push(p.scale);
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
     // vpb, scale); dk == dv == the kernel's D and the cache type match it (decode_d_kernel),
     // cache rows checked against the shape, positions < n_ctx (caller), part holds
     // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.
     // The kernel waits for the previous one first (PDL).
-    unsafe { pdl::launch(dev.stream(), &f, cfg, &mut params, pdl::enabled(dev.arch())) }?;
+    unsafe { a.launch(dev.stream(), &f, cfg, pdl::enabled(dev.arch())) }?;
     launch_merge(dev, rows, n_rows, out, part, splits, p)
 }
 
@@ -436,19 +406,16 @@ fn launch_merge(
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (mut nh, mut dv, mut s) = (p.n_head as i32, p.head_dim_v as i32, splits as i32);
-        let (mut part, mut rows, mut o) = (part, rows, dev.device_address(out));
-        let mut params = [
-            pdl::arg(&mut part),
-            pdl::arg(&mut rows),
-            pdl::arg(&mut o),
-            pdl::arg(&mut nh),
-            pdl::arg(&mut dv),
-            pdl::arg(&mut s),
-        ];
+        let mut a = pdl::Args::new();
+        a.push(part)
+            .push(rows)
+            .push(dev.device_address(out))
+            .push(p.n_head as i32)
+            .push(p.head_dim_v as i32)
+            .push(splits as i32);
         // SAFETY: matches fa_merge(part, rows, out, n_head, dv, S); part filled above with
         // S <= FA_MAX_SPLITS partials per (row, head); the kernel waits for them first (PDL).
-        unsafe { pdl::launch(dev.stream(), &f, cfg, &mut params, pdl::enabled(dev.arch())) }?;
+        unsafe { a.launch(dev.stream(), &f, cfg, pdl::enabled(dev.arch())) }?;
     }
     Ok(())
 }

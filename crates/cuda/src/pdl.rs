@@ -101,3 +101,70 @@ pub(crate) unsafe fn launch(
 pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
     v as *mut T as *mut c_void
 }
+
+/// Kernel parameters by value for a [`launch`]: each scalar or device address is copied into
+/// its own 8-byte slot (little-endian, so a 4-byte parameter is the slot's first 4 bytes), and
+/// a call site lists its arguments once, in the kernel's order.
+#[derive(Default)]
+pub(crate) struct Args {
+    slots: Vec<u64>,
+}
+
+impl Args {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one parameter of at most 8 bytes (`i32`, `i64`, `f32`, a device address).
+    pub(crate) fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+        const { assert!(std::mem::size_of::<T>() <= 8) };
+        let mut slot = 0u64;
+        // SAFETY: copies size_of::<T>() <= 8 bytes of a Copy value into an 8-byte slot.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &v as *const T as *const u8,
+                &mut slot as *mut u64 as *mut u8,
+                std::mem::size_of::<T>(),
+            )
+        };
+        self.slots.push(slot);
+        self
+    }
+
+    /// Launches `f` with these parameters ([`launch`]).
+    ///
+    /// # Safety
+    /// As [`launch`]: the pushed values must match the kernel's parameter list exactly
+    /// (count, order, sizes) and every device address must be valid for what the kernel does.
+    pub(crate) unsafe fn launch(
+        &mut self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        pdl: bool,
+    ) -> Result<(), DriverError> {
+        let mut params: Vec<*mut c_void> = self.slots.iter_mut().map(arg).collect();
+        // SAFETY: the caller's contract; the slots outlive the call.
+        unsafe { launch(stream, f, cfg, &mut params, pdl) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+
+    #[test]
+    fn args_put_each_value_at_the_start_of_its_slot() {
+        let mut a = Args::new();
+        a.push(-2i32)
+            .push(1.5f32)
+            .push(0x1122_3344_5566_7788u64)
+            .push(-3i64);
+        assert_eq!(a.slots.len(), 4);
+        assert_eq!(a.slots[0] as u32 as i32, -2);
+        assert_eq!(a.slots[0] >> 32, 0);
+        assert_eq!(f32::from_bits(a.slots[1] as u32), 1.5);
+        assert_eq!(a.slots[2], 0x1122_3344_5566_7788);
+        assert_eq!(a.slots[3] as i64, -3);
+    }
+}

@@ -343,28 +343,18 @@ impl CudaBackend {
         };
         let stream = self.dev.stream();
         let (po, _guard) = out.data.device_ptr_mut(stream);
-        let mut a = [
-            src.map_or(po, |s| dev_ptr(&s.data, stream)),
-            dev_ptr(wv, stream),
-            z.map_or(0, |z| dev_ptr(&z.data, stream)),
-            po,
-        ];
-        let (mut group_i, mut eps) = (group as i32, eps);
-        let [a0, a1, a2, a3] = &mut a;
-        let mut params = [
-            pdl::arg(a0),
-            pdl::arg(a1),
-            pdl::arg(a2),
-            pdl::arg(a3),
-            pdl::arg(&mut group_i),
-            pdl::arg(&mut eps),
-        ];
+        let mut a = pdl::Args::new();
+        a.push(src.map_or(po, |s| dev_ptr(&s.data, stream)))
+            .push(dev_ptr(wv, stream))
+            .push(z.map_or(0, |z| dev_ptr(&z.data, stream)))
+            .push(po)
+            .push(group as i32)
+            .push(eps);
         // SAFETY: matches mo_group_rms_norm(x, w, z, out, group, eps); x, z, out hold
         // n_groups * group values, w holds group; in place (x == out) is allowed by the kernel
         // (every thread rewrites only the values it read, after the block reduction). With
         // PDL it reads only w before waiting for the previous kernel.
-        unsafe { pdl::launch(stream, &f, cfg, &mut params, pdl::enabled(self.dev.arch())) }
-            .map_err(dev_err)?;
+        unsafe { a.launch(stream, &f, cfg, pdl::enabled(self.dev.arch())) }.map_err(dev_err)?;
         Ok(())
     }
 

@@ -344,38 +344,33 @@ impl CudaBackend {
         };
         let stream = self.dev.stream();
         let pdl_on = pdl::enabled(self.dev.arch());
-        let (mut px, mut pw, mut prows) =
-            (dev_ptr(&x.data, stream), dev_ptr(wd, stream), row_ids.ptr);
-        let (mut pstate, mut pout) = (dev_ptr(conv, stream), dev_ptr(&out.data, stream));
-        let (mut n_i, mut ch_i, mut dc_i) = (n_rows as i32, ch as i32, d_conv as i32);
-        let mut params = [
-            pdl::arg(&mut px),
-            pdl::arg(&mut pw),
-            pdl::arg(&mut prows),
-            pdl::arg(&mut n_i),
-            pdl::arg(&mut pstate),
-            pdl::arg(&mut pout),
-            pdl::arg(&mut ch_i),
-            pdl::arg(&mut dc_i),
-        ];
+        let (px, prows, pstate) = (dev_ptr(&x.data, stream), row_ids.ptr, dev_ptr(conv, stream));
+        let (n_i, ch_i, dc_i) = (n_rows as i32, ch as i32, d_conv as i32);
+        let mut a = pdl::Args::new();
+        a.push(px)
+            .push(dev_ptr(wd, stream))
+            .push(prows)
+            .push(n_i)
+            .push(pstate)
+            .push(dev_ptr(&out.data, stream))
+            .push(ch_i)
+            .push(dc_i);
         // SAFETY: matches dn_conv1d_out(x, w, rows, n_rows, state, out, ch, d_conv): w is
         // [ch, d_conv], the state [d_conv - 1, ch], rows index rows of x and out; the kernel
         // loops over tokens beyond the grid's 65535. With PDL it reads only w before waiting.
-        unsafe { pdl::launch(stream, &f, cfg, &mut params, pdl_on) }.map_err(dev_err)?;
+        unsafe { a.launch(stream, &f, cfg, pdl_on) }.map_err(dev_err)?;
         let f = self.deltanet_function("dn_conv1d_state")?;
-        let mut params = [
-            pdl::arg(&mut px),
-            pdl::arg(&mut prows),
-            pdl::arg(&mut n_i),
-            pdl::arg(&mut pstate),
-            pdl::arg(&mut ch_i),
-            pdl::arg(&mut dc_i),
-        ];
+        let mut a = pdl::Args::new();
+        a.push(px)
+            .push(prows)
+            .push(n_i)
+            .push(pstate)
+            .push(ch_i)
+            .push(dc_i);
         // SAFETY: matches dn_conv1d_state(x, rows, n_rows, state, ch, d_conv); runs after
         // dn_conv1d_out on the same stream (it reads the old window, and with PDL this kernel
         // waits for it to finish before touching anything); d_conv <= 16.
-        unsafe { pdl::launch(stream, &f, blocks_1d(ch, 256), &mut params, pdl_on) }
-            .map_err(dev_err)?;
+        unsafe { a.launch(stream, &f, blocks_1d(ch, 256), pdl_on) }.map_err(dev_err)?;
         Ok(())
     }
 
@@ -412,21 +407,17 @@ impl CudaBackend {
         }
         let f = self.function("mo_delta_gates")?;
         let stream = self.dev.stream();
-        let (mut pa, mut pb) = (dev_ptr(&alpha.data, stream), dev_ptr(&beta.data, stream));
-        let (mut pdt, mut pav) = (dev_ptr(dt, stream), dev_ptr(av, stream));
-        let (mut n_i, mut h_i) = (n as i64, h as i32);
-        let mut params = [
-            pdl::arg(&mut pa),
-            pdl::arg(&mut pb),
-            pdl::arg(&mut pdt),
-            pdl::arg(&mut pav),
-            pdl::arg(&mut n_i),
-            pdl::arg(&mut h_i),
-        ];
+        let mut a = pdl::Args::new();
+        a.push(dev_ptr(&alpha.data, stream))
+            .push(dev_ptr(&beta.data, stream))
+            .push(dev_ptr(dt, stream))
+            .push(dev_ptr(av, stream))
+            .push(n as i64)
+            .push(h as i32);
         // SAFETY: matches mo_delta_gates(alpha, beta, dt_bias, a, n, n_heads); shapes checked.
         // With PDL it reads only dt_bias and a before waiting for the previous kernel.
         let on = pdl::enabled(self.dev.arch());
-        unsafe { pdl::launch(stream, &f, elems_cfg(n), &mut params, on) }.map_err(dev_err)?;
+        unsafe { a.launch(stream, &f, elems_cfg(n), on) }.map_err(dev_err)?;
         Ok(())
     }
 

@@ -330,45 +330,23 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let stream = self.dev.stream();
-        let mut a = [
-            super::step::dev_ptr(&k.data, stream),
-            super::step::dev_ptr(&v.data, stream),
-            row_ids.ptr,
-            pos.ptr,
-            super::step::dev_ptr(&cache.k, stream),
-            super::step::dev_ptr(&cache.v, stream),
-        ];
-        let (mut wk_i, mut wv_i) = (wk as i32, wv as i32);
-        let (mut kpb, mut vpb) = (cache.k_pos_bytes as i64, cache.v_pos_bytes as i64);
-        let mut ty = kv_type_code(cache.kv_type);
-        let [a0, a1, a2, a3, a4, a5] = &mut a;
-        let mut params = [
-            pdl::arg(a0),
-            pdl::arg(a1),
-            pdl::arg(a2),
-            pdl::arg(a3),
-            pdl::arg(a4),
-            pdl::arg(a5),
-            pdl::arg(&mut wk_i),
-            pdl::arg(&mut wv_i),
-            pdl::arg(&mut kpb),
-            pdl::arg(&mut vpb),
-            pdl::arg(&mut ty),
-        ];
+        let mut a = pdl::Args::new();
+        a.push(super::step::dev_ptr(&k.data, stream))
+            .push(super::step::dev_ptr(&v.data, stream))
+            .push(row_ids.ptr)
+            .push(pos.ptr)
+            .push(super::step::dev_ptr(&cache.k, stream))
+            .push(super::step::dev_ptr(&cache.v, stream))
+            .push(wk as i32)
+            .push(wv as i32)
+            .push(cache.k_pos_bytes as i64)
+            .push(cache.v_pos_bytes as i64)
+            .push(kv_type_code(cache.kv_type));
         // SAFETY: matches mo_kv_store2(k, v, rows, pos, kc, vc, wk, wv, kpb, vpb, type); rows
         // < n, pos < n_ctx (checked), each cache holds n_ctx rows of its pos_bytes; block types
         // have widths % 32 == 0 (checked at creation). With PDL the kernel waits for the
         // kernel that wrote k and v first.
-        unsafe {
-            pdl::launch(
-                stream,
-                &store,
-                cfg,
-                &mut params,
-                pdl::enabled(self.dev.arch()),
-            )
-        }
-        .map_err(dev_err)?;
+        unsafe { a.launch(stream, &store, cfg, pdl::enabled(self.dev.arch())) }.map_err(dev_err)?;
         Ok(())
     }
 
