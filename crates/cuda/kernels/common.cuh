@@ -35,32 +35,6 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Asynchronous 16-byte global -> shared copies (sm_80+ cp.async.cg: L2 only, no registers held
-// while in flight), committed in groups and waited for by count. Below sm_80 cp_async16 is a
-// plain copy and the group calls do nothing (the host never picks an async kernel there; the
-// fallback only keeps every program compiling for compute_70).
-static __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#if __CUDA_ARCH__ >= 800
-    unsigned long long s;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)s), "l"(src) : "memory");
-#else
-    *(uint4*)dst = *(const uint4*)src;
-#endif
-}
-static __device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-static __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 // IEEE half bits -> f32 (cvt.f32.f16 exists on every PTX target we build).
 static __device__ __forceinline__ float f16_to_f32(uint16_t h) {
     float f;

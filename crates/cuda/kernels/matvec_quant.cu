@@ -162,80 +162,6 @@ static __device__ __forceinline__ float task_dot(const Task& tk, const int q[2][
     return r;
 }
 
-// Group geometry of format F: a lane task is two 32-element units (two blocks of a 32-wide
-// format, or 1/4 of a 256-wide super-block); a staged group is 32 tasks (2048 weights), one
-// per lane.
-template <typename F>
-struct MvGeom {
-    static constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
-    static constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
-    static constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
-    static constexpr int BLOCK_ELEMS = 32 * F::UNITS;
-    static constexpr int GROUP_BYTES = G * F::BLOCK_BYTES;
-    // 16-byte vectors per lane to cover a group plus up to 30 bytes of alignment slack
-    static constexpr int L = ((GROUP_BYTES + 30 + 15) / 16 + 31) / 32;
-    // one register-staged group buffer per row, plus one vector of slack for ldw_a2's over-read
-    static constexpr int SV = 32 * L + 1;
-    // one cp.async group buffer per row: the group rounded out to 16 bytes (its start may lie
-    // up to 15 bytes into its first vector), plus the same slack vector. Must match
-    // `async_ring_vectors` in crates/cuda/src/matvec.rs.
-    static constexpr int SVA = (GROUP_BYTES + 30) / 16 + 1;
-};
-
-// Adds this lane's task of group g (the R rows' bytes at sbytes + off[r] in shared memory) to
-// acc[r][t] for every token.
-template <typename F, int NT, int R>
-static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const int (&off)[R], int g, int nblocks,
-                                                    const int8_t* __restrict__ xq, const float* __restrict__ xds,
-                                                    int ncols, int n_tokens, int lane, float (&acc)[R][NT]) {
-    using Geo = MvGeom<F>;
-    constexpr int G = Geo::G;
-    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
-    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
-    const int nb = min(G, nblocks - g * G);
-    const int blk = (lane / Geo::TASKS_PER_BLOCK) * Geo::BLOCKS_PER_TASK;  // this lane's block in the group
-    if (blk >= nb) return;
-    const int task = lane % Geo::TASKS_PER_BLOCK;
-    int tu[2];
-    Decode2<F>::units(task, tu);
-    const int n_units_x = ncols / 32;
-    // the second block of a 32-wide task may lie past the row's end
-    const bool second_ok = Geo::BLOCKS_PER_TASK == 1 || blk + 1 < nb;
-    const int xu0 = (g * G + blk) * F::UNITS;  // first unit of this lane's block in the row
-#pragma unroll
-    for (int tp = 0; tp < NT; tp += XT) {
-        if (tp < n_tokens) {
-            TaskX<XT> xr;
-#pragma unroll
-            for (int t = 0; t < XT; t++) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int tt = min(tp + t, n_tokens - 1);
-                    const int xu = xu0 + (j == 1 && !second_ok ? 0 : tu[j]);
-                    const u32x4* xp = (const u32x4*)(xq + (long long)tt * ncols + 32 * xu);
-                    const u32x4 xa = xp[0], xb = xp[1];
-                    xr.q[t][j][0] = (int)xa.x; xr.q[t][j][1] = (int)xa.y;
-                    xr.q[t][j][2] = (int)xa.z; xr.q[t][j][3] = (int)xa.w;
-                    xr.q[t][j][4] = (int)xb.x; xr.q[t][j][5] = (int)xb.y;
-                    xr.q[t][j][6] = (int)xb.z; xr.q[t][j][7] = (int)xb.w;
-                    const float2v ds = ((const float2v*)xds)[(long long)tt * n_units_x + xu];
-                    xr.d[t][j] = ds.x;
-                    xr.s[t][j] = ds.y;
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                Task tk;
-                Decode2<F>::run(sbytes + off[r] + blk * F::BLOCK_BYTES, task, tk);
-#pragma unroll
-                for (int t = 0; t < XT; t++) {
-                    if (tp + t < n_tokens) acc[r][tp + t] += task_dot<F>(tk, xr.q[t], xr.d[t], xr.s[t], second_ok);
-                }
-            }
-        }
-    }
-}
-
 // This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
 // are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
 // of the rows. Only __syncwarp inside.
@@ -244,14 +170,29 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
                                                      const float* __restrict__ xds, int nrows, int ncols,
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
-    using Geo = MvGeom<F>;
-    constexpr int G = Geo::G, L = Geo::L, SV = Geo::SV;
+    // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
+    // 256-wide super-block. A staged group is 32 tasks (2048 weights), one per lane.
+    constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
+    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
+    constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
+    constexpr int BLOCK_ELEMS = 32 * F::UNITS;
+    // 16-byte vectors per lane to cover a group plus up to 30 bytes of alignment slack
+    constexpr int L = ((G * F::BLOCK_BYTES + 30 + 15) / 16 + 31) / 32;
+    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
+    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
+    // one staging buffer per row, plus one vector of slack for ldw_a2's over-read
+    constexpr int SV = 32 * L + 1;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
     const int lane = threadIdx.x;
     u32x4* sbuf = stage[threadIdx.y];
     const uint8_t* sbytes = (const uint8_t*)sbuf;
-    const int nblocks = ncols / Geo::BLOCK_ELEMS;
+    const int nblocks = ncols / BLOCK_ELEMS;
     const int ngroups = (nblocks + G - 1) / G;
+    const int n_units_x = ncols / 32;
+    const int blk = (lane / TASKS_PER_BLOCK) * BLOCKS_PER_TASK;  // this lane's block in the group
+    const int task = lane % TASKS_PER_BLOCK;
+    int tu[2];
+    Decode2<F>::units(task, tu);
     long long row_start[R];
 #pragma unroll
     for (int r = 0; r < R; r++) row_start[r] = (long long)min(row0 + r, nrows - 1) * row_bytes;
@@ -274,6 +215,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         pdl_trigger();
     }
     for (int g = g_first; g < ngroups; g += g_step) {
+        const int nb = min(G, nblocks - g * G);
         int off[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -287,83 +229,45 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
         }
-        mv_group_dot<F, NT, R>(sbytes, off, g, nblocks, xq, xds, ncols, n_tokens, lane, acc);
-        __syncwarp();
-    }
-}
-
-// mv_quant_rows with the weights copied global -> shared by cp.async (sm_80+) into a ring of
-// `stages` (2..4) group buffers per row: stages - 1 groups of every row are in flight while
-// one is computed, and none of them holds registers (the register-staged path keeps one group
-// in flight in 12-24 registers per lane, which bounds its warps per SM and its bytes in flight;
-// session 8's ncu: 57 % of DRAM peak for gate/up, 43 % for the q6_K down projection). The ring
-// is this warp's share of the block's dynamic shared memory:
-// MV_WARPS * stages * R * SVA 16-byte vectors.
-template <typename F, int NT, int R, bool PDL>
-static __device__ __forceinline__ void mv_quant_rows_async(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
-                                                           const float* __restrict__ xds, int nrows, int ncols,
-                                                           long long row_bytes, int n_tokens, int row0, int stages,
-                                                           float (&acc)[R][NT]) {
-    using Geo = MvGeom<F>;
-    constexpr int G = Geo::G, SVA = Geo::SVA;
-    extern __shared__ u32x4 mva_ring[];
-    const int lane = threadIdx.x;
-    u32x4* ring = mva_ring + threadIdx.y * stages * R * SVA;
-    const int nblocks = ncols / Geo::BLOCK_ELEMS;
-    const int ngroups = (nblocks + G - 1) / G;
-    long long row_start[R];
+        if (blk < nb) {
+            // the second block of a 32-wide task may lie past the row's end
+            const bool second_ok = BLOCKS_PER_TASK == 1 || blk + 1 < nb;
+            const int xu0 = (g * G + blk) * F::UNITS;  // first unit of this lane's block in the row
 #pragma unroll
-    for (int r = 0; r < R; r++) row_start[r] = (long long)min(row0 + r, nrows - 1) * row_bytes;
+            for (int tp = 0; tp < NT; tp += XT) {
+                if (tp < n_tokens) {
+                    TaskX<XT> xr;
 #pragma unroll
-    for (int r = 0; r < R; r++)
+                    for (int t = 0; t < XT; t++) {
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-
-    // group g of every row into ring slot `slot`, as one commit group (empty past the end,
-    // so the wait counts stay uniform)
-    auto issue = [&](int g, int slot) {
-        if (g < ngroups) {
-            const int len = min(G, nblocks - g * G) * F::BLOCK_BYTES;
+                        for (int j = 0; j < 2; j++) {
+                            const int tt = min(tp + t, n_tokens - 1);
+                            const int xu = xu0 + (j == 1 && !second_ok ? 0 : tu[j]);
+                            const u32x4* xp = (const u32x4*)(xq + (long long)tt * ncols + 32 * xu);
+                            const u32x4 xa = xp[0], xb = xp[1];
+                            xr.q[t][j][0] = (int)xa.x; xr.q[t][j][1] = (int)xa.y;
+                            xr.q[t][j][2] = (int)xa.z; xr.q[t][j][3] = (int)xa.w;
+                            xr.q[t][j][4] = (int)xb.x; xr.q[t][j][5] = (int)xb.y;
+                            xr.q[t][j][6] = (int)xb.z; xr.q[t][j][7] = (int)xb.w;
+                            const float2v ds = ((const float2v*)xds)[(long long)tt * n_units_x + xu];
+                            xr.d[t][j] = ds.x;
+                            xr.s[t][j] = ds.y;
+                        }
+                    }
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const long long start = row_start[r] + (long long)g * Geo::GROUP_BYTES;
-                const long long a0 = start & ~15ll;
-                const int nvec = ((int)(start - a0) + len + 15) >> 4;
-                const u32x4* src = (const u32x4*)(W + a0);
-                u32x4* dst = ring + (slot * R + r) * SVA;
-                for (int i = lane; i < nvec; i += 32) cp_async16(dst + i, src + i);
+                    for (int r = 0; r < R; r++) {
+                        Task tk;
+                        Decode2<F>::run(sbytes + off[r] + blk * F::BLOCK_BYTES, task, tk);
+#pragma unroll
+                        for (int t = 0; t < XT; t++) {
+                            if (tp + t < n_tokens) acc[r][tp + t] += task_dot<F>(tk, xr.q[t], xr.d[t], xr.s[t], second_ok);
+                        }
+                    }
+                }
             }
         }
-        cp_async_commit();
-    };
-    for (int s = 0; s < stages - 1; s++) issue(s, s);
-    if constexpr (PDL) {
-        // the first groups' weights are in flight; x comes from the previous kernel
-        pdl_wait();
-        pdl_trigger();
-    }
-    int slot = 0;
-    for (int g = 0; g < ngroups; g++) {
-        // refill the slot computed last iteration (every lane passed its __syncwarp)
-        issue(g + stages - 1, slot == 0 ? stages - 1 : slot - 1);
-        // group g's copies are complete once at most stages - 1 groups are pending
-        if (stages <= 2) {
-            cp_async_wait<1>();
-        } else if (stages == 3) {
-            cp_async_wait<2>();
-        } else {
-            cp_async_wait<3>();
-        }
         __syncwarp();
-        int off[R];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            off[r] = (int)((row_start[r] + (long long)g * Geo::GROUP_BYTES) & 15) + (slot * R + r) * SVA * 16;
-        mv_group_dot<F, NT, R>((const uint8_t*)ring, off, g, nblocks, xq, xds, ncols, n_tokens, lane, acc);
-        __syncwarp();
-        slot = slot + 1 == stages ? 0 : slot + 1;
     }
-    cp_async_wait<0>();
 }
 
 // Block of MV_WARPS warps = MV_WARPS / ksplit row sets of R rows; the ksplit warps of a set
@@ -447,9 +351,7 @@ MV_FORMAT(q6_k, FmtQ6_K)
 // bias and residual adds need no launch of their own. n_tokens <= NT tokens (one for decode of
 // one sequence; several for batched decode and speculative verify passes), the weights read
 // once for all of them; y of token t is y + t * nrows.
-// ASYNC: the weights go through mv_quant_rows_async's cp.async ring (load_mode is then the
-// ring's stage count).
-template <typename F, int NT, int R, bool ASYNC = false>
+template <typename F, int NT, int R>
 static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
                                                  const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
@@ -463,11 +365,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
     if (bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(bias + row0));
     float acc[R][NT];
-    if constexpr (ASYNC) {
-        mv_quant_rows_async<F, NT, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, n_tokens, row0, load_mode, acc);
-    } else {
-        mv_quant_rows<F, NT, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1, acc);
-    }
+    mv_quant_rows<F, NT, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int row = row0 + r;
@@ -515,29 +413,3 @@ MVM_FORMAT(q3_k, FmtQ3_K)
 MVM_FORMAT(q4_k, FmtQ4_K)
 MVM_FORMAT(q5_k, FmtQ5_K)
 MVM_FORMAT(q6_k, FmtQ6_K)
-
-// The cp.async variants (sm_80+, `mva_<fmt>_r<R>` for one token, `mva_<fmt>_n<NT>_r<R>` for
-// n_tokens <= NT): the same parameters, load_mode replaced by the ring's stage count; dynamic
-// shared memory MV_WARPS * stages * R * MvGeom<F>::SVA * 16 bytes. Only the formats of the
-// models we serve (Q4_K_M / Q4_0 / IQ4_XS files and their Q5_K / Q6_K / Q8_0 tensors).
-#define MVA_KERNEL(name, F, R)                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
-        mva_##name##_r##R(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
-                          int stages) {                                                                \
-        mvm_quant<F, 1, R, true>(p, xq, xds, 1, stages);                                               \
-    }
-#define MVA_KERNEL_NT(name, F, NT, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
-        mva_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
-                                  const float* __restrict__ xds, int n_tokens, int stages) {           \
-        mvm_quant<F, NT, R, true>(p, xq, xds, n_tokens, stages);                                       \
-    }
-#define MVA_FORMAT(name, F)                                                                             \
-    MVA_KERNEL(name, F, 2) MVA_KERNEL(name, F, 4) MVA_KERNEL_NT(name, F, 2, 2) MVA_KERNEL_NT(name, F, 2, 4)
-
-MVA_FORMAT(q4_0, FmtQ4_0)
-MVA_FORMAT(q8_0, FmtQ8_0)
-MVA_FORMAT(iq4_xs, FmtIQ4_XS)
-MVA_FORMAT(q4_k, FmtQ4_K)
-MVA_FORMAT(q5_k, FmtQ5_K)
-MVA_FORMAT(q6_k, FmtQ6_K)

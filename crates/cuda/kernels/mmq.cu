@@ -63,6 +63,19 @@ static __device__ __forceinline__ MqVec mq_ld_stream(const MqVec* p) {
 }
 #endif
 
+#if __CUDA_ARCH__ >= 800
+// 16 bytes global -> shared, asynchronous, L2 only (.cg): the weights are read once.
+static __device__ __forceinline__ void mq_cp16(MqVec* dst, const MqVec* src) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)s), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void mq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void mq_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
 
 // Little-endian u32 from shared memory at p, p aligned to A bytes (2 or >= 4).
 template <int A>
@@ -434,25 +447,25 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
 #pragma unroll
         for (int k = 0; k < L; k++) {
             const MqVec* src;
-            if (slot_src(c, k, src)) cp_async16(dst + lane + 32 * k, src);
+            if (slot_src(c, k, src)) mq_cp16(dst + lane + 32 * k, src);
         }
     };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (wid + s * nw < nchunks) issue(wid + s * nw, sv + s * 16 * VPR);
-        cp_async_commit();
+        mq_cp_commit();
     }
     int it = 0;
     for (int c = wid; c < nchunks; c += nw, it++) {
         const int cn = c + (S - 1) * nw;
         if (cn < nchunks) issue(cn, sv + ((it + S - 1) % S) * 16 * VPR);
-        cp_async_commit();
-        cp_async_wait<S - 1>();  // chunk c's group is complete
+        mq_cp_commit();
+        mq_cp_wait<S - 1>();  // chunk c's group is complete
         __syncwarp();
         compute(c, (const uint8_t*)(sv + (it % S) * 16 * VPR));
         __syncwarp();  // its stage is refilled next iteration
     }
-    cp_async_wait<0>();
+    mq_cp_wait<0>();
 #else
     const uint8_t* sb = (const uint8_t*)sv;
     MqVec st[L];

@@ -34,59 +34,6 @@ pub fn set_ksplit_override(k: u32) {
     KSPLIT_OVERRIDE.store(k, Ordering::Relaxed);
 }
 
-/// Forced cp.async ring depth of the segment kernels (tests and benchmarks); 0 = the default.
-static ASYNC_STAGES_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
-
-/// Forces the stage count of the cp.async segment kernels for every device of this process:
-/// 0 = the register-staged kernels, 2..=4 = a ring of that depth, `u32::MAX` = the default
-/// ([`async_stages`]). For benchmarks and tests.
-pub fn set_async_stages_override(stages: u32) {
-    ASYNC_STAGES_OVERRIDE.store(stages, Ordering::Relaxed);
-}
-
-/// Default ring depth of the cp.async segment kernels (`mva_*`): stages - 1 groups of 2048
-/// weights per row in flight while one is computed.
-pub const DEFAULT_ASYNC_STAGES: u32 = 3;
-
-/// Stage count of the cp.async segment kernels on a device of compute capability `arch`, or
-/// 0 for the register-staged kernels: the override, else `REDLINE_MV_STAGES` (0 off, 2..4),
-/// else [`DEFAULT_ASYNC_STAGES`]; always 0 below sm_80 (no cp.async).
-pub fn async_stages(arch: u32) -> u32 {
-    static ENV: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    if arch < 80 {
-        return 0;
-    }
-    let forced = ASYNC_STAGES_OVERRIDE.load(Ordering::Relaxed);
-    let s = if forced != u32::MAX {
-        forced
-    } else {
-        ENV.get_or_init(|| {
-            std::env::var("REDLINE_MV_STAGES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(DEFAULT_ASYNC_STAGES)
-    };
-    if s < 2 {
-        0
-    } else {
-        s.min(4)
-    }
-}
-
-/// Whether a format has cp.async segment kernels (MVA_FORMAT in kernels/matvec_quant.cu).
-fn has_async_kernels(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q4_0 | Q8_0 | IQ4XS | Q4K | Q5K | Q6K)
-}
-
-/// 16-byte vectors of one row's ring slot in the cp.async kernels: 2048 weights rounded out
-/// to 16 bytes plus one slack vector (MvGeom<F>::SVA in kernels/matvec_quant.cu).
-fn async_ring_vectors(ty: GgmlType) -> usize {
-    let group_bytes = 2048 / ty.block_size() * ty.type_size();
-    (group_bytes + 30) / 16 + 1
-}
-
 /// Rows per warp of a block-format matvec of `n_rows` x `n_cols` for `n` tokens (n <= 8,
 /// a power of two): one warp reads R rows at once and shares its x registers between them
 /// (kernels/matvec_quant.cu), so a larger R reads x from L1 fewer times and has more bytes in
@@ -95,16 +42,7 @@ fn async_ring_vectors(ty: GgmlType) -> usize {
 /// registers beside 4 rows).
 /// The rule is the H200 sweep's winner per case (BENCHMARKS.md, matvec v3), within ~5 %.
 pub fn rows_per_warp(ty: GgmlType, n_rows: usize, n_cols: usize, n: usize) -> u32 {
-    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let env = *ENV.get_or_init(|| match std::env::var("REDLINE_MV_ROWS").as_deref() {
-        Ok("2") => 2,
-        Ok("4") => 4,
-        _ => 0,
-    });
-    let forced = match ROWS_PER_WARP_OVERRIDE.load(Ordering::Relaxed) {
-        0 => env,
-        f => f,
-    };
+    let forced = ROWS_PER_WARP_OVERRIDE.load(Ordering::Relaxed);
     if forced == 4 || forced == 2 {
         return forced;
     }
@@ -447,20 +385,6 @@ impl CudaDevice {
                 y.len()
             )));
         }
-        if n_tokens <= 2
-            && has_async_kernels(w.ty)
-            && async_stages(self.arch()) > 0
-            && ksplit() == 1
-        {
-            // one segment on the cp.async kernels (the LM head, unfused products)
-            let seg = Segment {
-                w,
-                y: self.device_address(y),
-                bias: None,
-                accumulate: false,
-            };
-            return self.matvec_segments(&[seg], xq);
-        }
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
         let load_mode = self.matvec_load_mode();
         let mut t0 = 0;
@@ -567,76 +491,48 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        // the cp.async ring for one and two tokens where the format has the kernels
-        let stages = if nt <= 2 && has_async_kernels(ty) {
-            async_stages(self.arch())
-        } else {
-            0
-        };
-        // the ring must fit the block's shared memory (99 KiB on sm_86/89, 227 on sm_90)
-        let ring = |st: u32| {
-            WARPS_PER_BLOCK as usize * st as usize * r as usize * async_ring_vectors(ty) * 16
-        };
-        let mut stages = stages;
-        if stages > 0 {
-            let max = crate::attention::max_smem_per_block(self);
-            while stages > 2 && ring(stages) > max {
-                stages -= 1;
-            }
-            if ring(stages) > max {
-                stages = 0;
-            }
-        }
-        let prefix = if stages > 0 { "mva" } else { "mvm" };
         let name = if nt == 1 {
-            format!("{prefix}_{stem}_r{r}")
+            format!("mvm_{stem}_r{r}")
         } else {
-            format!("{prefix}_{stem}_n{nt}_r{r}")
+            format!("mvm_{stem}_n{nt}_r{r}")
         };
         let f = self.function(Program::MatvecQuant, &name)?;
-        let smem = ring(stages);
-        if smem > 48 * 1024 {
-            // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
-            // stream operation: fine inside graph capture)
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
-        }
         let mut n_i = n_tokens as i32;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, WARPS_PER_BLOCK, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: 0,
         };
-        // the register-staged kernels take the load mode, the cp.async ones the stage count
-        let mut mode = if stages > 0 {
-            stages as i32
-        } else {
-            self.matvec_load_mode()
-        };
-        let (mut p, mut pq, mut pd) =
-            (p, self.device_address(&xq.xq), self.device_address(&xq.xds));
-        let mut params = vec![
-            crate::pdl::arg(&mut p),
-            crate::pdl::arg(&mut pq),
-            crate::pdl::arg(&mut pd),
-        ];
-        if nt > 1 {
-            params.push(crate::pdl::arg(&mut n_i));
+        let mut load_mode = self.matvec_load_mode();
+        if crate::pdl::enabled(self.arch()) {
+            let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
+            let mut p = p;
+            let mut params = vec![
+                crate::pdl::arg(&mut p),
+                crate::pdl::arg(&mut pq),
+                crate::pdl::arg(&mut pd),
+            ];
+            if nt > 1 {
+                params.push(crate::pdl::arg(&mut n_i));
+            }
+            params.push(crate::pdl::arg(&mut load_mode));
+            // SAFETY: as below; the mvm kernels wait for the previous kernel before reading
+            // x or the outputs and before writing anything.
+            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
+            return Ok(());
         }
-        params.push(crate::pdl::arg(&mut mode));
-        let pdl = crate::pdl::enabled(self.arch());
-        // SAFETY: matches mvm_<fmt>_r<R> / mva_<fmt>_r<R>(MvSegs, xq, xds, load_mode|stages)
-        // for one token and mvm_<fmt>_n<NT>_r<R> / mva_<fmt>_n<NT>_r<R>(MvSegs, xq, xds,
-        // n_tokens, load_mode|stages) for n_tokens <= NT; every segment's matrix is a live
-        // DeviceMatrix of this type and width (>= 16 bytes of padding for the rounded-out
-        // 16-byte loads), outputs hold n_tokens * n_rows f32 and biases n_rows (the caller's
-        // contract), x was quantized for n_tokens tokens of `cols`; the dynamic shared memory
-        // is the cp.async ring of WARPS_PER_BLOCK warps x stages x r rows (opted in above when
-        // over 48 KiB). With PDL the kernels wait for the previous kernel before reading x or
-        // the outputs and before writing anything.
-        unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, pdl) }?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&p).arg(&xq.xq).arg(&xq.xds);
+        if nt > 1 {
+            b.arg(&n_i);
+        }
+        b.arg(&load_mode);
+        // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
+        // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT;
+        // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
+        // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
+        // for n_tokens tokens of `cols`.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 

@@ -166,12 +166,8 @@ fn matvec_matches_cpu_reference_for_every_format() {
                     // 4) independently: every shape sees each
                     dev.set_matvec_load_mode((seed % 3) as i32);
                     let ks = [1, 2, 4][(seed / 3 % 3) as usize];
-                    // and the cp.async ring depths (one and two tokens, ksplit 1: default,
-                    // register-staged, 2, 4 stages)
-                    let stages = [u32::MAX, 0, 2, 4][(seed / 9 % 4) as usize];
                     cuda::matvec::set_rows_per_warp_override(rpw);
                     cuda::matvec::set_ksplit_override(ks);
-                    cuda::matvec::set_async_stages_override(stages);
                     if let Err(e) = check(
                         &dev,
                         &Case {
@@ -182,9 +178,7 @@ fn matvec_matches_cpu_reference_for_every_format() {
                         },
                         seed,
                     ) {
-                        failures.push(format!(
-                            "{e} (rows/warp {rpw}, ksplit {ks}, stages {stages})"
-                        ));
+                        failures.push(format!("{e} (rows/warp {rpw}, ksplit {ks})"));
                     }
                 }
             }
@@ -192,7 +186,6 @@ fn matvec_matches_cpu_reference_for_every_format() {
     }
     cuda::matvec::set_rows_per_warp_override(0);
     cuda::matvec::set_ksplit_override(0);
-    cuda::matvec::set_async_stages_override(u32::MAX);
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
@@ -235,8 +228,8 @@ fn matvec_segments_match_single_matvecs() {
         for &cols in &widths {
             for (ri, rows) in row_sets.into_iter().enumerate() {
                 for rpw in [0u32, 2, 4] {
-                    // every row set at one token; two of them also at 2, 3 and 8 tokens
-                    let counts: &[usize] = if ri % 2 == 0 { &[1, 2, 3, 8] } else { &[1] };
+                    // every row set at one token; two of them also at 3 and 8 tokens
+                    let counts: &[usize] = if ri % 2 == 0 { &[1, 3, 8] } else { &[1] };
                     for &nt in counts {
                         seed += 1;
                         cuda::matvec::set_rows_per_warp_override(rpw);
@@ -258,8 +251,6 @@ fn matvec_segments_match_single_matvecs() {
                                     &random_matrix(ty, r, cols, seed + 7 * i as u64),
                                 )
                                 .unwrap();
-                            // the reference: the register-staged per-matrix kernel
-                            cuda::matvec::set_async_stages_override(0);
                             let mut yref = up(&vec![f32::NAN; nt * r]);
                             dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
                             let yref = dev.stream().clone_dtoh(&yref).unwrap();
@@ -293,9 +284,6 @@ fn matvec_segments_match_single_matvecs() {
                                 accumulate: want[i].1,
                             })
                             .collect();
-                        // segments on the default path, register-staged, and 2 / 4 stages
-                        let stages = [u32::MAX, 0, 2, 4][(seed % 4) as usize];
-                        cuda::matvec::set_async_stages_override(stages);
                         if let Err(e) = dev.matvec_segments(&segs, &scratch) {
                             failures
                                 .push(format!("{} {rows:?}x{cols} n={nt}: launch: {e}", ty.name()));
@@ -308,7 +296,7 @@ fn matvec_segments_match_single_matvecs() {
                             });
                             if let Some(j) = bad {
                                 failures.push(format!(
-                                "{} segments {rows:?} x {cols} (rows/warp {rpw}, {nt} tokens, stages {stages}): segment {i} value {j}: {} vs {}",
+                                "{} segments {rows:?} x {cols} (rows/warp {rpw}, {nt} tokens): segment {i} value {j}: {} vs {}",
                                 ty.name(),
                                 got[j],
                                 want[i].0[j]
@@ -326,7 +314,6 @@ fn matvec_segments_match_single_matvecs() {
         );
     }
     cuda::matvec::set_rows_per_warp_override(0);
-    cuda::matvec::set_async_stages_override(u32::MAX);
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
