@@ -469,8 +469,12 @@ static __device__ void flash_decode_d(const float* __restrict__ q, const int* __
     }
 }
 
+// Four blocks per SM (<= 128 registers): at 64 splits x 8 KV heads (Qwen2.5-32B at depth 4096)
+// the 512 blocks then fit the H200's 132 SMs in one wave; at 149 registers only three fit, and
+// a second wave of 116 blocks doubled the kernel's time.
+#define FD_MIN_BLOCKS 4
 #define FA_DECODE_D(NAME, D, TYPE)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(FD_THREADS)                                                       \
+    extern "C" __global__ void __launch_bounds__(FD_THREADS, FD_MIN_BLOCKS)                                        \
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale) {      \
@@ -489,31 +493,39 @@ FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
 #define FA_MAX_SPLITS 64
 
 // grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_*
-// (splits with sum 0 had no positions and are skipped) into out.
+// (splits with sum 0 had no positions: weight 0; their partials are finite zeros) into out.
+// Thread s reads split s's (max, sum) and the block reduces them, so no thread walks the
+// splits serially; then thread d sums column d over the splits, loads independent of each
+// other (at depth 4096 a decode step merges 64 splits per head in every attention layer).
 extern "C" __global__ void __launch_bounds__(128)
     fa_merge(const float* __restrict__ part, const int* __restrict__ rows, float* __restrict__ out, int n_head, int dv,
              int S) {
     __shared__ float w_s[FA_MAX_SPLITS];
+    __shared__ float red_s[2][4];
     pdl_wait();
     pdl_trigger();
-    const int i = blockIdx.x, h = blockIdx.y;
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const float* base = part + ((long long)i * n_head + h) * S * (dv + 2);
-    float M = NEG_INF;
-    for (int s = 0; s < S; s++)
-        if (base[s * (dv + 2) + 1] > 0.0f) M = fmaxf(M, base[s * (dv + 2)]);
-    for (int s = threadIdx.x; s < S; s += blockDim.x) {
-        const float l = base[s * (dv + 2) + 1];
-        w_s[s] = l > 0.0f ? expf(base[s * (dv + 2)] - M) : 0.0f;
+    float m = NEG_INF, l = 0.0f;
+    if (tid < S) {
+        l = base[tid * (dv + 2) + 1];
+        if (l > 0.0f) m = base[tid * (dv + 2)];
     }
+    const float wm = warp_max(m);
+    if (lane == 0) red_s[0][warp] = wm;
     __syncthreads();
-    float L = 0.0f;
-    for (int s = 0; s < S; s++) L += w_s[s] * base[s * (dv + 2) + 1];
-    const float inv = 1.0f / L;
+    const float M = fmaxf(fmaxf(red_s[0][0], red_s[0][1]), fmaxf(red_s[0][2], red_s[0][3]));
+    const float w = l > 0.0f ? expf(m - M) : 0.0f;
+    if (tid < S) w_s[tid] = w;
+    const float wl = warp_sum(w * l);
+    if (lane == 0) red_s[1][warp] = wl;
+    __syncthreads();
+    const float inv = 1.0f / (red_s[1][0] + red_s[1][1] + red_s[1][2] + red_s[1][3]);
     float* o = out + ((long long)rows[i] * n_head + h) * dv;
-    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+    for (int d = tid; d < dv; d += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < S; s++)
-            if (w_s[s] != 0.0f) a += w_s[s] * base[s * (dv + 2) + 2 + d];
+#pragma unroll 8
+        for (int s = 0; s < S; s++) a += w_s[s] * base[s * (dv + 2) + 2 + d];
         o[d] = a * inv;
     }
 }
