@@ -79,3 +79,41 @@ fn bench_json_on_the_cpu_with_depth() {
         assert!(t["roofline_percent"].is_null());
     }
 }
+
+#[test]
+fn bench_parallel_decodes_several_sequences_per_step() {
+    let out = redline(&[
+        "bench",
+        "--device",
+        "cpu",
+        "-t",
+        "2",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-d",
+        "4",
+        "-r",
+        "1",
+        "--parallel",
+        "3",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let tests = v["tests"].as_array().unwrap();
+    let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();
+    // Prefill runs on one sequence; decode steps carry all three.
+    assert_eq!(names, ["pp8 @ d4", "tg4 @ d4 ×3"]);
+    assert_eq!(tests[0]["n_tokens"], 8);
+    assert_eq!(tests[1]["n_tokens"], 12);
+    assert_eq!(tests[1]["n_parallel"], 3);
+    let out = redline(&["bench", "--device", "cpu", "--parallel", "0"]);
+    assert!(!out.status.success());
+}

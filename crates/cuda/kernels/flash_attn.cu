@@ -91,6 +91,15 @@ static __device__ __forceinline__ uint32_t pack_f16x2(float a, float b) {
 // ---- decode: split-KV, GQA group per block --------------------------------------------------
 
 #define FD_THREADS 128
+
+// Launch row blockIdx.z's caches: kc / vc for every row, or with kvp non-null (the rows of
+// several sequences in one launch) K at kvp[2 i] and V at kvp[2 i + 1]. The pointer table is
+// written by the host before the launch (no wait needed before reading it).
+#define FD_ROW_CACHES(kvp, kc, vc)                                    \
+    if (kvp) {                                                        \
+        kc = (const uint8_t*)kvp[2 * blockIdx.z];                     \
+        vc = (const uint8_t*)kvp[2 * blockIdx.z + 1];                 \
+    }
 // float4 accumulators per thread: G * dv / 4 <= FD_THREADS * FD_MAX_ITEMS (host-checked).
 #define FD_MAX_ITEMS 8
 
@@ -279,9 +288,10 @@ static __device__ void flash_decode(const float* __restrict__ q, const int* __re
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, int dk, int dv, long long kpb, long long vpb,     \
-             float scale, int T) {                                                                                 \
+             float scale, int T, const unsigned long long* __restrict__ kvp) {                                     \
         pdl_wait();                                                                                                \
         pdl_trigger();                                                                                             \
+        FD_ROW_CACHES(kvp, kc, vc);                                                                                \
         flash_decode<TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, dk, dv, kpb, vpb, scale, T);        \
     }
 FA_DECODE(fa_decode_f32, FA_F32)
@@ -477,7 +487,9 @@ static __device__ void flash_decode_d(const float* __restrict__ q, const int* __
     extern "C" __global__ void __launch_bounds__(FD_THREADS, FD_MIN_BLOCKS)                                        \
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
-             float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale) {      \
+             float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale,        \
+             const unsigned long long* __restrict__ kvp) {                                                         \
+        FD_ROW_CACHES(kvp, kc, vc);                                                                                \
         flash_decode_d<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);              \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)

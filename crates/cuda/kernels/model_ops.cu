@@ -233,13 +233,20 @@ static __device__ __forceinline__ void kv_store_warp(const float* __restrict__ s
 }
 
 // grid (n_rows, ceil(wk / 32) + ceil(wv / 32)), block 32: stores row rows[r] of k and of v at
-// position pos[r] of the K and V caches (both of `type`), one launch for both. Waits for the
-// kernel that wrote k and v when launched with programmatic serialization (REDLINE_PDL).
+// position pos[r] of the K and V caches (both of `type`), one launch for both. kvp non-null:
+// launch row r has caches of its own (the rows of several sequences in one launch), K at
+// kvp[2r] and V at kvp[2r + 1] instead of kc / vc. Waits for the kernel that wrote k and v
+// when launched with programmatic serialization (REDLINE_PDL).
 extern "C" __global__ void mo_kv_store2(const float* __restrict__ k, const float* __restrict__ v,
                                         const int* __restrict__ rows, const int* __restrict__ pos, uint8_t* kc,
-                                        uint8_t* vc, int wk, int wv, long long kpb, long long vpb, int type) {
+                                        uint8_t* vc, int wk, int wv, long long kpb, long long vpb, int type,
+                                        const unsigned long long* __restrict__ kvp) {
     pdl_wait();
     pdl_trigger();
+    if (kvp) {
+        kc = (uint8_t*)kvp[2 * blockIdx.x];
+        vc = (uint8_t*)kvp[2 * blockIdx.x + 1];
+    }
     const int nbk = (wk + 31) / 32;
     const int b = blockIdx.y;
     if (b < nbk) {

@@ -148,6 +148,10 @@ pub struct KvRef<'a> {
     pub k_pos_bytes: usize,
     pub v_pos_bytes: usize,
     pub kv_type: KvType,
+    /// Decode only: 0 when every launch row reads `k` / `v`; else the device address of a
+    /// table of two u64 per launch row, that row's K and V cache (the rows of several
+    /// sequences in one launch; every cache of `k`'s shape and type).
+    pub row_caches: u64,
 }
 
 fn group(p: &AttentionParams) -> usize {
@@ -335,9 +339,11 @@ pub fn launch_decode(
         .push(kv.k_pos_bytes as i64)
         .push(kv.v_pos_bytes as i64)
         .push(p.scale)
-        .push(tile as i32);
+        .push(tile as i32)
+        .push(kv.row_caches);
     // SAFETY: matches fa_decode_*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, dk, dv,
-    // kpb, vpb, scale, T); cache rows checked against the shape, head sizes multiples of 8
+    // kpb, vpb, scale, T, kvp); kvp is 0 or a table of n_rows (K, V) caches like kv's;
+    // cache rows checked against the shape, head sizes multiples of 8
     // and the group within the accumulators (decode_tile), positions < n_ctx (caller), part
     // holds partials_len values when splits > 1 (caller), shared memory sized for tile. The
     // kernel waits for the previous one first (PDL).
@@ -379,9 +385,11 @@ fn launch_decode_d(
         .push(p.n_kv_head as i32)
         .push(kv.k_pos_bytes as i64)
         .push(kv.v_pos_bytes as i64)
-        .push(p.scale);
+        .push(p.scale)
+        .push(kv.row_caches);
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
-    // vpb, scale); dk == dv == the kernel's D and the cache type match it (decode_d_kernel),
+    // vpb, scale, kvp); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
+    // the kernel's D and the cache type match it (decode_d_kernel),
     // cache rows checked against the shape, positions < n_ctx (caller), part holds
     // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.
     // The kernel waits for the previous one first (PDL).

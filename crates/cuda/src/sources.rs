@@ -83,11 +83,56 @@ impl Program {
         }
     }
 
+    /// The program with its headers: the embedded sources, or with `REDLINE_KERNEL_DIR` set
+    /// (a kernel developer's knob), the files of that folder where it has them, so a kernel
+    /// edit runs without rebuilding the binary (the cache key hashes the text actually used).
     pub fn program_source(self) -> ProgramSource<'static> {
+        let (source, headers) = match override_dir() {
+            Some(o) => (
+                o.programs
+                    .iter()
+                    .find(|(p, _)| *p == self)
+                    .map_or(self.source(), |(_, s)| s.as_str()),
+                o.headers.as_slice(),
+            ),
+            None => (self.source(), HEADERS),
+        };
         ProgramSource {
             name: self.file_name(),
-            source: self.source(),
-            headers: HEADERS,
+            source,
+            headers,
         }
     }
+}
+
+/// Sources read once from `REDLINE_KERNEL_DIR`.
+struct Override {
+    programs: Vec<(Program, String)>,
+    headers: Vec<(&'static str, &'static str)>,
+}
+
+fn override_dir() -> Option<&'static Override> {
+    static DIR: std::sync::OnceLock<Option<Override>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::path::PathBuf::from(std::env::var_os("REDLINE_KERNEL_DIR")?);
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        let programs: Vec<(Program, String)> = Program::ALL
+            .iter()
+            .filter_map(|&p| read(p.file_name()).map(|s| (p, s)))
+            .collect();
+        let headers = HEADERS
+            .iter()
+            .map(|&(name, text)| {
+                let t: &'static str = read(name).map_or(text, |s| Box::leak(s.into_boxed_str()));
+                (name, t)
+            })
+            .collect();
+        eprintln!(
+            "REDLINE_KERNEL_DIR={}: {} kernel programs read from there instead of the built-in sources",
+            dir.display(),
+            programs.len()
+        );
+        Some(Override { programs, headers })
+    })
+    .as_ref()
 }

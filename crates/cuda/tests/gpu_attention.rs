@@ -365,3 +365,48 @@ fn generic_decode_kernel() {
     }
     cuda::attention::set_generic_decode(false);
 }
+
+/// Decode rows of many sequences go to the device in one batched launch (one store, one
+/// split-KV decode, one merge, each row reading its own sequence's cache through a table):
+/// eight sequences of different lengths, one and two rows each, inside steps and eagerly, for
+/// the 32B and 27B head shapes.
+#[test]
+fn decode_rows_of_many_sequences_in_one_launch() {
+    let Some(g) = gpu() else { return };
+    g.set_graphs_enabled(false);
+    let c = CpuBackend::new(4).unwrap();
+    for (p, kv) in [
+        (params(10, 2, 128, 128), KvType::F16),
+        (params(5, 1, 128, 128), KvType::Q8_0),
+        (params(12, 2, 256, 256), KvType::F16),
+        (params(6, 1, 256, 256), KvType::Q4_0),
+        (params(4, 2, 64, 64), KvType::F32),
+    ] {
+        let mut pair = Pair::new(&g, &c, p, kv, 1024, 8);
+        let lens: Vec<usize> = (0..8).map(|s| 1 + s * 97 % 700).collect();
+        for (s, &n) in lens.iter().enumerate() {
+            pair.call(&run(s, 0, n), "prompt");
+        }
+        for t in 0..3 {
+            let at = |s: usize, d: usize| Row {
+                seq: s,
+                pos: lens[s] + 2 * t + d,
+            };
+            let step: Vec<Row> = (0..8).map(|s| at(s, 0)).collect();
+            pair.call_in_step(&step, "step of eight sequences", Some(21));
+            let five: Vec<Row> = (0..5).map(|s| at(s, 1)).collect();
+            pair.call(&five, "eager, five sequences");
+        }
+        // two rows per sequence (verify passes of several streams), sequences interleaved
+        let rows: Vec<Row> = [6, 7]
+            .iter()
+            .flat_map(|&d| {
+                lens.iter()
+                    .enumerate()
+                    .map(move |(s, &n)| Row { seq: s, pos: n + d })
+            })
+            .collect();
+        pair.call(&rows, "two rows per sequence");
+        pair.report("eight sequences");
+    }
+}

@@ -33,6 +33,11 @@ pub struct Args {
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
+    /// Decode this many sequences together, one batched step per token for all of them (each
+    /// with its own KV cache, as `serve --parallel` runs its slots): tg reports the aggregate
+    /// tokens/s of all sequences, and the roofline counts one pass over the weights per step.
+    #[arg(long = "parallel", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    parallel: u32,
     /// Print one JSON object instead of the markdown table (same as -o json).
     #[arg(long)]
     json: bool,
@@ -93,18 +98,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("nothing to measure: -p and -n are both 0");
     }
     let n_ctx = args.n_depth + args.n_prompt.max(args.n_gen) + 1;
+    let n_seq = args.parallel as usize;
     let req = LoadRequest {
-        n_ctx: Some(n_ctx),
-        n_parallel: 1,
+        n_ctx: Some(n_ctx * n_seq),
+        n_parallel: n_seq,
         kv_type: KvType::F16,
         measure_bandwidth: true,
         draft: None,
     };
     let placed = load_placed(&args.model, &args.placement, &req, LogTo::Stderr)?;
-    if placed.n_ctx < n_ctx {
+    if placed.n_ctx < n_ctx * n_seq {
         bail!(
-            "the test needs {n_ctx} tokens of context (-d + max(-p, -n) + 1) but only {} fit on the GPU; \
-             lower -d/-p/-n or use --fit on with offload",
+            "the test needs {n_ctx} tokens of context per sequence (-d + max(-p, -n) + 1) × {n_seq} \
+             sequences but only {} fit on the GPU; lower -d/-p/-n/--parallel or use --fit on with offload",
             placed.n_ctx
         );
     }
@@ -134,25 +140,41 @@ fn bench_on<B: Backend>(
     let mut rng = StdRng::seed_from_u64(1234);
     let mut random_tokens =
         |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..n_vocab)).collect() };
-    let mut state = model.new_state(n_ctx, KvType::F16)?;
+    let n_seq = args.parallel as usize;
+    let mut states = (0..n_seq)
+        .map(|_| model.new_state(n_ctx, KvType::F16))
+        .collect::<Result<Vec<_>, _>>()?;
     placed.report_memory(LogTo::Stderr, true);
     let depth = args.n_depth;
     if depth > 0 {
         let t = Instant::now();
-        model
-            .forward(&mut state, &random_tokens(depth), false)
-            .context("depth prefill")?;
+        for state in states.iter_mut() {
+            model
+                .forward(state, &random_tokens(depth), false)
+                .context("depth prefill")?;
+            // A hybrid model can return to `depth` only from a snapshot.
+            state.snapshot();
+        }
         eprintln!(
-            "depth: {depth} tokens prefilled in {:.2} s",
-            t.elapsed().as_secs_f64()
+            "depth: {depth} tokens prefilled in {:.2} s{}",
+            t.elapsed().as_secs_f64(),
+            if n_seq > 1 {
+                format!(" for each of {n_seq} sequences")
+            } else {
+                String::new()
+            }
         );
-        // A hybrid model can return to `depth` only from a snapshot.
-        state.snapshot();
     }
     let suffix = if depth > 0 {
         format!(" @ d{depth}")
     } else {
         String::new()
+    };
+    // Batched decode is named after its sequence count; prefill runs on one sequence.
+    let tg_suffix = if n_seq > 1 {
+        format!("{suffix} ×{n_seq}")
+    } else {
+        suffix.clone()
     };
     let rewind = |state: &mut SeqStateOn<B>| -> anyhow::Result<()> {
         state
@@ -163,14 +185,17 @@ fn bench_on<B: Backend>(
     // Decode first: its numbers are on stderr even if a long prefill is cut off.
     let mut results = Vec::new();
     if args.n_gen > 0 {
-        let tokens = random_tokens(args.n_gen);
+        let tokens: Vec<Vec<u32>> = (0..n_seq).map(|_| random_tokens(args.n_gen)).collect();
+        let generated = args.n_gen * n_seq;
         let mut rates = Vec::new();
         for rep in 0..=args.repetitions {
-            rewind(&mut state)?;
-            let s = decode_run(model, &mut state, &tokens)?;
-            progress(&format!("tg{}{suffix}", args.n_gen), rep, args.n_gen, s);
+            for state in states.iter_mut() {
+                rewind(state)?;
+            }
+            let s = decode_run(model, &mut states, &tokens)?;
+            progress(&format!("tg{}{tg_suffix}", args.n_gen), rep, generated, s);
             if rep > 0 {
-                rates.push(args.n_gen as f64 / s);
+                rates.push(generated as f64 / s);
             } else {
                 // REDLINE_PROFILE_OPS: the warm-up compiled kernels; time the measured reps.
                 cuda::backend::op_profile_reset();
@@ -182,32 +207,38 @@ fn bench_on<B: Backend>(
         let roofline = placed.bandwidth_gbs.map(|bw| {
             let p = &placed.plan;
             let embd_row = p.ledger.token_embedding / model.config().n_vocab.max(1) as u64;
-            let bytes = decode_bytes_per_token(
-                p.bytes_per_token,
+            // One step reads the weights once and each sequence's row, state and KV cache.
+            let per_seq = decode_bytes_per_token(
+                p.state_bytes_per_seq,
                 embd_row,
                 p.kv_bytes_per_token,
                 depth,
                 args.n_gen,
             );
+            let bytes_per_step =
+                (p.bytes_per_token - p.state_bytes_per_seq) as f64 + n_seq as f64 * per_seq;
             let (mean, _) = mean_sd(&rates);
-            (bytes, roofline_percent(bytes, mean, bw))
+            let steps_per_s = mean / n_seq as f64;
+            (
+                bytes_per_step,
+                roofline_percent(bytes_per_step, steps_per_s, bw),
+            )
         });
         results.push(TestResult {
-            name: format!("tg{}{suffix}", args.n_gen),
-            n_tokens: args.n_gen,
+            name: format!("tg{}{tg_suffix}", args.n_gen),
+            n_tokens: generated,
             rates,
             roofline,
         });
     }
+    let state = &mut states[0];
     if args.n_prompt > 0 {
         let tokens = random_tokens(args.n_prompt);
         let mut rates = Vec::new();
         for rep in 0..=args.repetitions {
-            rewind(&mut state)?;
+            rewind(state)?;
             let t = Instant::now();
-            model
-                .forward(&mut state, &tokens, false)
-                .context("prefill")?;
+            model.forward(state, &tokens, false).context("prefill")?;
             let s = t.elapsed().as_secs_f64();
             progress(
                 &format!("pp{}{suffix}", args.n_prompt),
@@ -249,6 +280,7 @@ fn print_results(args: &Args, placed: &Placed, results: &[TestResult]) -> anyhow
                     "test": r.name,
                     "n_tokens": r.n_tokens,
                     "n_depth": args.n_depth,
+                    "n_parallel": args.parallel,
                     "tokens_per_second_mean": mean,
                     "tokens_per_second_sd": sd,
                     "samples": r.rates,
@@ -304,11 +336,20 @@ fn print_results(args: &Args, placed: &Placed, results: &[TestResult]) -> anyhow
             placed.bandwidth_gbs,
             results.iter().find_map(|r| r.roofline),
         ) {
-            println!(
-                "\nroofline: {:.2} GB read per decoded token at {bw:.0} GB/s measured → {:.1} tok/s ceiling",
-                bytes / 1e9,
-                bw * 1e9 / bytes
-            );
+            if args.parallel > 1 {
+                println!(
+                    "\nroofline: {:.2} GB read per step of {} tokens at {bw:.0} GB/s measured → {:.1} steps/s ceiling",
+                    bytes / 1e9,
+                    args.parallel,
+                    bw * 1e9 / bytes
+                );
+            } else {
+                println!(
+                    "\nroofline: {:.2} GB read per decoded token at {bw:.0} GB/s measured → {:.1} tok/s ceiling",
+                    bytes / 1e9,
+                    bw * 1e9 / bytes
+                );
+            }
         }
     }
     Ok(())
@@ -328,15 +369,29 @@ fn progress(test: &str, rep: usize, n_tokens: usize, secs: f64) {
     );
 }
 
-/// Seconds for `tokens.len()` single-token forwards.
+/// Seconds for `tokens[0].len()` decode steps: one single-token forward per step for one
+/// sequence, one batched forward of all sequences (`tokens[i]` goes to `states[i]`) for several.
 fn decode_run<B: Backend>(
     model: &ModelOn<B>,
-    state: &mut SeqStateOn<B>,
-    tokens: &[u32],
+    states: &mut [SeqStateOn<B>],
+    tokens: &[Vec<u32>],
 ) -> anyhow::Result<f64> {
     let t = Instant::now();
-    for &tok in tokens {
-        model.forward(state, &[tok], false).context("decode")?;
+    if let [state] = states {
+        for &tok in &tokens[0] {
+            model.forward(state, &[tok], false).context("decode")?;
+        }
+    } else {
+        let mut refs: Vec<&mut SeqStateOn<B>> = states.iter_mut().collect();
+        let mut step = vec![0u32; tokens.len()];
+        for i in 0..tokens[0].len() {
+            for (s, t) in step.iter_mut().zip(tokens) {
+                *s = t[i];
+            }
+            model
+                .forward_batch(&mut refs, &step)
+                .context("batched decode")?;
+        }
     }
     Ok(t.elapsed().as_secs_f64())
 }
