@@ -81,14 +81,23 @@ extern "C" __global__ void dn_conv1d_state(const float* __restrict__ x, const in
 #define DN_REC_ROWS 4   // state rows per warp (share the k and q loads)
 #define DN_REC_WARPS 4  // warps per block
 
-// grid (n_v_heads, ceil(d_v / (DN_REC_ROWS * DN_REC_WARPS))), block (32, DN_REC_WARPS).
+// grid (n_v_heads, ceil(d_v / (DN_REC_ROWS * DN_REC_WARPS)), n_seqs), block (32, DN_REC_WARPS).
 // A warp keeps DN_REC_ROWS rows of S_h in registers (lane holds keys lane + 32 e) for the whole
 // run: the state is read and written once per launch, and every load is coalesced.
+// tab null: one sequence, its rows[0 .. n_rows) and `state`. Else the runs of several
+// sequences in one launch: sequence z = blockIdx.z owns rows[runs[z] .. runs[z + 1]) and the
+// state at tab[z] (state and n_rows unused).
 extern "C" __global__ void __launch_bounds__(32 * DN_REC_WARPS)
 dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
              const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ rows,
              int n_rows, float* state, float* __restrict__ out, int n_k_heads, int n_v_heads, int d_k,
-             int d_v) {
+             int d_v, const int* __restrict__ runs, const unsigned long long* __restrict__ tab) {
+    if (tab) {
+        const int z = blockIdx.z;
+        rows += runs[z];
+        n_rows = runs[z + 1] - runs[z];
+        state = (float*)tab[z];
+    }
     const int h = blockIdx.x;
     const int kh = h % n_k_heads;
     const int lane = threadIdx.x;

@@ -401,8 +401,17 @@ extern "C" __global__ void mo_attention_merge(const float* __restrict__ part, co
 #define MO_CONV_MAX 16
 
 // Thread per channel. x, out: [*, ch]; w: [ch, d_conv] (oldest tap first); state: [d_conv-1, ch].
+// grid (ceil(ch / block), n_seqs). tab null: one sequence, rows[0 .. n_rows) and `state`; else
+// sequence z = blockIdx.y owns rows[runs[z] .. runs[z + 1]) and the state at tab[z].
 extern "C" __global__ void mo_conv1d(const float* __restrict__ x, const float* __restrict__ w, const int* __restrict__ rows,
-                                     int n_rows, float* state, float* out, int ch, int d_conv) {
+                                     int n_rows, float* state, float* out, int ch, int d_conv,
+                                     const int* __restrict__ runs, const unsigned long long* __restrict__ tab) {
+    if (tab) {
+        const int z = blockIdx.y;
+        rows += runs[z];
+        n_rows = runs[z + 1] - runs[z];
+        state = (float*)tab[z];
+    }
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     float win[MO_CONV_MAX];

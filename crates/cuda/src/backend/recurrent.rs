@@ -127,6 +127,14 @@ pub fn configured_forms() -> (DeltaRuleForm, Conv1dForm) {
 }
 
 /// Row indices of each sequence, in batch order.
+/// Rows, run offsets and a per-sequence pointer table on the device ([`CudaBackend::stage_runs`]).
+struct SeqRuns {
+    n_seqs: usize,
+    rows: HostInts,
+    runs: HostInts,
+    tab: HostInts,
+}
+
 fn rows_by_seq(rows: &[Row], n_seqs: usize) -> Result<Vec<Vec<i32>>, BackendError> {
     let mut by = vec![Vec::new(); n_seqs];
     for (i, r) in rows.iter().enumerate() {
@@ -271,6 +279,46 @@ impl CudaBackend {
             }
         }
         let by_seq = rows_by_seq(rows, states.len())?;
+        let parallel_for = |n: usize| match form {
+            Conv1dForm::Sequential => false,
+            Conv1dForm::Parallel => true,
+            Conv1dForm::Auto => n >= 2,
+        };
+        let used: Vec<&Vec<i32>> = by_seq.iter().filter(|i| !i.is_empty()).collect();
+        if ch > 0
+            && used.len() >= 2
+            && super::sequence::batched_seqs()
+            && used.iter().all(|i| !parallel_for(i.len()))
+        {
+            let stream = self.dev.stream();
+            let runs = self.stage_runs(&by_seq, |s| dev_ptr(&states[s].conv, stream))?;
+            if self.replaying() {
+                return Ok(());
+            }
+            let f = self.function("mo_conv1d")?;
+            let ints = [0i32, ch as i32, d_conv as i32];
+            let cfg = LaunchConfig {
+                grid_dim: (ch.div_ceil(128) as u32, runs.n_seqs as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(&f);
+            b.arg(&*x.data)
+                .arg(wd)
+                .arg(&runs.rows.ptr)
+                .arg(&ints[0])
+                .arg(&0u64)
+                .arg(&mut *out.data)
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&runs.runs.ptr)
+                .arg(&runs.tab.ptr);
+            // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv, runs, tab)
+            // with a table: sequence z's rows are rows[runs[z]..runs[z + 1]] and its state
+            // (every state [d_conv - 1, ch], checked above) at tab[z]; w is [ch, d_conv].
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            return Ok(());
+        }
         for (s, idx) in by_seq.iter().enumerate() {
             if idx.is_empty() || ch == 0 {
                 continue;
@@ -279,11 +327,7 @@ impl CudaBackend {
             if self.replaying() {
                 continue;
             }
-            let parallel = match form {
-                Conv1dForm::Sequential => false,
-                Conv1dForm::Parallel => true,
-                Conv1dForm::Auto => idx.len() >= 2,
-            };
+            let parallel = parallel_for(idx.len());
             let st = &mut *states[s];
             if parallel {
                 self.conv1d_parallel(x, wd, &row_ids, idx.len(), &mut st.conv, out, ch, d_conv)?;
@@ -316,8 +360,11 @@ impl CudaBackend {
             .arg(conv)
             .arg(&mut *out.data)
             .arg(&ints[1])
-            .arg(&ints[2]);
-        // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv); w is
+            .arg(&ints[2])
+            .arg(&0u64)
+            .arg(&0u64);
+        // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv, runs, tab)
+        // with no table (one sequence); w is
         // [ch, d_conv], the state [d_conv - 1, ch], d_conv <= 16 (checked at creation), rows
         // index rows of x and out (checked shapes).
         unsafe { b.launch(blocks_1d(ch, 128)) }.map_err(dev_err)?;
@@ -462,22 +509,40 @@ impl CudaBackend {
         };
         let by_seq = rows_by_seq(rows, states.len())?;
         let outside_step = self.mode() == Mode::Off;
+        let chunked_for = |n: usize| {
+            outside_step
+                && sh.d_k <= CHUNKED_MAX_DK
+                && match form {
+                    DeltaRuleForm::Chunked => true,
+                    DeltaRuleForm::Auto => n >= CHUNKED_MIN_RUN,
+                    DeltaRuleForm::Legacy | DeltaRuleForm::Recurrent => false,
+                }
+        };
+        let kernel = if form == DeltaRuleForm::Legacy || sh.d_k > RECURRENT_MAX_DK {
+            "mo_delta_rule"
+        } else {
+            "dn_recurrent"
+        };
+        let used: Vec<&Vec<i32>> = by_seq.iter().filter(|i| !i.is_empty()).collect();
+        if kernel == "dn_recurrent"
+            && sh.n_v_heads > 0
+            && sh.d_v > 0
+            && used.len() >= 2
+            && super::sequence::batched_seqs()
+            && used.iter().all(|i| !chunked_for(i.len()))
+        {
+            let stream = self.dev.stream();
+            let runs = self.stage_runs(&by_seq, |s| dev_ptr(&states[s].s, stream))?;
+            if self.replaying() {
+                return Ok(());
+            }
+            return self.delta_rule_recurrent_runs(&io, &runs, out);
+        }
         for (s, idx) in by_seq.iter().enumerate() {
             if idx.is_empty() || sh.n_v_heads == 0 || sh.d_v == 0 {
                 continue;
             }
-            let chunked = outside_step
-                && sh.d_k <= CHUNKED_MAX_DK
-                && match form {
-                    DeltaRuleForm::Chunked => true,
-                    DeltaRuleForm::Auto => idx.len() >= CHUNKED_MIN_RUN,
-                    DeltaRuleForm::Legacy | DeltaRuleForm::Recurrent => false,
-                };
-            let kernel = if form == DeltaRuleForm::Legacy || sh.d_k > RECURRENT_MAX_DK {
-                "mo_delta_rule"
-            } else {
-                "dn_recurrent"
-            };
+            let chunked = chunked_for(idx.len());
             let row_ids = self.host_ints(idx)?;
             if self.replaying() {
                 continue;
@@ -543,11 +608,90 @@ impl CudaBackend {
         for i in &ints[1..] {
             b.arg(i);
         }
-        // SAFETY: matches mo_delta_rule / dn_recurrent(q, k, v, g, beta, rows, n_rows, state,
-        // out, n_k_heads, n_v_heads, d_k, d_v); every tensor's shape checked by the caller, the
-        // state holds n_v_heads * d_v * d_k values, d_k <= 256 for dn_recurrent.
+        if kernel == "dn_recurrent" {
+            b.arg(&0u64).arg(&0u64);
+        }
+        // SAFETY: matches mo_delta_rule(q, k, v, g, beta, rows, n_rows, state, out, n_k_heads,
+        // n_v_heads, d_k, d_v) / dn_recurrent(.., d_v, runs, tab) with no table (one
+        // sequence); every tensor's shape checked by the caller, the state holds n_v_heads *
+        // d_v * d_k values, d_k <= 256 for dn_recurrent.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
+    }
+
+    /// The token-by-token runs of several sequences in one `dn_recurrent` launch (grid.z =
+    /// sequence), each with its own state through the table of `runs`.
+    fn delta_rule_recurrent_runs(
+        &self,
+        io: &DeltaIo,
+        runs: &SeqRuns,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let sh = io.sh;
+        let f = self.deltanet_function("dn_recurrent")?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                sh.n_v_heads as u32,
+                sh.d_v.div_ceil(RECURRENT_BLOCK_ROWS) as u32,
+                runs.n_seqs as u32,
+            ),
+            block_dim: (32, 4, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [
+            0i32,
+            sh.n_k_heads as i32,
+            sh.n_v_heads as i32,
+            sh.d_k as i32,
+            sh.d_v as i32,
+        ];
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&*io.q.data)
+            .arg(&*io.k.data)
+            .arg(&*io.v.data)
+            .arg(&*io.g.data)
+            .arg(&*io.beta.data)
+            .arg(&runs.rows.ptr)
+            .arg(&ints[0])
+            .arg(&0u64)
+            .arg(&mut *out.data);
+        for i in &ints[1..] {
+            b.arg(i);
+        }
+        b.arg(&runs.runs.ptr).arg(&runs.tab.ptr);
+        // SAFETY: matches dn_recurrent(q, k, v, g, beta, rows, n_rows, state, out, n_k_heads,
+        // n_v_heads, d_k, d_v, runs, tab) with a table: sequence z's rows are
+        // rows[runs[z]..runs[z + 1]] and its state (n_v_heads * d_v * d_k values, all states of
+        // one shape, checked by the caller) at tab[z]; d_k <= 256.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// The rows of every sequence that has rows, concatenated in sequence order, the offsets
+    /// of each sequence's run, and a table of `ptr(s)` per such sequence (two i32 words per
+    /// u64, little-endian), staged for one launch over all of them.
+    fn stage_runs(
+        &self,
+        by_seq: &[Vec<i32>],
+        ptr: impl Fn(usize) -> u64,
+    ) -> Result<SeqRuns, BackendError> {
+        let (mut rows, mut runs, mut tab) = (Vec::new(), vec![0i32], Vec::new());
+        for (s, idx) in by_seq.iter().enumerate() {
+            if idx.is_empty() {
+                continue;
+            }
+            rows.extend_from_slice(idx);
+            runs.push(rows.len() as i32);
+            let a = ptr(s);
+            tab.push(a as u32 as i32);
+            tab.push((a >> 32) as u32 as i32);
+        }
+        Ok(SeqRuns {
+            n_seqs: runs.len() - 1,
+            rows: self.host_ints(&rows)?,
+            runs: self.host_ints(&runs)?,
+            tab: self.host_ints(&tab)?,
+        })
     }
 
     /// One run in the chunked form. Scratch `[n_v_heads, n_chunks * 64, d_k + d_v + 65]` f32

@@ -52,19 +52,25 @@ fn kv_type_code(t: KvType) -> i32 {
     }
 }
 
+/// Whether ops over several sequences' caches and states (decode attention, conv1d, the
+/// delta rule) run as one launch over all of them through a table of per-sequence buffers,
+/// instead of one launch (or three) per sequence; `REDLINE_BATCHED_SEQS=0` turns it off.
+pub(super) fn batched_seqs() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_BATCHED_SEQS").is_ok_and(|v| v == "1"))
+}
+
 /// The decode tile when the rows of every sequence can go to the device in one batched
 /// split-KV decode launch ([`CudaBackend::attend_flash_batched`]): two or more sequences with
 /// rows, each with fewer rows than the prefill kernel takes, caches of one type and row size
-/// with a flash decode kernel. `REDLINE_BATCHED_ATTENTION=0` turns it off (one store, decode
-/// and merge per sequence, as before).
+/// with a flash decode kernel ([`batched_seqs`]).
 fn batched_decode_tile(
     dev: &crate::device::CudaDevice,
     by_seq: &[Vec<usize>],
     caches: &[&mut CudaKvCache],
     p: &AttentionParams,
 ) -> Option<usize> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("REDLINE_BATCHED_ATTENTION").is_ok_and(|v| v == "1")) {
+    if !batched_seqs() {
         return None;
     }
     let used: Vec<(usize, &CudaKvCache)> = by_seq
