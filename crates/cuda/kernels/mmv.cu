@@ -520,3 +520,225 @@ MMVBD_KERNEL(4)
 
 MMV_KERNEL(q4_k, MvQ4K)
 MMV_KERNEL(q6_k, MvQ6K)
+
+// ---- mmv2: q8_K activations, integer sums across each super-block ----------------------------
+//
+// Why: with q8_1 x (one float scale per 32 activations) the 8-column kernel above turns every
+// C value into float and scales it per (row, token, unit): ~16 instructions per unit and thread
+// whatever the token count, which keeps it instruction bound. With x quantized q8_K-style
+// (llama.cpp's CPU format for K-quants: one f32 scale per 256 activations) the dot of one
+// Q4_K super-block of a row with one token is
+//     dy * (d * sum_u sc_u * (q4_u . q_u) - dmin * sum_u m_u * bsum_u)
+// where q4_u . q_u is one C value of unit u's mma (|.| <= 32 * 15 * 127) and sc_u, m_u < 64
+// (6-bit): integer until the one float step per super-block. Per unit and thread: the nibble
+// masks, one 8-byte x load, one mma from a zero C, two scale byte extracts, 4 IMADs — for any
+// token count 1..8 (C column = token). The mins meet the int16 sums of q per unit by dp2a, once per
+// super-block. Q6_K (16-element sub-blocks, signed 8-bit scales, no mins: q - 32 goes into the
+// mma as a signed byte) takes two m16n8k16 per unit, each C value times its sub-block's scale
+// in int32 (|sum| <= 16 * 128 * 16 * 32 * 127 < 2^31), one float step per super-block.
+//
+// Layout: x8.q [n_tokens, ncols] int8 (same k order as mmv_: a thread's B words of unit U are
+// bytes 32U + 8t .. + 7 of token g; a layout with a thread's 8 units in 64 contiguous bytes,
+// four 16-byte loads per super-block, measured 2-9 % slower on the H200), x8.dy
+// [n_tokens, ncols / 256] f32 (x ~ dy * q), x8.bsum [n_tokens, ncols / 32] int16 (sum of q per
+// unit; 16 bytes per super-block). W, y, segments, warps and fragments as mmv_ (MvQ4K / MvQ6K
+// loads); one super-block in flight per warp while one computes (two, at ~128 registers, and
+// the Q4_K headers shared by a quad were both slower or equal on the H200).
+
+// x: [n_tokens, ncols] f32 (ncols % 256 == 0) -> q8_K as quant::activation::quantize_row_q8_k
+// (ggml quantize_row_q8_K), bit for bit: per 256, iscale = -127 / (the first element of largest
+// magnitude), q = min(127, rint(iscale x)), dy = 1 / iscale (all 0 for a zero block), plus bsum
+// per 32. grid (ceil(ncols / 256 / 8), n_tokens), block (32, 8):
+// a warp per 256, 8 consecutive elements per lane. Waits for the previous kernel first (PDL).
+extern "C" __global__ void __launch_bounds__(256) quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
+                                                                float* __restrict__ dy,
+                                                                int16_t* __restrict__ bsum, int ncols) {
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x, sb = blockIdx.x * blockDim.y + threadIdx.y, tok = blockIdx.y;
+    if (sb * 256 >= ncols) return;
+    const long long row = (long long)tok * ncols + 256 * sb;
+    const MvV4 a = *(const MvV4*)(x + row + 8 * lane), b = *(const MvV4*)(x + row + 8 * lane + 4);
+    const float v[8] = {__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z), __uint_as_float(a.w),
+                        __uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w)};
+    // the CPU's scan keeps the first element of strictly larger magnitude: the largest |v|,
+    // ties to the lowest index
+    float am = 0.0f, mx = 0.0f;
+    int idx = 0x7FFFFFFF;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (fabsf(v[i]) > am) {
+            am = fabsf(v[i]);
+            mx = v[i];
+            idx = 8 * lane + i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float am2 = __shfl_xor_sync(FULL_MASK, am, o);
+        const float mx2 = __shfl_xor_sync(FULL_MASK, mx, o);
+        const int idx2 = __shfl_xor_sync(FULL_MASK, idx, o);
+        if (am2 > am || (am2 == am && idx2 < idx)) {
+            am = am2;
+            mx = mx2;
+            idx = idx2;
+        }
+    }
+    uint32_t w[2] = {0u, 0u};
+    int sum = 0;
+    float d = 0.0f;
+    if (am > 0.0f) {
+        const float iscale = -127.0f / mx;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int qi = min(127, __float2int_rn(iscale * v[i]));
+            sum += qi;
+            w[i >> 2] |= ((uint32_t)qi & 0xFFu) << (8 * (i & 3));
+        }
+        d = 1.0f / iscale;
+    }
+    *(MvV2*)(q + row + 8 * lane) = MvV2{w[0], w[1]};
+    sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+    sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+    if ((lane & 3) == 0) bsum[(long long)tok * (ncols / 32) + 8 * sb + (lane >> 2)] = (int16_t)sum;
+    if (lane == 0) dy[(long long)tok * (ncols / 256) + sb] = d;
+}
+
+// c + a.h0 * b.b0 + a.h1 * b.b1 (.lo: bytes 0, 1 of b; .hi: bytes 2, 3); a: two int16, b: u8.
+static __device__ __forceinline__ int mv2_dp2a_lo(uint32_t a, uint32_t b, int c) {
+    int r;
+    asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+static __device__ __forceinline__ int mv2_dp2a_hi(uint32_t a, uint32_t b, int c) {
+    int r;
+    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// x of this thread: B words of token g, super-block scales and unit sums of tokens 2t, 2t + 1.
+struct Mv2X {
+    const int8_t* q;    // q of token g, + 8t
+    const MvV4* bs0;    // bsum of token 2t: 8 int16 per super-block
+    const MvV4* bs1;    // ... token 2t + 1
+    const float* dy0;   // dy of token 2t, one per super-block
+    const float* dy1;
+    int emulate;
+};
+
+// sum_u m_u * bsum_u over a super-block: bsums (8 int16) against the packed 6-bit mins.
+static __device__ __forceinline__ int mv2_min_dot(const MvV4& bs, const MvK4Scales& k) {
+    return mv2_dp2a_lo(bs.x, k.mn_lo, mv2_dp2a_hi(bs.y, k.mn_lo, mv2_dp2a_lo(bs.z, k.mn_hi, mv2_dp2a_hi(bs.w, k.mn_hi, 0))));
+}
+
+struct Mv2Q4K {
+    using F = MvQ4K;
+    // acc (c-fragment order) += super-block s of rows g, g + 8 against tokens 2t, 2t + 1
+    static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
+        const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
+        const int8_t* xs = x.q + 256 * s;
+        int ai[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int sh = 4 * (u & 1);
+            const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
+            const MvV2 xb = *(const MvV2*)(xs + 32 * u);
+            const MmaI4 c = mv_mma_k32(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
+                                      (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
+            const int bs = 8 * (u & 3);
+            const int sg = (int)(((u < 4 ? k0.sc_lo : k0.sc_hi) >> bs) & 0xFFu);
+            const int s8 = (int)(((u < 4 ? k1.sc_lo : k1.sc_hi) >> bs) & 0xFFu);
+            ai[0] += sg * c.x;
+            ai[1] += sg * c.y;
+            ai[2] += s8 * c.z;
+            ai[3] += s8 * c.w;
+        }
+        const MvV4 b0 = x.bs0[s], b1 = x.bs1[s];
+        const float y0 = x.dy0[s], y1 = x.dy1[s];
+        const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mg = f16_to_f32((uint16_t)(f.h[0].x >> 16));
+        const float d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), m8 = f16_to_f32((uint16_t)(f.h[1].x >> 16));
+        acc[0] += y0 * (dg * (float)ai[0] - mg * (float)mv2_min_dot(b0, k0));
+        acc[1] += y1 * (dg * (float)ai[1] - mg * (float)mv2_min_dot(b1, k0));
+        acc[2] += y0 * (d8 * (float)ai[2] - m8 * (float)mv2_min_dot(b0, k1));
+        acc[3] += y1 * (d8 * (float)ai[3] - m8 * (float)mv2_min_dot(b1, k1));
+    }
+};
+
+struct Mv2Q6K {
+    using F = MvQ6K;
+    static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
+        const int t = threadIdx.x & 3;
+        // this thread's k16 B words: bytes 16h + 4t of each unit
+        const int8_t* xs = x.q - 4 * t + 256 * s;
+        int ai[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int n = u >> 2, k = u & 3;
+            MmaI4 c[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t w[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const uint32_t lo = (f.ql[r][n * 4 + (k & 1) * 2 + h] >> (4 * (k >> 1))) & 0x0F0F0F0Fu;
+                    const uint32_t hi = ((f.qh[r][n * 2 + h] >> (2 * k)) & 0x03030303u) << 4;
+                    w[r] = sub_bytes_biased(lo | hi, 0x20202020u);
+                }
+                const uint32_t xb = *(const uint32_t*)(xs + 32 * u + 16 * h);
+                c[h] = mv_mma_k16(w[0], w[1], xb, x.emulate);
+            }
+            // scales sc[8n + 2k + h] of both rows: byte (2k + h) % 4 of word 2n + k / 2
+            const int wi = 2 * n + (k >> 1), b0 = 8 * ((2 * k) & 3);
+            const int sg0 = (int)(int8_t)(f.sc[0][wi] >> b0), sg1 = (int)(int8_t)(f.sc[0][wi] >> (b0 + 8));
+            const int s80 = (int)(int8_t)(f.sc[1][wi] >> b0), s81 = (int)(int8_t)(f.sc[1][wi] >> (b0 + 8));
+            ai[0] += sg0 * c[0].x + sg1 * c[1].x;
+            ai[1] += sg0 * c[0].y + sg1 * c[1].y;
+            ai[2] += s80 * c[0].z + s81 * c[1].z;
+            ai[3] += s80 * c[0].w + s81 * c[1].w;
+        }
+        const float y0 = x.dy0[s], y1 = x.dy1[s];
+        const float dg = f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = f16_to_f32((uint16_t)(f.d >> 16));
+        acc[0] += (dg * y0) * (float)ai[0];
+        acc[1] += (dg * y1) * (float)ai[1];
+        acc[2] += (d8 * y0) * (float)ai[2];
+        acc[3] += (d8 * y1) * (float)ai[3];
+    }
+};
+
+// 8 token columns against q8_K x; C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
+template <typename M>
+static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __restrict__ q, const float* __restrict__ dy,
+                                            const int16_t* __restrict__ bsum, int n_tokens, int load_mode,
+                                            int emulate) {
+    using F = typename M::F;
+    const MvTile tl = mv_tile(p);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    const int ncols = p.ncols, nsb = ncols / 256;
+    const int t0 = min(2 * t, n_tokens - 1), t1 = min(2 * t + 1, n_tokens - 1);
+    // (pointers only: x is read after the wait in mv_stream)
+    Mv2X x;
+    x.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
+    x.bs0 = (const MvV4*)(bsum + (long long)t0 * (ncols / 32));
+    x.bs1 = (const MvV4*)(bsum + (long long)t1 * (ncols / 32));
+    x.dy0 = dy + (long long)t0 * nsb;
+    x.dy1 = dy + (long long)t1 * nsb;
+    x.emulate = emulate;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { M::compute(f, U0 / 8, x, acc); });
+    if (!mv_reduce_warps(acc)) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int tok = 2 * t + (i & 1);
+        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
+    }
+}
+
+#define MMV2_KERNEL(name, M)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
+        mmv2_##name(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,          \
+                    const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {       \
+        mmv2<M>(p, q, dy, bsum, n_tokens, load_mode, emulate);                                          \
+    }
+
+MMV2_KERNEL(q4_k, Mv2Q4K)
+MMV2_KERNEL(q6_k, Mv2Q6K)

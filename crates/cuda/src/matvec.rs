@@ -149,6 +149,8 @@ pub struct MatvecScratch {
     /// Shape of the x last quantized into it.
     cols: usize,
     n_tokens: usize,
+    /// The q8_K copy of the same x for the mmv2 kernels (crate::mmv), when made.
+    pub(crate) q8k: crate::mmv::Q8kScratch,
 }
 
 impl MatvecScratch {
@@ -175,6 +177,7 @@ impl MatvecScratch {
         }
         self.cols = cols;
         self.n_tokens = n_tokens;
+        self.q8k.forget();
         Ok((&mut self.xq, &mut self.xds))
     }
 }
@@ -282,6 +285,7 @@ impl CudaDevice {
             xds: self.stream().alloc_zeros::<f32>(n / 16)?,
             cols: 0,
             n_tokens: 0,
+            q8k: crate::mmv::Q8kScratch::new(self, n)?,
         })
     }
 
@@ -325,6 +329,7 @@ impl CudaDevice {
                 "matvec scratch too small for {n_tokens}x{cols}"
             )));
         }
+        scratch.q8k.forget();
         if n_tokens == 0 {
             return Ok(());
         }

@@ -14,6 +14,15 @@
 //! Numerics: the same q8_1 x and exact int32 dots as the matvec, summed in another order
 //! (H200: rms error vs the exact-q8_1 f64 result 1.1-1.3e-7 against the matvec's 8e-8), so a
 //! step of 3+ tokens can round differently from one token by ~1e-7 relative.
+//!
+//! **mmv2** (`REDLINE_MMV2=1`, default off): x quantized q8_K-style (one f32 scale per 256
+//! values, int16 sums per 32: llama.cpp's CPU activation format for K-quants) so the kernels
+//! sum a whole super-block in int32 and do one float step per super-block and (row, token),
+//! whatever the token count: Q4_K 27648x5120 at 1 / 3 / 4 / 8 tokens 32.9 / 35.0 / 35.9 /
+//! 40.0 µs against mmv's 31.9 / 43.8 / 44.4 / 71.1 (H200, session 10; [`dispatch2`]). The
+//! coarser activation scale doubles the error against the unquantized x (rms 1.8e-2 against
+//! 0.9e-2 for q8_1 on the tests' random activations with 8x outliers); the kernels' own
+//! rounding is that of the matvec (7-8e-8).
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
@@ -172,9 +181,21 @@ impl CudaDevice {
     /// into `xq`), on the path the dispatch picks: this module's tensor-core kernels when
     /// [`dispatch`] says so, the dp4a segment kernels otherwise. Same contract as
     /// [`CudaDevice::matvec_segments`].
-    pub fn few_token_segments(&self, segs: &[Segment<'_>], xq: &MatvecScratch) -> Result<()> {
-        let (_, _, n, _) = xq.quantized();
+    ///
+    /// `x` is the f32 x that `xq`'s q8_1 copy was made from: the mmv2 kernels ([`dispatch2`])
+    /// quantize it to q8_K into `xq` unless it already holds that copy.
+    pub fn few_token_segments(
+        &self,
+        segs: &[Segment<'_>],
+        xq: &mut MatvecScratch,
+        x: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let (_, _, n, cols) = xq.quantized();
         match segs.first() {
+            Some(s) if dispatch2(self, s.w.ty, n) => {
+                self.ensure_q8_k(x, n, cols, xq)?;
+                self.mmv2_segments(segs, xq)
+            }
             Some(s) if dispatch(self, s.w.ty, n) => self.mmv_segments(segs, xq),
             _ => self.matvec_segments(segs, xq),
         }
@@ -277,6 +298,325 @@ impl CudaDevice {
     }
 }
 
+// ---- mmv2: q8_K activations, integer sums per super-block (kernels/mmv.cu mmv2_*) ----------
+
+/// x quantized q8_K-style for the mmv2 kernels (llama.cpp's CPU activation format for
+/// K-quants): `q` int8 `[n, cols]`, `dy` f32 `[n, cols / 256]` (x ~ dy * q per 256 values),
+/// `bsum` int16 `[n, cols / 32]` (sum of q per 32). It sits in [`MatvecScratch`] beside the
+/// q8_1 copy and is allocated with it, so recorded decode steps keep its address.
+pub struct Q8kScratch {
+    q: CudaSlice<i8>,
+    dy: CudaSlice<f32>,
+    bsum: CudaSlice<i16>,
+    /// The x it holds (device address, tokens, cols); forgotten whenever the q8_1 copy beside
+    /// it is rewritten, so it is fresh exactly when it was made from what the q8_1 copy holds.
+    holds: Option<(u64, usize, usize)>,
+}
+
+impl Q8kScratch {
+    /// Room for `elems` activations (tokens x cols).
+    pub(crate) fn new(dev: &CudaDevice, elems: usize) -> Result<Self> {
+        Ok(Self {
+            q: dev.stream().alloc_zeros::<i8>(elems)?,
+            dy: dev.stream().alloc_zeros::<f32>(elems.div_ceil(256))?,
+            bsum: dev.stream().alloc_zeros::<i16>(elems.div_ceil(32))?,
+            holds: None,
+        })
+    }
+
+    /// The q8_1 copy beside it was rewritten (see `holds`).
+    pub(crate) fn forget(&mut self) {
+        self.holds = None;
+    }
+}
+
+impl MatvecScratch {
+    /// The q8_K buffers (q, dy, bsum; layout at [`Q8kScratch`]) and the (tokens, cols) of
+    /// the x they hold, if any. For tests.
+    #[allow(clippy::type_complexity)]
+    pub fn q8_k(
+        &self,
+    ) -> (
+        &CudaSlice<i8>,
+        &CudaSlice<f32>,
+        &CudaSlice<i16>,
+        Option<(usize, usize)>,
+    ) {
+        let k = &self.q8k;
+        (&k.q, &k.dy, &k.bsum, k.holds.map(|(_, n, c)| (n, c)))
+    }
+}
+
+/// Whether the backend's few-token Q4_K products take the mmv2 kernels: `REDLINE_MMV2=1`
+/// (default off until timed on a card), or [`set_mmv2`]. Read once.
+fn mmv2_enabled() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match MMV2_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV2").is_ok_and(|v| v == "1")),
+    }
+}
+
+/// 0: `REDLINE_MMV2` decides; 1: off; 2: on.
+static MMV2_OVERRIDE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Turns the mmv2 dispatch on or off (`None`: back to `REDLINE_MMV2`). For tests and
+/// benchmarks; recorded steps made under the other setting must be dropped by the caller.
+pub fn set_mmv2(on: Option<bool>) {
+    MMV2_OVERRIDE.store(on.map_or(0, |o| 1 + o as u8), Ordering::Relaxed);
+}
+
+/// Kernel stem of a weight type the mmv2 kernels have.
+fn stem2(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q4K => Some("q4_k"),
+        GgmlType::Q6K => Some("q6_k"),
+        _ => None,
+    }
+}
+
+/// Weight load mode of the mmv2 kernels: the override ([`set_load_mode_override`]), else
+/// `REDLINE_MMV_LOAD`, else 0 (cached loads: H200, 27648x5120 / 5120x27648 / 5120x5120 n = 1
+/// at the default warps, 32.9 / 35.0 / 10.4 µs against 36.1 / 37.3 / 10.8 with
+/// L1::no_allocate: a super-block's header and first quants share a sector).
+fn load_mode2() -> i32 {
+    static ENV: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    match LOAD_MODE_OVERRIDE.load(Ordering::Relaxed) {
+        m @ (0 | 2) => m as i32,
+        _ => *ENV.get_or_init(|| {
+            i32::from(std::env::var("REDLINE_MMV_LOAD").is_ok_and(|v| v == "2")) * 2
+        }),
+    }
+}
+
+/// Warps per block of the mmv2 kernels (they split a tile's super-blocks) for `tiles` 16-row
+/// tiles of `n_cols` columns: the override ([`set_warps_override`]), else by the H200 sweep
+/// (session 10; ~103 registers: at most 16 warps per SM, 4 per scheduler): 3 for >= 600 tiles
+/// (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5 below (320
+/// tiles fit one wave of 3 blocks per SM: 5120x27648 35.0 µs against 41.2 at 4 and 52.1 at
+/// 6; 5120x5120 10.4 against 11.0), 8 under 200 (fewer blocks than SMs: the warps of a
+/// block are all there is); never a warp without a super-block.
+fn warps_per_block2(tiles: usize, n_cols: usize) -> u32 {
+    let forced = WARPS_OVERRIDE.load(Ordering::Relaxed) as usize;
+    let w = match (forced, tiles) {
+        (f, _) if f > 0 => f,
+        (_, t) if t >= 600 => 3,
+        (_, t) if t >= 200 => 5,
+        _ => 8,
+    };
+    w.min((n_cols / 256).max(1)) as u32
+}
+
+/// Whether the mmv2 dispatch takes weight type `ty`: Q4_K. Q6_K's kernel (tested) loses to
+/// the dp4a matvec below 8 tokens (H200, 27648x5120 n = 1 / 4 / 8: 93 / 96 / 99 µs against
+/// 41 / 81 / 131): its 2-byte aligned 210-byte super-blocks are read as u16 pairs.
+fn dispatched2_format(ty: GgmlType) -> bool {
+    ty == GgmlType::Q4K
+}
+
+/// Fewest tokens the mmv2 dispatch takes. H200, session 10, Q4_K (µs, dp4a matvec / mmv2 at
+/// the default warps): 27648x5120 n = 2: 35.1 / 34.0, n = 3: 53.4 / 35.0; 5120x27648 n = 2:
+/// 34.2 / 36.1, n = 3: 69.2 / 37.0; 5120x5120 n = 2: 10.5 / 10.6, n = 3: 18.0 / 10.7 — even at
+/// 2 tokens before the q8_K quantize launch (~3 µs alone), a clear win from 3.
+const MMV2_MIN_TOKENS: usize = 3;
+
+/// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
+/// format, [`MMV2_MIN_TOKENS`]..=8 tokens (fewer stay on the dp4a matvec).
+pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+    mmv2_enabled()
+        && dev.arch() >= 80
+        && dispatched2_format(ty)
+        && (MMV2_MIN_TOKENS..=MAX_TOKENS).contains(&n)
+}
+
+impl CudaDevice {
+    /// Quantizes x `[n_tokens, cols]` f32 (cols % 256 == 0) to q8_K into `s` (kernels/mmv.cu
+    /// `quantize_q8_k`: bit for bit `quant::activation::quantize_row_q8_k`). Asynchronous.
+    pub fn quantize_q8_k(
+        &self,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        cols: usize,
+        s: &mut MatvecScratch,
+    ) -> Result<()> {
+        let k = &mut s.q8k;
+        let elems = n_tokens * cols;
+        if !cols.is_multiple_of(256)
+            || cols > i32::MAX as usize
+            || x.len() < elems
+            || k.q.len() < elems
+            || k.dy.len() < elems / 256
+            || k.bsum.len() < elems / 32
+        {
+            return Err(CudaError::Shape(format!(
+                "q8_K of x {n_tokens}x{cols} (x holds {}, scratch {})",
+                x.len(),
+                k.q.len()
+            )));
+        }
+        k.holds = None;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let f = self.function(Program::Mmv, "quantize_q8_k")?;
+        let cfg = LaunchConfig {
+            grid_dim: ((cols / 256).div_ceil(8) as u32, n_tokens as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut cols_i = cols as i32;
+        if crate::pdl::enabled(self.arch()) {
+            let (mut px, mut pq, mut pd, mut pb) = (
+                self.device_address(x),
+                self.device_address(&k.q),
+                self.device_address(&k.dy),
+                self.device_address(&k.bsum),
+            );
+            let mut params = [
+                crate::pdl::arg(&mut px),
+                crate::pdl::arg(&mut pq),
+                crate::pdl::arg(&mut pd),
+                crate::pdl::arg(&mut pb),
+                crate::pdl::arg(&mut cols_i),
+            ];
+            // SAFETY: as below; the kernel waits for the previous kernel before reading x or
+            // writing the scratch.
+            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
+        } else {
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(x)
+                .arg(&mut k.q)
+                .arg(&mut k.dy)
+                .arg(&mut k.bsum)
+                .arg(&cols_i);
+            // SAFETY: matches quantize_q8_k(x, q, dy, bsum, ncols); x holds n_tokens * cols
+            // f32 and the buffers their shares of it (checked above); cols % 256 == 0.
+            unsafe { b.launch(cfg) }?;
+        }
+        k.holds = Some((self.device_address(x), n_tokens, cols));
+        Ok(())
+    }
+
+    /// [`CudaDevice::quantize_q8_k`] unless `s` already holds x's q8_K copy (made since its
+    /// q8_1 copy was last rewritten, see [`Q8kScratch`]).
+    pub fn ensure_q8_k(
+        &self,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        cols: usize,
+        s: &mut MatvecScratch,
+    ) -> Result<()> {
+        if s.q8k.holds == Some((self.device_address(x), n_tokens, cols)) {
+            return Ok(());
+        }
+        self.quantize_q8_k(x, n_tokens, cols, s)
+    }
+
+    /// `y (+)= W x (+ bias)` for every segment by the mmv2 kernels, x of 1..=8 tokens already
+    /// quantized to q8_K into `s` ([`CudaDevice::quantize_q8_k`]). Same contract as
+    /// [`CudaDevice::mmv_segments`]: every `y` holds `n_tokens * w.n_rows` f32, every `bias`
+    /// `w.n_rows`.
+    pub fn mmv2_segments(&self, segs: &[Segment<'_>], s: &MatvecScratch) -> Result<()> {
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        let (ty, cols) = (first.w.ty, first.w.n_cols);
+        let stem = stem2(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
+        let k = &s.q8k;
+        let (n_tokens, xcols) = k.holds.map_or((0, 0), |(_, n, c)| (n, c));
+        if segs.len() > MAX_SEGMENTS
+            || !(1..=MAX_TOKENS).contains(&n_tokens)
+            || xcols != cols
+            || !cols.is_multiple_of(256)
+            || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
+        {
+            return Err(CudaError::Shape(format!(
+                "mmv2: {} segments of {} x {cols} with x in q8_K as {n_tokens}x{xcols}",
+                segs.len(),
+                ty.name(),
+            )));
+        }
+        let (p, blocks) = self.segment_params(segs, ROWS_PER_BLOCK);
+        if blocks == 0 {
+            return Ok(());
+        }
+        let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
+        let warps = warps_per_block2(total_rows.div_ceil(ROWS_PER_BLOCK), cols);
+        let f = self.function(Program::Mmv, &format!("mmv2_{stem}"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32, warps, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut n_i = n_tokens as i32;
+        let mut mode = load_mode2();
+        let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
+        if crate::pdl::enabled(self.arch()) {
+            let (mut p, mut pq, mut pd, mut pb) = (
+                p,
+                self.device_address(&k.q),
+                self.device_address(&k.dy),
+                self.device_address(&k.bsum),
+            );
+            let mut params = [
+                crate::pdl::arg(&mut p),
+                crate::pdl::arg(&mut pq),
+                crate::pdl::arg(&mut pd),
+                crate::pdl::arg(&mut pb),
+                crate::pdl::arg(&mut n_i),
+                crate::pdl::arg(&mut mode),
+                crate::pdl::arg(&mut emulate),
+            ];
+            // SAFETY: as below; the kernel waits for the previous kernel before reading x or
+            // the outputs and before writing anything.
+            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
+            return Ok(());
+        }
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&p)
+            .arg(&k.q)
+            .arg(&k.dy)
+            .arg(&k.bsum)
+            .arg(&n_i)
+            .arg(&mode)
+            .arg(&emulate);
+        // SAFETY: matches mmv2_<fmt>(MvSegs, q, dy, bsum, n_tokens, load_mode, emulate) with
+        // n_tokens <= 8; the scratch holds x of n_tokens x cols in q8_K (quantize_q8_k checked
+        // its sizes); every segment's matrix is a live DeviceMatrix of this format and width
+        // (>= 16 bytes of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows
+        // f32 and biases n_rows (the caller's contract).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `y = W x` for one matrix by the mmv2 kernels, x (1..=8 tokens) already in q8_K in `s`;
+    /// y holds at least `n_tokens * w.n_rows` f32.
+    pub fn mmv2_prequantized(
+        &self,
+        w: &crate::DeviceMatrix,
+        s: &MatvecScratch,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let n = s.q8k.holds.map_or(0, |(_, n, _)| n);
+        if y.len() < n * w.n_rows {
+            return Err(CudaError::Shape(format!(
+                "mmv2 {}x{} for {n} tokens into y of {}",
+                w.n_rows,
+                w.n_cols,
+                y.len()
+            )));
+        }
+        let seg = Segment {
+            w,
+            y: self.device_address(y),
+            bias: None,
+            accumulate: false,
+        };
+        self.mmv2_segments(&[seg], s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +636,15 @@ mod tests {
         assert_eq!(kernel_name("q4_k", 3), "mmv_q4_k_t4");
         assert_eq!(kernel_name("q4_k", 5), "mmv_q4_k");
         assert_eq!(kernel_name("q6_k", 2), "mmv_q6_k");
+    }
+
+    #[test]
+    fn mmv2_warps_by_tile_count() {
+        set_warps_override(0);
+        assert_eq!(warps_per_block2(1728, 5120), 3);
+        assert_eq!(warps_per_block2(320, 27648), 5);
+        assert_eq!(warps_per_block2(64, 5120), 8);
+        assert_eq!(warps_per_block2(64, 512), 2);
     }
 
     #[test]

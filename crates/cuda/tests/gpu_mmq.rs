@@ -18,6 +18,7 @@ use cuda::synthetic::{random_activations, random_matrix};
 use cuda::{open_or_cpu, CudaDevice, CudaOptions};
 use cudarc::driver::sys::CUevent_flags;
 use gguf::GgmlType;
+use quant::blocks::BlockQ8K;
 
 const FORMATS: [GgmlType; 6] = [
     GgmlType::Q4K,
@@ -63,6 +64,43 @@ fn reference(
     x: &[f32],
     tokens: usize,
 ) -> Reference {
+    reference_with(ty, wbytes, rows, cols, x, tokens, q8_1_reference)
+}
+
+/// What quantize_q8_k in kernels/mmv.cu produces (bit for bit the CPU's q8_K), dequantized:
+/// dy * q per element.
+fn q8_k_reference(x: &[f32]) -> Vec<f32> {
+    let blocks = q8_k_blocks(x);
+    let mut out = Vec::with_capacity(x.len());
+    for b in &blocks {
+        let d = f32::from_le_bytes(b.d);
+        out.extend(b.qs.iter().map(|&q| d * q as f32));
+    }
+    out
+}
+
+/// The CPU's q8_K blocks of x (a multiple of 256 values).
+fn q8_k_blocks(x: &[f32]) -> Vec<BlockQ8K> {
+    let zero = BlockQ8K {
+        d: [0; 4],
+        qs: [0; 256],
+        bsums: [[0; 2]; 16],
+    };
+    let mut blocks = vec![zero; x.len() / 256];
+    quant::activation::quantize_row_q8_k(x, &mut blocks);
+    blocks
+}
+
+/// [`reference`] with x quantized by `quantize` (q8_1 or q8_K, dequantized).
+fn reference_with(
+    ty: GgmlType,
+    wbytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    tokens: usize,
+    quantize: fn(&[f32]) -> Vec<f32>,
+) -> Reference {
     let row_bytes = wbytes.len() / rows;
     let mut wf = vec![0f32; rows * cols];
     for r in 0..rows {
@@ -82,7 +120,7 @@ fn reference(
     };
     for t in 0..tokens {
         let xt = &x[t * cols..(t + 1) * cols];
-        let xq = q8_1_reference(xt);
+        let xq = quantize(xt);
         for r in 0..rows {
             let wr = &wf[r * cols..(r + 1) * cols];
             let (mut exact, mut mag, mut full, mut bound) = (0f64, 0f64, 0f64, 0f64);
@@ -103,6 +141,15 @@ fn reference(
     out
 }
 
+/// The product under test.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Mmq,
+    Mmv,
+    /// q8_K x (`rf` must be a q8_K reference)
+    Mmv2,
+}
+
 /// Runs the product for the first `n` tokens and checks it; returns the worst relative error.
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -112,7 +159,7 @@ fn check(
     rf: &Reference,
     n: usize,
     scratch: &mut cuda::MatvecScratch,
-    mmv: bool,
+    path: Path,
 ) -> Result<f64, String> {
     let (rows, cols) = (w.n_rows, w.n_cols);
     // one row of NaN past the outputs: nothing may be written there
@@ -120,14 +167,16 @@ fn check(
         .stream()
         .clone_htod(&vec![f32::NAN; (n + 1) * rows])
         .map_err(|e| e.to_string())?;
-    if mmv {
-        dev.quantize_for_matvec(xd, n, cols, scratch)
-            .and_then(|_| dev.mmv_prequantized(w, scratch, &mut y))
-            .map_err(|e| e.to_string())?;
-    } else {
-        dev.mmq(w, xd, n, &mut y, scratch)
-            .map_err(|e| e.to_string())?;
+    match path {
+        Path::Mmv => dev
+            .quantize_for_matvec(xd, n, cols, scratch)
+            .and_then(|_| dev.mmv_prequantized(w, scratch, &mut y)),
+        Path::Mmv2 => dev
+            .quantize_q8_k(xd, n, cols, scratch)
+            .and_then(|_| dev.mmv2_prequantized(w, scratch, &mut y)),
+        Path::Mmq => dev.mmq(w, xd, n, &mut y, scratch),
     }
+    .map_err(|e| e.to_string())?;
     let y = dev.stream().clone_dtoh(&y).map_err(|e| e.to_string())?;
     let name = w.ty.name();
     let mut worst = 0f64;
@@ -203,7 +252,7 @@ fn mmq_matches_cpu_reference_for_every_format() {
                     let warps = [0, 1, 3, 8][(i + emulate as usize) % 4];
                     cuda::mmq::set_force_emulation(emulate);
                     cuda::mmq::set_warps_override(warps);
-                    match check(&dev, &w, &xd, &rf, n, &mut scratch, false) {
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmq) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
                             "{e} ({}, warps {warps})",
@@ -387,7 +436,7 @@ fn mmv_matches_cpu_reference() {
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
                     cuda::mmv::set_load_mode_override(Some(2 * (n / 4 % 2) as u32));
-                    match check(&dev, &w, &xd, &rf, n, &mut scratch, true) {
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
                             "{e} ({}, warps {warps}, block-diagonal off {bd_off})",
@@ -638,5 +687,392 @@ fn mmv_rounds_no_worse_than_the_matvec() {
                 ty.name()
             );
         }
+    }
+}
+
+// ---- mmv2: q8_K activations, integer sums per super-block (crate::mmv mmv2_*) ---------------
+
+/// The GPU q8_K quantizer is bit for bit the CPU's `quantize_row_q8_k` (q, dy) and its unit
+/// sums are the CPU's 16-value sums pairwise: random x, a zero block, and magnitude ties
+/// (the first element of largest |x| sets the sign of dy).
+#[test]
+fn quantize_q8_k_matches_cpu() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    for &(n, cols) in &[(1usize, 256usize), (3, 5120), (8, 2304), (5, 27648)] {
+        let mut x = random_activations(n * cols, 40 + cols as u64);
+        x[..256].fill(0.0);
+        let last = (n - 1) * cols;
+        if cols >= 512 {
+            x[256 + 3] = 9.5;
+            x[256 + 200] = -9.5;
+        }
+        x[last + 17] = -11.25;
+        x[last + 90] = 11.25;
+        let xd = dev.stream().clone_htod(&x).expect("x");
+        let mut s = dev.matvec_scratch(n, cols).expect("scratch");
+        dev.quantize_q8_k(&xd, n, cols, &mut s).expect("quantize");
+        let (q, dy, bsum, holds) = s.q8_k();
+        assert_eq!(holds, Some((n, cols)));
+        let q = dev.stream().clone_dtoh(q).expect("q");
+        let dy = dev.stream().clone_dtoh(dy).expect("dy");
+        let bsum = dev.stream().clone_dtoh(bsum).expect("bsum");
+        let blocks = q8_k_blocks(&x);
+        for (j, b) in blocks.iter().enumerate() {
+            let d = f32::from_le_bytes(b.d);
+            assert_eq!(
+                dy[j].to_bits(),
+                d.to_bits(),
+                "{n}x{cols} block {j}: dy {} vs CPU {d}",
+                dy[j]
+            );
+            for (i, &want) in b.qs.iter().enumerate() {
+                assert_eq!(q[256 * j + i], want, "{n}x{cols} block {j} q[{i}]");
+            }
+            for u in 0..8 {
+                let half = |h: usize| i16::from_le_bytes(b.bsums[h]) as i32;
+                let want = half(2 * u) + half(2 * u + 1);
+                assert_eq!(
+                    bsum[8 * j + u] as i32,
+                    want,
+                    "{n}x{cols} block {j} bsum[{u}]"
+                );
+            }
+        }
+        // a later q8_1 quantization of the scratch forgets the q8_K copy
+        dev.quantize_for_matvec(&xd, n, cols, &mut s).expect("q8_1");
+        assert_eq!(s.q8_k().3, None);
+    }
+}
+
+const MMV2_FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
+
+#[test]
+fn mmv2_matches_cpu_reference() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
+    const MAX_N: usize = 8;
+    let mut failures = Vec::new();
+    let mut seed = 170u64;
+    for ty in MMV2_FORMATS {
+        // rows: 1, 15, 17, 37, 129, 523 (not multiples of the 16-row tile); 1..33 super-blocks
+        // per row (fewer and more than the warps of a block, odd counts: the two-buffer tail)
+        let shapes = [
+            (1, 256),
+            (15, 768),
+            (17, 2304),
+            (37, 8448),
+            (523, 2560),
+            (129, 5376),
+        ];
+        for &(rows, cols) in &shapes {
+            seed += 1;
+            let wbytes = random_matrix(ty, rows, cols, seed);
+            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
+            let rf = reference_with(ty, &wbytes, rows, cols, &x, MAX_N, q8_k_reference);
+            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
+            let xd = dev.stream().clone_htod(&x).expect("upload x");
+            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let mut worst = 0f64;
+            for n in 1..=MAX_N {
+                for emulate in [false, true] {
+                    let warps = [0, 1, 3, 8, 5, 2][(2 * n + emulate as usize) % 6];
+                    cuda::mmv::set_force_emulation(emulate);
+                    cuda::mmv::set_warps_override(warps);
+                    cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
+                        Ok(e) => worst = worst.max(e),
+                        Err(e) => failures.push(format!(
+                            "{e} ({}, warps {warps})",
+                            if emulate { "emulated mma" } else { "mma" }
+                        )),
+                    }
+                }
+            }
+            eprintln!(
+                "mmv2 checked {:>5} {:>4}x{:<5} n=1..{MAX_N}: max rel err {worst:.2e}",
+                ty.name(),
+                rows,
+                cols
+            );
+        }
+    }
+    cuda::mmv::set_force_emulation(false);
+    cuda::mmv::set_warps_override(0);
+    cuda::mmv::set_load_mode_override(None);
+    for f in failures.iter().take(40) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures (first above)",
+        failures.len()
+    );
+}
+
+/// Three matrices in one mmv2 launch (40, 17 and 1 rows), one with a bias, one accumulating
+/// into its output, for 2, 5 and 8 tokens. Q4_K of 3+ tokens goes through the backend's entry
+/// (`few_token_segments` with mmv2 switched on: it quantizes x to q8_K itself) on sm_80+.
+#[test]
+#[allow(clippy::needless_range_loop)] // rows index several parallel arrays
+fn mmv2_segments_with_bias_and_accumulate() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let cols = 1280usize;
+    cuda::mmv::set_mmv2(Some(true));
+    for ty in MMV2_FORMATS {
+        for n in [2usize, 5, 8] {
+            let rows = [40usize, 17, 1];
+            let x = random_activations(n * cols, 11 + n as u64);
+            let xd = dev.stream().clone_htod(&x).expect("x");
+            let mut scratch = dev.matvec_scratch(n, cols).expect("scratch");
+            dev.quantize_for_matvec(&xd, n, cols, &mut scratch)
+                .expect("quantize");
+            let mut ws = Vec::new();
+            let mut refs = Vec::new();
+            for (i, &r) in rows.iter().enumerate() {
+                let b = random_matrix(ty, r, cols, 200 + i as u64);
+                refs.push(reference_with(ty, &b, r, cols, &x, n, q8_k_reference));
+                ws.push(dev.upload_matrix(ty, r, cols, &b).expect("upload"));
+            }
+            let bias: Vec<f32> = (0..rows[0]).map(|i| 0.25 * i as f32 - 3.0).collect();
+            let bias_d = dev.stream().clone_htod(&bias).expect("bias");
+            let old: Vec<f32> = (0..n * rows[1]).map(|i| (i as f32).sin() * 5.0).collect();
+            let mut ys: Vec<cuda::CudaSlice<f32>> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| {
+                    let init = if i == 1 {
+                        old.clone()
+                    } else {
+                        vec![f32::NAN; n * r]
+                    };
+                    dev.stream().clone_htod(&init).expect("y")
+                })
+                .collect();
+            let segs: Vec<cuda::matvec::Segment<'_>> = ws
+                .iter()
+                .enumerate()
+                .map(|(i, w)| cuda::matvec::Segment {
+                    w,
+                    y: dev.device_address(&ys[i]),
+                    bias: (i == 0).then(|| dev.device_address(&bias_d)),
+                    accumulate: i == 1,
+                })
+                .collect();
+            let backend_entry = ty == GgmlType::Q4K && dev.arch() >= 80 && n >= 3;
+            assert_eq!(
+                cuda::mmv::dispatch2(&dev, ty, n),
+                backend_entry,
+                "{} n={n}",
+                ty.name()
+            );
+            if backend_entry {
+                dev.few_token_segments(&segs, &mut scratch, &xd)
+                    .expect("few-token segments");
+                assert_eq!(scratch.q8_k().3, Some((n, cols)));
+            } else {
+                dev.quantize_q8_k(&xd, n, cols, &mut scratch)
+                    .and_then(|_| dev.mmv2_segments(&segs, &scratch))
+                    .expect("mmv2 segments");
+            }
+            drop(segs);
+            for (i, &r) in rows.iter().enumerate() {
+                let got = dev.stream().clone_dtoh(&ys[i]).expect("y back");
+                for t in 0..n {
+                    for row in 0..r {
+                        let o = t * r + row;
+                        let mut want = refs[i].exact[o];
+                        if i == 0 {
+                            want += bias[row] as f64;
+                        }
+                        if i == 1 {
+                            want += old[o] as f64;
+                        }
+                        let tol = 2e-5 * refs[i].mag[o] + 1e-5 * want.abs() + 1e-5;
+                        assert!(
+                            (got[o] as f64 - want).abs() <= tol,
+                            "{} n={n} segment {i} y[{t},{row}] = {} want {want}",
+                            ty.name(),
+                            got[o]
+                        );
+                    }
+                }
+            }
+            ys.clear();
+        }
+    }
+    cuda::mmv::set_mmv2(None);
+}
+
+/// RMS error over all outputs (relative to the RMS output) of the dp4a matvec, mmv (both q8_1
+/// x) and mmv2 (q8_K x): against the exact f64 product of the unquantized x (what the model
+/// sees), and against the exact product of each path's own quantized x (the kernel's own
+/// rounding). mmv2's own rounding must stay that of an f32 sum; its total error is reported
+/// (per-256 activation scales are coarser than per-32 ones).
+#[test]
+fn mmv2_rounding_vs_the_q8_1_paths() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let (rows, cols) = (1024usize, 5120usize);
+    for ty in MMV2_FORMATS {
+        let wbytes = random_matrix(ty, rows, cols, 5);
+        let x = random_activations(8 * cols, 6);
+        let r1 = reference(ty, &wbytes, rows, cols, &x, 8);
+        let rk = reference_with(ty, &wbytes, rows, cols, &x, 8, q8_k_reference);
+        let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
+        let xd = dev.stream().clone_htod(&x).expect("x");
+        let mut s = dev.matvec_scratch(8, cols).expect("scratch");
+        let mut y = dev.stream().alloc_zeros::<f32>(8 * rows).expect("y");
+        for n in 1..=8 {
+            let rms = |y: &[f32], want: &[f64]| {
+                let (mut e, mut r) = (0f64, 0f64);
+                for (&got, &want) in y.iter().zip(want).take(n * rows) {
+                    e += (got as f64 - want).powi(2);
+                    r += want.powi(2);
+                }
+                (e / r).sqrt()
+            };
+            dev.quantize_for_matvec(&xd, n, cols, &mut s)
+                .expect("quantize");
+            dev.matvec_prequantized(&w, &s, &mut y).expect("matvec");
+            let yv = dev.stream().clone_dtoh(&y).expect("y");
+            let (mv_own, mv_full) = (rms(&yv, &r1.exact), rms(&yv, &r1.full));
+            dev.mmv_prequantized(&w, &s, &mut y).expect("mmv");
+            let yv = dev.stream().clone_dtoh(&y).expect("y");
+            let (mm_own, mm_full) = (rms(&yv, &r1.exact), rms(&yv, &r1.full));
+            dev.quantize_q8_k(&xd, n, cols, &mut s).expect("q8_K");
+            dev.mmv2_prequantized(&w, &s, &mut y).expect("mmv2");
+            let yv = dev.stream().clone_dtoh(&y).expect("y");
+            let (m2_own, m2_full) = (rms(&yv, &rk.exact), rms(&yv, &rk.full));
+            eprintln!(
+                "{} {rows}x{cols} n={n}: rms rel err vs f64 of unquantized x: matvec {mv_full:.2e}, mmv {mm_full:.2e}, mmv2 {m2_full:.2e}; vs own quantized x: matvec {mv_own:.2e}, mmv {mm_own:.2e}, mmv2 {m2_own:.2e}",
+                ty.name()
+            );
+            assert!(
+                m2_own <= 2.0 * mv_own + 1e-7,
+                "{} n={n}: mmv2 own rounding {m2_own:.2e} vs matvec {mv_own:.2e}",
+                ty.name()
+            );
+            assert!(
+                m2_full <= 4.0 * mv_full,
+                "{} n={n}: mmv2 total error {m2_full:.2e} vs matvec {mv_full:.2e}",
+                ty.name()
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
+fn mmv2_timing_vs_matvec_and_mmv() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
+    dev.module(cuda::Program::MatvecQuant)
+        .expect("matvec kernels compile");
+    let shapes = [(27648usize, 5120usize), (5120, 27648), (5120, 5120)];
+    let counts = [1usize, 2, 3, 4, 8];
+    println!(
+        "{:>5} {:>12} {:>2} {:>7} {:>7} {:>7} {:>6} {:>6} {:>8} {:>6} {:>6}  best mmv2 (warps, load mode)",
+        "type", "shape", "n", "matvec", "mmv", "mmv2", "m2/mv1", "mv/mv1", "m2 GB/s", "q8_1", "q8_K"
+    );
+    let mut sweeps = Vec::new();
+    for ty in MMV2_FORMATS {
+        for &(rows, cols) in &shapes {
+            let bytes = random_matrix(ty, rows, cols, 99);
+            let nbytes = bytes.len();
+            let copies = (400_000_000 / nbytes).clamp(2, 16);
+            let ws: Vec<_> = (0..copies)
+                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
+                .collect();
+            drop(bytes);
+            let x = dev
+                .stream()
+                .clone_htod(&random_activations(8 * cols, 5))
+                .expect("x");
+            let mut y = dev.stream().alloc_zeros::<f32>(8 * rows).expect("y");
+            let mut s = dev.matvec_scratch(8, cols).expect("scratch");
+            let mut mv1 = 0.0;
+            for &n in &counts {
+                let q1 = time_us(&dev, 1, 40, |_| {
+                    dev.quantize_for_matvec(&x, n, cols, &mut s)
+                })
+                .expect("q8_1 timing");
+                let mv = time_us(&dev, copies, 40, |i| {
+                    dev.matvec_prequantized(&ws[i], &s, &mut y)
+                })
+                .expect("matvec timing");
+                if n == 1 {
+                    mv1 = mv;
+                }
+                let mm = time_us(&dev, copies, 40, |i| {
+                    dev.mmv_prequantized(&ws[i], &s, &mut y)
+                })
+                .expect("mmv timing");
+                let qk = time_us(&dev, 1, 40, |_| dev.quantize_q8_k(&x, n, cols, &mut s))
+                    .expect("q8_K timing");
+                let mut time2 = || {
+                    time_us(&dev, copies, 40, |i| {
+                        dev.mmv2_prequantized(&ws[i], &s, &mut y)
+                    })
+                    .expect("mmv2 timing")
+                };
+                let m2 = time2();
+                // warps x load mode (Q6_K: the defaults only)
+                let mut best = (m2, "defaults".to_string());
+                let warps: &[u32] = if ty == GgmlType::Q4K {
+                    &[2, 3, 4, 5, 8]
+                } else {
+                    &[]
+                };
+                let mut line = format!("{} {rows}x{cols} n={n}:", ty.name());
+                for &w in warps {
+                    for mode in [0u32, 2] {
+                        cuda::mmv::set_warps_override(w);
+                        cuda::mmv::set_load_mode_override(Some(mode));
+                        let us = time2();
+                        line += &format!(" w{w}m{mode} {us:.1}");
+                        if us < best.0 {
+                            best = (us, format!("w{w} m{mode}"));
+                        }
+                    }
+                }
+                sweeps.push(line);
+                cuda::mmv::set_warps_override(0);
+                cuda::mmv::set_load_mode_override(None);
+                println!(
+                    "{:>5} {:>12} {:>2} {:>7.1} {:>7.1} {:>7.1} {:>6.2} {:>6.2} {:>8.0} {:>6.1} {:>6.1}  {:.1} ({})",
+                    ty.name(),
+                    format!("{rows}x{cols}"),
+                    n,
+                    mv,
+                    mm,
+                    m2,
+                    m2 / mv1,
+                    mv / mv1,
+                    nbytes as f64 / (m2 * 1e3),
+                    q1,
+                    qk,
+                    best.0,
+                    best.1
+                );
+            }
+        }
+    }
+    println!("mmv2 sweep (µs):");
+    for l in sweeps {
+        println!("{l}");
     }
 }

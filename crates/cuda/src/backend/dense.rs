@@ -176,8 +176,16 @@ impl CudaBackend {
                         .map_err(dev_err)
                 });
             }
-            // 3..8 tokens of Q4_K: the same tensor-core kernels the fused path dispatches, so
-            // fused and unfused steps differ only by the fusion (crate::mmv)
+            // 2/3..8 tokens of Q4_K (mmv2 / mmv): the same tensor-core kernels the fused path
+            // dispatches, so fused and unfused steps differ only by the fusion (crate::mmv)
+            if crate::mmv::dispatch2(&self.dev, m.ty, n) {
+                return self.with_scratch(n, w.cols, |s| {
+                    self.dev
+                        .quantize_q8_k(&x.data, n, w.cols, s)
+                        .and_then(|_| self.dev.mmv2_prequantized(m, s, &mut out.data))
+                        .map_err(dev_err)
+                });
+            }
             if crate::mmv::dispatch(&self.dev, m.ty, n) {
                 return self.with_scratch(n, w.cols, |s| {
                     self.dev

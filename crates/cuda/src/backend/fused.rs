@@ -226,6 +226,13 @@ impl CudaBackend {
                     .mmq_prequantized(m, x.rows, s, &mut out.data)
                     .map_err(dev_err);
             }
+            if crate::mmv::dispatch2(&self.dev, m.ty, x.rows) {
+                return self
+                    .dev
+                    .ensure_q8_k(&x.data, x.rows, x.cols, s)
+                    .and_then(|_| self.dev.mmv2_prequantized(m, s, &mut out.data))
+                    .map_err(dev_err);
+            }
             if crate::mmv::dispatch(&self.dev, m.ty, x.rows) {
                 return self
                     .dev
@@ -398,7 +405,9 @@ impl CudaBackend {
                     })
                     .collect();
                 for chunk in group.chunks(MAX_SEGMENTS) {
-                    self.dev.few_token_segments(chunk, s).map_err(dev_err)?;
+                    self.dev
+                        .few_token_segments(chunk, s, &x.data)
+                        .map_err(dev_err)?;
                 }
             }
             Ok(())
@@ -422,7 +431,9 @@ impl CudaBackend {
                         bias: None,
                         accumulate: true,
                     };
-                    self.dev.few_token_segments(&[seg], s).map_err(dev_err)
+                    self.dev
+                        .few_token_segments(&[seg], s, &x.data)
+                        .map_err(dev_err)
                 })
             }
             _ => {
