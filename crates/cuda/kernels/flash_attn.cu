@@ -301,196 +301,435 @@ FA_DECODE(fa_decode_q4_0, FA_Q4_0)
 
 // Decode for head sizes D = dk = dv in {64, 128, 256} and up to FD_MAX_G query heads per block
 // (a KV head's group of G heads is cut into ceil(G / FD_MAX_G) blocks along grid.y): the same
-// tiles, splits and partials as flash_decode, with every thread busy in both products. Scores:
-// thread (t, part) sums FD_PARTS-interleaved float4 columns of K row t against every head's q,
-// then the parts meet by shuffles. P V: thread (column c, position part tq) accumulates
-// float4 column c of every head over positions tq, tq + TQ, ...; the TQ parts are summed
-// through shared memory once at the end. T = 32 positions (16 for D = 256).
+// grid, partials and merge as flash_decode, but no tiles and no block barrier per tile. A
+// split takes an even share of the row's positions (ceil(len / S), so at depth 4096 every one
+// of 64 splits has ~65 positions instead of 43 splits of three 32-position tiles), cut into
+// chunks of NP positions dealt round-robin to the four warps. Each warp walks its chunks with
+// its own online softmax and keeps FD_STAGES chunks of K and V in flight in its own ring of
+// shared memory (f16: on sm_80+ an f16 cache is copied by cp.async, without registers; quant
+// caches and sm_70 load through registers and convert), so a split's bytes are requested up
+// front rather than one tile per four barriers. The warps' (max, sum, acc) meet once at the end.
+// Scores: lane (t, part) = (lane / LP, lane % LP) dots UL 16-byte units of K row t with every
+// head's q (f32 in shared memory, times scale * log2 e so exp is one ex2), and the LP lanes of a
+// row meet by shuffles. P V: lane owns DL = D / 32 contiguous columns of every head and walks
+// the chunk's positions, probabilities broadcast from shared memory. The block's heads are
+// padded to a body of GM heads (flash_decode_heads) with q = 0.
 #define FD_MAX_G 8
+#define FD_WARPS (FD_THREADS / 32)
+#define FD_STAGES 2
 
+template <int D>
+struct FdShape {
+    static constexpr int UPR = D / 8;           // 16-byte f16 units of a head's row
+    // Positions per chunk (2 KB of f16 K + V for D >= 128; FD_STAGES of them in flight per warp
+    // fill the host's shared memory). Smaller chunks deeper in flight (4 and 2 positions, 4
+    // stages) measured within noise on the H200: 32B-shape tg at depth 4096 +0.2 %, 27B +1.2 %,
+    // both about -1 % at depth 0.
+    static constexpr int NP = D > 128 ? 4 : 8;
+    static constexpr int LP = 32 / NP;          // lanes per position in the scores
+    static constexpr int UL = UPR / LP;         // units per lane in the scores
+    static constexpr int DL = D / 32;           // columns per lane in P V
+    static constexpr int NU = NP * UPR / 32;    // units of K (and of V) a lane loads per chunk
+    static constexpr int STAGE = NP * UPR;      // uint4 of K (or V) in one ring stage
+    static constexpr int RING = FD_STAGES * 2 * STAGE;  // uint4 of a warp's ring [stage][K, V][NP][UPR]
+    // Dynamic shared memory the host gives a block (attention.rs: decode_d_smem_bytes, sized
+    // for its tile T) and what this kernel lays out in it: q [FD_MAX_G][2][UPR] float4, the
+    // warps' rings, probabilities [FD_WARPS][NP][8] and (max, sum) [2][FD_WARPS][FD_MAX_G] f32.
+    static constexpr int T = D > 128 ? 16 : 32;
+    static constexpr int HOST_BYTES = 4 * (FD_MAX_G * D + 2 * T * (D + 16) + FD_MAX_G * T + 3 * FD_MAX_G);
+    static constexpr int BYTES =
+        4 * FD_MAX_G * D + 16 * FD_WARPS * RING + 4 * FD_WARPS * NP * 8 + 4 * 2 * FD_WARPS * FD_MAX_G;
+    static_assert(BYTES <= HOST_BYTES, "decode layout exceeds the host's shared memory");
+    static_assert(4 * FD_MAX_G * D <= 16 * RING, "a warp's P V sums fit in its ring");
+    static_assert(NU * 32 == NP * UPR && UL * LP == UPR, "chunk units divide among lanes");
+    static_assert(((32 / UPR) * LP) % 8 == 0, "a lane's chunk rows share one K swizzle (fd_slot)");
+};
+
+// K units are stored XOR-swizzled so the 8 lanes of a 16-byte shared-memory phase (LP = 4: two
+// rows, four parts) read 8 different bank groups.
+template <int D>
+static __device__ __forceinline__ int fd_slot(int t, int u) {
+    return t * FdShape<D>::UPR + (u ^ ((t * FdShape<D>::LP) & 7));
+}
+
+static __device__ __forceinline__ void fd_cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+static __device__ __forceinline__ void fd_cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Two f16 (low half first) to f32.
+static __device__ __forceinline__ float2 fd_h2(uint32_t h) {
+    float2 f;
+    asm("{.reg .f16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\tcvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
+        : "=f"(f.x), "=f"(f.y)
+        : "r"(h));
+    return f;
+}
+
+// 2^x (ex2.approx: 2 ulp; 2^-inf = 0).
+static __device__ __forceinline__ float fd_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int TYPE>
+static __device__ __forceinline__ uint4 fd_f16x8(const Raw8& r, long long e) {
+    if (TYPE == FA_F16) return make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]);
+    float x[8];
+    kv_decode8<TYPE>(r, e, x);
+    return make_uint4(pack_f16x2(x[0], x[1]), pack_f16x2(x[2], x[3]), pack_f16x2(x[4], x[5]), pack_f16x2(x[6], x[7]));
+}
+
+// Positions p0.. of one head of K and V into a ring stage as f16, this lane's share: 16-byte
+// unit u = lane % UPR (elements el = head offset + 8u of a row) of rows tr + RW * k, k < NU,
+// with tr = lane / UPR and RW = 32 / UPR rows per warp-wide load; units with RW * k >= nt
+// (rows past the chunk's n) are left alone. kr / vr: the cache at row tr; ks / vs: this lane's
+// first unit in the stage (K swizzled by fd_slot: the same XOR for all of a lane's rows).
 template <int D, int TYPE>
-static __device__ void flash_decode_d(const float* __restrict__ q, const int* __restrict__ rows,
-                                      const int* __restrict__ pos, const uint8_t* __restrict__ kc,
-                                      const uint8_t* __restrict__ vc, float* __restrict__ out,
-                                      float* __restrict__ part, int n_head, int n_kv_head, long long kpb,
-                                      long long vpb, float scale) {
-    constexpr int T = D > 128 ? 16 : 32;
-    constexpr int PARTS = FD_THREADS / T;   // threads per K row in the scores
-    constexpr int C4 = D / 4;               // float4 columns of a row
-    constexpr int TQ = FD_THREADS / C4;     // position parts in P V
-    constexpr int JS = C4 / PARTS;          // float4 columns per thread in the scores
-    constexpr int LD = D + 16;              // rows 16 words apart: two K rows per 8-lane phase hit 32 banks
-    extern __shared__ __align__(16) float fd_smem[];
-    const int G = n_head / n_kv_head;
-    const int n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
-    const int s = blockIdx.x, S = gridDim.x, kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub, i = blockIdx.z;
-    const int Gb = min(FD_MAX_G, G - sub * FD_MAX_G);
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    float* q_s = fd_smem;                  // [FD_MAX_G][D], times scale
-    float* k_s = q_s + FD_MAX_G * D;       // [T][LD]; at the end the P V reduction [FD_MAX_G][D]
-    float* v_s = k_s + T * LD;             // [T][LD]
-    float* p_s = v_s + T * LD;             // [FD_MAX_G][T]
-    float* m_s = p_s + FD_MAX_G * T;       // [FD_MAX_G]
-    float* l_s = m_s + FD_MAX_G;
-    float* c_s = l_s + FD_MAX_G;
-
-    const int r = rows[i];
-    const int len = pos[i] + 1;
-    const int n_tiles = (len + T - 1) / T;
-    const int per = (n_tiles + S - 1) / S;
-    const int t_begin = s * per, t_end = min(n_tiles, t_begin + per);
-    {
-        // This split's cached K/V rows (all but the newest, which the kernel before this one
-        // stores) toward L2 before the wait (REDLINE_PDL): the positions come from the host and
-        // the rows from earlier steps, so the tile loads below hit L2 instead of DRAM. A head's
-        // slice of a cache row is pos_bytes / n_kv_head (whole blocks per head).
-        const int p_lo = t_begin * T, p_hi = min(t_end * T, len - 1);
-        const long long kh = kpb / n_kv_head, vh = vpb / n_kv_head;
-        const int kl = (int)((kh + 127) / 128), vl = (int)((vh + 127) / 128);
-        for (int e = tid; e < (p_hi - p_lo) * (kl + vl); e += FD_THREADS) {
-            const int p = p_lo + e / (kl + vl), l = e % (kl + vl);
-            const uint8_t* a = l < kl ? kc + p * kpb + kvh * kh + 128LL * l : vc + p * vpb + kvh * vh + 128LL * (l - kl);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-        }
-    }
-    pdl_wait();
-    pdl_trigger();
-    const int h0 = kvh * G + sub * FD_MAX_G;
-    const float* qr = q + (long long)r * n_head * D + (long long)h0 * D;
-    for (int e = tid; e < FD_MAX_G * D; e += FD_THREADS) q_s[e] = e < Gb * D ? qr[e] * scale : 0.0f;
-    if (tid < FD_MAX_G) {
-        m_s[tid] = NEG_INF;
-        l_s[tid] = 0.0f;
-    }
-    const int st = tid / PARTS, sp = tid % PARTS;  // scores: row, part
-    const int pc = tid % C4, pq = tid / C4;        // P V: column, position part
-    float4 acc[FD_MAX_G];
+static __device__ __forceinline__ void fd_load_chunk(const uint8_t* __restrict__ kr, const uint8_t* __restrict__ vr,
+                                                     long long kpb, long long vpb, long long el, int p0, int nt,
+                                                     uint4* ks, uint4* vs) {
+    using Sh = FdShape<D>;
+    constexpr int RW = 32 / Sh::UPR;
+    kr += p0 * kpb;
+    vr += p0 * vpb;
+#if __CUDA_ARCH__ >= 800
+    constexpr bool ASYNC = TYPE == FA_F16;
+#else
+    constexpr bool ASYNC = false;
+#endif
+    if constexpr (ASYNC) {
+        unsigned long long sk, sv;
+        asm("cvta.to.shared.u64 %0, %1;" : "=l"(sk) : "l"(ks));
+        asm("cvta.to.shared.u64 %0, %1;" : "=l"(sv) : "l"(vs));
 #pragma unroll
-    for (int g = 0; g < FD_MAX_G; g++) acc[g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    __syncthreads();
-
-    for (int tile = t_begin; tile < t_end; tile++) {
-        const int p0 = tile * T;
-        const int tl = min(T, len - p0);
-        fd_load_tile<TYPE>(kc, vc, kpb, vpb, (long long)kvh * D, (long long)kvh * D, D, D, p0, tl, k_s, LD, v_s, LD);
-        __syncthreads();
-        {
-            float sc[FD_MAX_G];
-#pragma unroll
-            for (int g = 0; g < FD_MAX_G; g++) sc[g] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < JS; j++) {
-                const int c = sp + PARTS * j;
-                const float4 k4 = *(const float4*)(k_s + st * LD + 4 * c);
-#pragma unroll
-                for (int g = 0; g < FD_MAX_G; g++) {
-                    if (g < Gb) {
-                        const float4 q4 = *(const float4*)(q_s + g * D + 4 * c);
-                        sc[g] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
-                    }
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < FD_MAX_G; g++) {
-#pragma unroll
-                for (int o = PARTS / 2; o > 0; o >>= 1) sc[g] += __shfl_xor_sync(FULL_MASK, sc[g], o);
-                if (g < Gb && sp == 0) p_s[g * T + st] = st < tl ? sc[g] : NEG_INF;
+        for (int k = 0; k < Sh::NU; k++) {
+            if (RW * k < nt) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)sk + 16 * RW * Sh::UPR * k),
+                             "l"(kr + RW * k * kpb + 2 * el)
+                             : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)sv + 16 * RW * Sh::UPR * k),
+                             "l"(vr + RW * k * vpb + 2 * el)
+                             : "memory");
             }
         }
-        __syncthreads();
-        for (int g = warp; g < Gb; g += FD_THREADS / 32) {
-            float mx = NEG_INF;
-            for (int t = lane; t < tl; t += 32) mx = fmaxf(mx, p_s[g * T + t]);
-            mx = warp_max(mx);
-            const float m_old = m_s[g];
-            const float m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-            for (int t = lane; t < T; t += 32) {
-                const float p = t < tl ? expf(p_s[g * T + t] - m_new) : 0.0f;
-                p_s[g * T + t] = p;
-                sum += p;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float c = expf(m_old - m_new);
-                c_s[g] = c;
-                l_s[g] = l_s[g] * c + sum;
-                m_s[g] = m_new;
-            }
-        }
-        __syncthreads();
+    } else {
+        Raw8 rk[Sh::NU], rv[Sh::NU];
 #pragma unroll
-        for (int g = 0; g < FD_MAX_G; g++) {
-            if (g < Gb) {
-                const float cr = c_s[g];
-                acc[g].x *= cr;
-                acc[g].y *= cr;
-                acc[g].z *= cr;
-                acc[g].w *= cr;
+        for (int k = 0; k < Sh::NU; k++) {
+            if (RW * k < nt) {
+                rk[k] = kv_raw8<TYPE>(kr + RW * k * kpb, el);
+                rv[k] = kv_raw8<TYPE>(vr + RW * k * vpb, el);
             }
         }
-        for (int t = pq; t < tl; t += TQ) {
-            const float4 v = *(const float4*)(v_s + t * LD + 4 * pc);
 #pragma unroll
-            for (int g = 0; g < FD_MAX_G; g++) {
-                if (g < Gb) {
-                    const float p = p_s[g * T + t];
-                    acc[g].x += p * v.x;
-                    acc[g].y += p * v.y;
-                    acc[g].z += p * v.z;
-                    acc[g].w += p * v.w;
-                }
-            }
-        }
-        __syncthreads();
-    }
-
-    // Sum the TQ position parts: part 0 stores, the others add in turn.
-    float* red = k_s;  // [FD_MAX_G][D]
-    for (int q0 = 0; q0 < TQ; q0++) {
-        if (pq == q0) {
-#pragma unroll
-            for (int g = 0; g < FD_MAX_G; g++) {
-                if (g < Gb) {
-                    float4* d4 = (float4*)(red + g * D + 4 * pc);
-                    if (q0 == 0) {
-                        *d4 = acc[g];
-                    } else {
-                        const float4 a = *d4;
-                        *d4 = make_float4(a.x + acc[g].x, a.y + acc[g].y, a.z + acc[g].z, a.w + acc[g].w);
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int e = tid; e < Gb * D; e += FD_THREADS) {
-        const int g = e / D, d = e % D;
-        if (S == 1) {
-            out[(long long)r * n_head * D + (long long)(h0 + g) * D + d] = red[e] / l_s[g];
-        } else {
-            float* pp = part + (((long long)i * n_head + h0 + g) * S + s) * (D + 2);
-            pp[2 + d] = red[e];
-            if (d == 0) {
-                pp[0] = m_s[g];
-                pp[1] = l_s[g];
+        for (int k = 0; k < Sh::NU; k++) {
+            if (RW * k < nt) {
+                ks[RW * Sh::UPR * k] = fd_f16x8<TYPE>(rk[k], el);
+                vs[RW * Sh::UPR * k] = fd_f16x8<TYPE>(rv[k], el);
             }
         }
     }
 }
 
-// Four blocks per SM (<= 128 registers): at 64 splits x 8 KV heads (Qwen2.5-32B at depth 4096)
-// the 512 blocks then fit the H200's 132 SMs in one wave; at 149 registers only three fit, and
-// a second wave of 116 blocks doubled the kernel's time.
-#define FD_MIN_BLOCKS 4
+// grid (S, n_kv_head * ceil(G / FD_MAX_G), n_rows), block FD_THREADS, dynamic shared memory
+// FdShape<D>::HOST_BYTES. Block (s, kvh * n_sub + sub, i): row i, heads h0..h0+gb-1 of KV head
+// kvh (gb <= GM), positions [s * per, (s + 1) * per) of 0..pos[i] with per = ceil(len / S).
+// S == 1: the normalized result to out; else (max, sum, acc[D]) to part as flash_decode.
+template <int D, int TYPE, int GM>
+static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ q, const int* __restrict__ rows,
+                                                      const int* __restrict__ pos, const uint8_t* __restrict__ kc,
+                                                      const uint8_t* __restrict__ vc, float* __restrict__ out,
+                                                      float* __restrict__ part, int n_head, int n_kv_head, int kvh,
+                                                      int h0, int gb, long long kpb, long long vpb, float scale) {
+    using Sh = FdShape<D>;
+    constexpr int NP = Sh::NP, LP = Sh::LP, UPR = Sh::UPR, DL = Sh::DL;
+    extern __shared__ __align__(16) float fd_smem[];
+    float4* q_s = (float4*)fd_smem;                             // [FD_MAX_G][2][UPR]: dims 8u + 4h..
+    uint4* rings = (uint4*)(fd_smem + FD_MAX_G * D);             // [FD_WARPS][RING]
+    float* p_all = (float*)(rings + FD_WARPS * Sh::RING);        // [FD_WARPS][NP][8]
+    float* ml_s = p_all + FD_WARPS * NP * 8;                     // [2][FD_WARPS][FD_MAX_G]
+    const int s = blockIdx.x, S = gridDim.x, i = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+    const int r = rows[i];
+    const int len = pos[i] + 1;
+    const int per = (len + S - 1) / S;
+    const int p_lo = min(len, s * per), p_hi = min(len, p_lo + per);
+    const long long ek = (long long)kvh * D;  // the head's first element in a cache row
+    {
+        // This split's cached K/V rows (all but the newest, which the kernel before this one
+        // stores) toward L2 before the wait (REDLINE_PDL): the positions come from the host and
+        // the rows from earlier steps. A head's slice of a row is pos_bytes / n_kv_head.
+        const int q_hi = min(p_hi, len - 1);
+        const long long kh = kpb / n_kv_head, vh = vpb / n_kv_head;
+        const int kl = (int)((kh + 127) / 128), vl = (int)((vh + 127) / 128);
+        for (int e = tid; e < (q_hi - p_lo) * (kl + vl); e += FD_THREADS) {
+            const int p = p_lo + e / (kl + vl), x = e % (kl + vl);
+            const uint8_t* a =
+                x < kl ? kc + p * kpb + kvh * kh + 128LL * x : vc + p * vpb + kvh * vh + 128LL * (x - kl);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+    const int n_chunks = (p_hi - p_lo + NP - 1) / NP;
+    uint4* ring = rings + warp * Sh::RING;
+    float* p_w = p_all + warp * NP * 8;
+    // this lane's share of every chunk load (fd_load_chunk)
+    const int tr = lane / UPR, ur = lane % UPR;
+    const uint8_t* kr = kc + tr * kpb;
+    const uint8_t* vr = vc + tr * vpb;
+    const long long el = ek + 8 * ur;
+    uint4* ks0 = ring + fd_slot<D>(tr, ur);
+    uint4* vs0 = ring + Sh::STAGE + tr * UPR + ur;
+#pragma unroll 1
+    for (int st = 0; st < FD_STAGES; st++) {
+        const int c = warp + FD_WARPS * st;
+        if (c < n_chunks) {
+            const int p0 = p_lo + c * NP;
+            fd_load_chunk<D, TYPE>(kr, vr, kpb, vpb, el, p0, min(NP, p_hi - p0) - tr, ks0 + 2 * st * Sh::STAGE,
+                                   vs0 + 2 * st * Sh::STAGE);
+        }
+        fd_cp_commit();
+    }
+    const float qs = scale * 1.44269504088896341f;  // scores in log2 units
+    const float* qr = q + ((long long)r * n_head + h0) * D;
+    for (int e = tid; e < GM * 2 * UPR; e += FD_THREADS) {
+        const int g = e / (2 * UPR), hh = (e / UPR) % 2, u = e % UPR;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (g < gb) {
+            x = *(const float4*)(qr + g * D + 8 * u + 4 * hh);
+            x = make_float4(x.x * qs, x.y * qs, x.z * qs, x.w * qs);
+        }
+        q_s[e] = x;
+    }
+    __syncthreads();
+
+    const int t = lane / LP, pt = lane % LP;
+    float m[GM], l[GM], acc[GM][DL];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DL; d++) acc[g][d] = 0.0f;
+    }
+    int k = 0;
+    for (int c = warp; c < n_chunks; c += FD_WARPS, k++) {
+        fd_cp_wait<FD_STAGES - 1>();
+        __syncwarp();
+        const int st = k % FD_STAGES;
+        const uint4* ks = ring + 2 * st * Sh::STAGE;
+        const uint4* vs = ks + Sh::STAGE;
+        const int p0 = p_lo + c * NP;
+        const int n = min(NP, p_hi - p0);
+        float sc[GM];
+#pragma unroll
+        for (int g = 0; g < GM; g++) sc[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < Sh::UL; j++) {
+            const int u = pt + LP * j;
+            const uint4 kw = ks[fd_slot<D>(t, u)];
+            const float2 k0 = fd_h2(kw.x), k1 = fd_h2(kw.y), k2 = fd_h2(kw.z), k3 = fd_h2(kw.w);
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                const float4 a = q_s[2 * g * UPR + u], b = q_s[(2 * g + 1) * UPR + u];
+                float x = sc[g];
+                x = fmaf(a.x, k0.x, x);
+                x = fmaf(a.y, k0.y, x);
+                x = fmaf(a.z, k1.x, x);
+                x = fmaf(a.w, k1.y, x);
+                x = fmaf(b.x, k2.x, x);
+                x = fmaf(b.y, k2.y, x);
+                x = fmaf(b.z, k3.x, x);
+                x = fmaf(b.w, k3.y, x);
+                sc[g] = x;
+            }
+        }
+        float corr[GM];
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+#pragma unroll
+            for (int o = 1; o < LP; o <<= 1) sc[g] += __shfl_xor_sync(FULL_MASK, sc[g], o);
+            const float x = t < n ? sc[g] : NEG_INF;
+            float mx = x;
+#pragma unroll
+            for (int o = LP; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+            const float mn = fmaxf(m[g], mx);  // finite: the chunk has a position
+            corr[g] = fd_exp2(m[g] - mn);       // 0 on the warp's first chunk
+            const float p = fd_exp2(x - mn);
+            l[g] = l[g] * corr[g] + p;  // this lane's position slot; summed over slots at the end
+            m[g] = mn;
+            sc[g] = p;
+        }
+        if (pt == 0) {
+#pragma unroll
+            for (int g = 0; g < GM; g++) p_w[t * 8 + g] = sc[g];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int g = 0; g < GM; g++)
+#pragma unroll
+            for (int d = 0; d < DL; d++) acc[g][d] *= corr[g];
+#pragma unroll
+        for (int tt = 0; tt < NP; tt++) {
+            if (tt < n) {
+                float v[DL];
+                const uint16_t* vr = (const uint16_t*)(vs + tt * UPR) + lane * DL;
+                if constexpr (DL == 2) {
+                    const float2 a = fd_h2(*(const uint32_t*)vr);
+                    v[0] = a.x;
+                    v[1] = a.y;
+                } else if constexpr (DL == 4) {
+                    const uint2 w = *(const uint2*)vr;
+                    const float2 a = fd_h2(w.x), b = fd_h2(w.y);
+                    v[0] = a.x;
+                    v[1] = a.y;
+                    v[2] = b.x;
+                    v[3] = b.y;
+                } else {
+                    static_assert(DL == 8, "head sizes 64, 128, 256");
+                    const uint4 w = *(const uint4*)vr;
+                    const float2 a = fd_h2(w.x), b = fd_h2(w.y), c2 = fd_h2(w.z), d2 = fd_h2(w.w);
+                    v[0] = a.x;
+                    v[1] = a.y;
+                    v[2] = b.x;
+                    v[3] = b.y;
+                    v[4] = c2.x;
+                    v[5] = c2.y;
+                    v[6] = d2.x;
+                    v[7] = d2.y;
+                }
+                float pr[8];
+                const float4 pa = *(const float4*)(p_w + tt * 8);
+                pr[0] = pa.x;
+                pr[1] = pa.y;
+                pr[2] = pa.z;
+                pr[3] = pa.w;
+                if constexpr (GM > 4) {
+                    const float4 pb = *(const float4*)(p_w + tt * 8 + 4);
+                    pr[4] = pb.x;
+                    pr[5] = pb.y;
+                    pr[6] = pb.z;
+                    pr[7] = pb.w;
+                }
+#pragma unroll
+                for (int g = 0; g < GM; g++)
+#pragma unroll
+                    for (int d = 0; d < DL; d++) acc[g][d] = fmaf(pr[g], v[d], acc[g][d]);
+            }
+        }
+        __syncwarp();  // the stage and the probabilities are read before they are refilled
+        const int cn = c + FD_WARPS * FD_STAGES;
+        if (cn < n_chunks) {
+            const int pn = p_lo + cn * NP;
+            fd_load_chunk<D, TYPE>(kr, vr, kpb, vpb, el, pn, min(NP, p_hi - pn) - tr, ks0 + 2 * st * Sh::STAGE,
+                                   vs0 + 2 * st * Sh::STAGE);
+        }
+        fd_cp_commit();
+    }
+    fd_cp_wait<0>();
+
+    // The warps meet: each writes (max, sum) and its sums [GM][D] over its own (now idle) ring.
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+#pragma unroll
+        for (int o = LP; o < 32; o <<= 1) l[g] += __shfl_xor_sync(FULL_MASK, l[g], o);
+    }
+    __syncwarp();
+    float* a_w = (float*)ring;
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+#pragma unroll
+        for (int d = 0; d < DL; d++) a_w[g * D + lane * DL + d] = acc[g][d];
+        if (lane == 0) {
+            ml_s[warp * FD_MAX_G + g] = m[g];
+            ml_s[(FD_WARPS + warp) * FD_MAX_G + g] = l[g];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < gb * D; e += FD_THREADS) {
+        const int g = e / D, d = e % D;
+        float mw[FD_WARPS], M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < FD_WARPS; w++) {
+            mw[w] = ml_s[w * FD_MAX_G + g];
+            M = fmaxf(M, mw[w]);
+        }
+        float L = 0.0f, a = 0.0f;
+        if (M != NEG_INF) {  // else an empty split: weight 0, zero sums
+#pragma unroll
+            for (int w = 0; w < FD_WARPS; w++) {
+                const float f = fd_exp2(mw[w] - M);  // 0 for a warp without positions
+                L += f * ml_s[(FD_WARPS + w) * FD_MAX_G + g];
+                a += f * ((const float*)(rings + w * Sh::RING))[g * D + d];
+            }
+        }
+        if (S == 1) {
+            out[((long long)r * n_head + h0 + g) * D + d] = a / L;
+        } else {
+            float* pp = part + (((long long)i * n_head + h0 + g) * S + s) * (D + 2);
+            pp[2 + d] = a;
+            if (d == 0) {
+                pp[0] = M * 0.69314718055994531f;  // natural-log units, as flash_decode
+                pp[1] = L;
+            }
+        }
+    }
+}
+
+// The block's gb query heads, padded to a body of GM heads: f16 caches (the common case) have
+// bodies for 4, 5, 6 and 8 heads, the quant caches for 4 and 8 (each body adds compile time).
+template <int D, int TYPE>
+static __device__ __forceinline__ void flash_decode_heads(const float* __restrict__ q, const int* __restrict__ rows,
+                                                          const int* __restrict__ pos, const uint8_t* __restrict__ kc,
+                                                          const uint8_t* __restrict__ vc, float* __restrict__ out,
+                                                          float* __restrict__ part, int n_head, int n_kv_head,
+                                                          long long kpb, long long vpb, float scale) {
+    const int G = n_head / n_kv_head, n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
+    const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
+    const int h0 = kvh * G + sub * FD_MAX_G, gb = min(FD_MAX_G, G - sub * FD_MAX_G);
+#define FD_BODY(GM) \
+    flash_decode_d<D, TYPE, GM>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kvh, h0, gb, kpb, vpb, scale)
+    if constexpr (TYPE == FA_F16) {
+        if (gb <= 4)
+            FD_BODY(4);
+        else if (gb == 5)
+            FD_BODY(5);
+        else if (gb == 6)
+            FD_BODY(6);
+        else
+            FD_BODY(8);
+    } else {
+        if (gb <= 4)
+            FD_BODY(4);
+        else
+            FD_BODY(8);
+    }
+#undef FD_BODY
+}
+
+// Blocks per SM: four for D <= 128 (<= 128 registers: at 64 splits x 8 KV heads, Qwen2.5-32B at
+// depth 4096, the 512 blocks fit the H200's 132 SMs in one wave); three for D = 256 (<= 168
+// registers, no spills; Qwen3.5-27B has 4 KV heads, 256 blocks at 64 splits).
+#define FD_MIN_BLOCKS(D) ((D) > 128 ? 3 : 4)
 #define FA_DECODE_D(NAME, D, TYPE)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(FD_THREADS, FD_MIN_BLOCKS)                                        \
+    extern "C" __global__ void __launch_bounds__(FD_THREADS, FD_MIN_BLOCKS(D))                                     \
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale,        \
              const unsigned long long* __restrict__ kvp) {                                                         \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        flash_decode_d<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);              \
+        flash_decode_heads<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);          \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)
 FA_DECODE_D(fa_decode_d64_q8_0, 64, FA_Q8_0)
@@ -503,25 +742,41 @@ FA_DECODE_D(fa_decode_d256_q8_0, 256, FA_Q8_0)
 FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
 
 #define FA_MAX_SPLITS 64
+// Column pairs a merge thread has in flight at once.
+#define FM_BATCH 32
 
 // grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_*
 // (splits with sum 0 had no positions: weight 0; their partials are finite zeros) into out.
-// Thread s reads split s's (max, sum) and the block reduces them, so no thread walks the
-// splits serially; then thread d sums column d over the splits, loads independent of each
-// other (at depth 4096 a decode step merges 64 splits per head in every attention layer).
+// Thread s reads split s's (max, sum) and the block reduces them. The sums: for dv <= 256,
+// thread (pair c, group j) of 128 / (dv / 2) groups adds column pair c of splits j, j + groups,
+// ...; its first FM_BATCH loads go out before the (max, sum) reduction, so at depth 4096 (64
+// splits) a head's merge waits for about one L2 round trip instead of one per 8 splits.
 extern "C" __global__ void __launch_bounds__(128)
     fa_merge(const float* __restrict__ part, const int* __restrict__ rows, float* __restrict__ out, int n_head, int dv,
              int S) {
     __shared__ float w_s[FA_MAX_SPLITS];
     __shared__ float red_s[2][4];
+    __shared__ float2 sum_s[128];
     pdl_wait();
     pdl_trigger();
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const float* base = part + ((long long)i * n_head + h) * S * (dv + 2);
+    const long long ld = dv + 2;
+    const float* base = part + ((long long)i * n_head + h) * S * ld;
+    const int np = dv / 2;  // dv is a multiple of 8
+    const bool pairs = np <= 128;
+    const int ng = pairs ? 128 / np : 1, c = tid % np, j = tid / np;
+    float2 v[FM_BATCH];
+    if (pairs) {
+#pragma unroll
+        for (int k = 0; k < FM_BATCH; k++) {
+            const int s = j + k * ng;
+            v[k] = j < ng && s < S ? *(const float2*)(base + s * ld + 2 + 2 * c) : make_float2(0.0f, 0.0f);
+        }
+    }
     float m = NEG_INF, l = 0.0f;
     if (tid < S) {
-        l = base[tid * (dv + 2) + 1];
-        if (l > 0.0f) m = base[tid * (dv + 2)];
+        l = base[tid * ld + 1];
+        if (l > 0.0f) m = base[tid * ld];
     }
     const float wm = warp_max(m);
     if (lane == 0) red_s[0][warp] = wm;
@@ -534,11 +789,41 @@ extern "C" __global__ void __launch_bounds__(128)
     __syncthreads();
     const float inv = 1.0f / (red_s[1][0] + red_s[1][1] + red_s[1][2] + red_s[1][3]);
     float* o = out + ((long long)rows[i] * n_head + h) * dv;
-    for (int d = tid; d < dv; d += blockDim.x) {
-        float a = 0.0f;
+    if (!pairs) {
+        for (int d = tid; d < dv; d += blockDim.x) {
+            float a = 0.0f;
 #pragma unroll 8
-        for (int s = 0; s < S; s++) a += w_s[s] * base[s * (dv + 2) + 2 + d];
-        o[d] = a * inv;
+            for (int s = 0; s < S; s++) a += w_s[s] * base[s * ld + 2 + d];
+            o[d] = a * inv;
+        }
+        return;
+    }
+    float2 a = make_float2(0.0f, 0.0f);
+    for (int s0 = 0;; s0 += FM_BATCH * ng) {
+#pragma unroll
+        for (int k = 0; k < FM_BATCH; k++) {
+            const int s = j + s0 + k * ng;
+            if (s < S) {
+                a.x += w_s[s] * v[k].x;
+                a.y += w_s[s] * v[k].y;
+            }
+        }
+        if (s0 + FM_BATCH * ng >= S) break;
+#pragma unroll
+        for (int k = 0; k < FM_BATCH; k++) {
+            const int s = j + s0 + FM_BATCH * ng + k * ng;
+            v[k] = j < ng && s < S ? *(const float2*)(base + s * ld + 2 + 2 * c) : make_float2(0.0f, 0.0f);
+        }
+    }
+    sum_s[tid] = a;
+    __syncthreads();
+    if (tid < np) {
+        float2 t = make_float2(0.0f, 0.0f);
+        for (int g = 0; g < ng; g++) {
+            t.x += sum_s[g * np + tid].x;
+            t.y += sum_s[g * np + tid].y;
+        }
+        *(float2*)(o + 2 * tid) = make_float2(t.x * inv, t.y * inv);
     }
 }
 
