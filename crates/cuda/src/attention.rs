@@ -2,12 +2,18 @@
 //! batch takes, how it is cut, its shared-memory and scratch sizes, and the launches.
 //!
 //! - **Decode** (`fa_decode_*` + `fa_merge`): for rows that each attend to a long context. A
-//!   block takes one row, one KV head and one split of the row's positions, loads K/V tiles of
-//!   `T` positions once with 16-byte (f16/f32) or 2-byte (q8_0/q4_0 blocks) loads into shared
-//!   f32 and serves all `n_head / n_kv_head` query heads of the group from them. Splits write
-//!   partials `(max, sum, acc[head_dim_v])` that one merge launch combines. The split count is
-//!   chosen by the caller from a bound that does not change between decode steps (`n_ctx`
-//!   inside a recorded step), so the launch replays in a CUDA graph at any depth.
+//!   block takes one row, one KV head (all `n_head / n_kv_head` query heads of its group read
+//!   each K/V load) and one split of the row's positions. The head-size kernels
+//!   (`fa_decode_d{64,128,256}_*`) give each split an even share of the positions and deal
+//!   them in chunks of 8 (4 for D = 256) to the block's 4 warps, each with its own online
+//!   softmax and its own ring of K/V chunks in shared f16 (`cp.async` for f16 caches on sm_80+,
+//!   so a block's loads are in flight right after the wait); the warps meet once at the end.
+//!   The generic kernel (other head sizes, f32 caches) loads tiles of `T` positions into shared
+//!   f32. Splits write partials `(max, sum, acc[head_dim_v])` that one merge launch combines.
+//!   The split count is chosen by the caller from a bound that does not change between decode
+//!   steps (`n_ctx` inside a recorded step), so the launch replays in a CUDA graph at any
+//!   depth. The decode rows of several sequences can share one launch: [`KvRef::row_caches`]
+//!   then names each launch row's caches.
 //! - **Prefill** (`fa_prefill_d{64,128,256}_*`): for many rows of one sequence. A block takes
 //!   64 rows and one query head; Q goes to shared f16 once, then per tile of 32 positions
 //!   S = Q K^T and O += P V on tensor cores (PTX wmma m16n16k16, f32 accumulation) with an

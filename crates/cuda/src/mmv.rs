@@ -15,7 +15,7 @@
 //! (H200: rms error vs the exact-q8_1 f64 result 1.1-1.3e-7 against the matvec's 8e-8), so a
 //! step of 3+ tokens can round differently from one token by ~1e-7 relative.
 //!
-//! **mmv2** (`REDLINE_MMV2=1`, default off): x quantized q8_K-style (one f32 scale per 256
+//! **mmv2** (on by default; `REDLINE_MMV2=0` off): x quantized q8_K-style (one f32 scale per 256
 //! values, int16 sums per 32: llama.cpp's CPU activation format for K-quants) so the kernels
 //! sum a whole super-block in int32 and do one float step per super-block and (row, token),
 //! whatever the token count: Q4_K 27648x5120 at 1 / 3 / 4 / 8 tokens 32.9 / 35.0 / 35.9 /
@@ -347,14 +347,15 @@ impl MatvecScratch {
     }
 }
 
-/// Whether the backend's few-token Q4_K products take the mmv2 kernels: `REDLINE_MMV2=1`
-/// (default off until timed on a card), or [`set_mmv2`]. Read once.
+/// Whether the backend's few-token Q4_K products take the mmv2 kernels: on by default
+/// (H200, session 10: 8 decode streams of the 32B +34 %), `REDLINE_MMV2=0` keeps them on the
+/// q8_1 mmv / matvec kernels, or [`set_mmv2`]. Read once.
 fn mmv2_enabled() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match MMV2_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV2").is_ok_and(|v| v == "1")),
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV2").map_or(true, |v| v != "0")),
     }
 }
 

@@ -57,7 +57,7 @@ fn kv_type_code(t: KvType) -> i32 {
 /// instead of one launch (or three) per sequence; `REDLINE_BATCHED_SEQS=0` turns it off.
 pub(super) fn batched_seqs() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLINE_BATCHED_SEQS").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("REDLINE_BATCHED_SEQS").map_or(true, |v| v != "0"))
 }
 
 /// The decode tile when the rows of every sequence can go to the device in one batched
