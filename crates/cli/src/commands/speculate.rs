@@ -174,6 +174,14 @@ pub fn load_drafter<B: SpecBackend>(
     pargs: &PlacementArgs,
     n_ctx: usize,
 ) -> anyhow::Result<Drafter<B>> {
+    // Speculation must give what plain decoding gives, token for token. One-token steps
+    // quantize activations q8_1 (a scale per 32); the mmv2 kernels that take 3..8-row Q4_K
+    // products by default quantize them q8_K (a scale per 256), a coarser grid that can move
+    // near-tied logits apart. Verify passes therefore keep the q8_1 kernels unless
+    // REDLINE_MMV2 is set explicitly.
+    if std::env::var_os("REDLINE_MMV2").is_none() {
+        cuda::mmv::set_mmv2(Some(false));
+    }
     if spec.mtp {
         if spec.model_draft.is_some() {
             bail!("--mtp and --md are exclusive: pick one drafter");
