@@ -344,9 +344,17 @@ impl CudaBackend {
             return Ok(());
         }
         let f = self.function("mo_group_rms_norm")?;
+        // Whole rows of 32k values take the block of the fused norm (mo_rms_norm_q8: one
+        // thread per value up to 1024), so that both add the squares in the same order and
+        // write bit-identical outputs: a fused and an unfused step then quantize the same x.
+        let threads = if group.is_multiple_of(32) {
+            group.min(1024)
+        } else {
+            group.next_power_of_two().clamp(32, 256)
+        };
         let cfg = LaunchConfig {
             grid_dim: (n_groups as u32, 1, 1),
-            block_dim: (group.next_power_of_two().clamp(32, 256) as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let stream = self.dev.stream();
