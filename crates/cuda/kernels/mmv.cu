@@ -741,4 +741,116 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
     }
 
 MMV2_KERNEL(q4_k, Mv2Q4K)
-MMV2_KERNEL(q6_k, Mv2Q6K)
+
+// ---- mmv2 Q6_K: super-blocks staged through shared memory --------------------------------
+//
+// Why: block_q6_K is 210 bytes, so a super-block is only 2-byte aligned and MvQ6K::load reads
+// this thread's 34 words of it as 66 u16 loads, each touching 8 rows' cache lines: ~530 L1
+// wavefronts per super-block and warp, which held 27648x5120 at ~100 µs whatever the token
+// count. Here the warp stages its super-block of the tile's 16 rows through shared memory as
+// matvec_quant.cu does: lane (h, i) (h = lane / 16, i = lane % 16) loads the aligned 16-byte
+// vector i (i < 14: 224 bytes cover 210 + up to 14 of misalignment; the matrix has >= 16
+// bytes of padding after its last row) of rows 2k + h, k = 0..7 (8 loads per lane, each two
+// rows' 224 contiguous bytes), one super-block ahead of the one it computes. Storing, a row
+// whose super-block starts 2 mod 4 is shifted down 2 bytes (prmt with the next lane's first
+// word), so in shared memory every row's block starts 4-byte aligned at (start & 12) and the
+// fragment words (MvQ6K::Frag: ql, qh, scales, d) are single aligned 4-byte loads: 34 per
+// thread and super-block, the compute (Mv2Q6K::compute) unchanged.
+// Shared memory: dynamic, blockDim.y * 16 rows * 240 bytes (15 vectors per row: a stride of
+// 60 words keeps the 8 rows of a fragment load on distinct banks up to the row's (start & 12)).
+#define MV6_ROW_VECS 15
+
+static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
+                                                const float* __restrict__ dy, const int16_t* __restrict__ bsum,
+                                                int n_tokens, int load_mode, int emulate) {
+    extern __shared__ MvV4 mv6_stage[];  // [blockDim.y][16 rows][MV6_ROW_VECS]
+    const MvTile tl = mv_tile(p);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
+    const int ncols = p.ncols, nsb = ncols / 256;
+    const int t0 = min(2 * t, n_tokens - 1), t1 = min(2 * t + 1, n_tokens - 1);
+    // (pointers only: x is read after the wait)
+    Mv2X x;
+    x.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
+    x.bs0 = (const MvV4*)(bsum + (long long)t0 * (ncols / 32));
+    x.bs1 = (const MvV4*)(bsum + (long long)t1 * (ncols / 32));
+    x.dy0 = dy + (long long)t0 * nsb;
+    x.dy1 = dy + (long long)t1 * nsb;
+    x.emulate = emulate;
+
+    // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile)
+    const int vi = lane & 15, hf = lane >> 4;
+    const uint8_t* tile = tl.sel.W + (long long)tl.row0 * p.row_bytes;
+    int roff[8];  // byte offset of row 2k + hf from the tile's first row (< 16 rows * row_bytes)
+#pragma unroll
+    for (int k = 0; k < 8; k++) roff[k] = (min(tl.row0 + 2 * k + hf, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes;
+    MvV4* buf = mv6_stage + wid * 16 * MV6_ROW_VECS;
+    MvV4 st[8];
+    uint32_t shift2 = 0;  // bit k: row 2k + hf's super-block starts 2 mod 4
+    auto load = [&](int s) {
+        const uint8_t* sb = tile + (long long)s * MvQ6K::SB;
+        shift2 = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const unsigned long long a = (unsigned long long)(sb + roff[k]);
+            shift2 |= (uint32_t)((a >> 1) & 1) << k;
+            st[k] = vi < 14 ? mv_ld16((const uint8_t*)(a & ~(unsigned long long)15) + 16 * vi, load_mode) : MvV4{0u, 0u, 0u, 0u};
+        }
+    };
+    auto stage = [&]() {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t nx = __shfl_down_sync(FULL_MASK, st[k].x, 1);
+            const uint32_t sel = ((shift2 >> k) & 1) ? 0x5432u : 0x3210u;
+            const MvV4 v = st[k];
+            if (vi < MV6_ROW_VECS)
+                buf[(2 * k + hf) * MV6_ROW_VECS + vi] =
+                    MvV4{__byte_perm(v.x, v.y, sel), __byte_perm(v.y, v.z, sel), __byte_perm(v.z, v.w, sel),
+                         __byte_perm(v.w, nx, sel)};
+        }
+    };
+    // this thread's fragment words of super-block s (rows g, g + 8) from the staged rows
+    auto fragment = [&](int s, MvQ6K::Frag& f) {
+        uint32_t d[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint8_t* src = r == 0 ? tl.rg : tl.rg8;
+            const int o = (int)((unsigned long long)(src + (long long)s * MvQ6K::SB) & 12);
+            const uint8_t* b = (const uint8_t*)(buf + (g + 8 * r) * MV6_ROW_VECS) + o;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                f.ql[r][i] = *(const uint32_t*)(b + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+            for (int i = 0; i < 4; i++) f.qh[r][i] = *(const uint32_t*)(b + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+            for (int i = 0; i < 4; i++) f.sc[r][i] = *(const uint32_t*)(b + 192 + 4 * i);
+            d[r] = *(const uint32_t*)(b + 208);
+        }
+        f.d = (d[0] & 0xFFFFu) | (d[1] << 16);
+    };
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (wid < nsb) load(wid);
+    pdl_wait();
+    pdl_trigger();
+    for (int s = wid; s < nsb; s += nw) {
+        stage();
+        __syncwarp();
+        if (s + nw < nsb) load(s + nw);
+        MvQ6K::Frag f;
+        fragment(s, f);
+        Mv2Q6K::compute(f, s, x, acc);
+        __syncwarp();
+    }
+    if (!mv_reduce_warps(acc)) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int tok = 2 * t + (i & 1);
+        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)
+    mmv2_q6_k(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,
+              const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {
+    mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, emulate);
+}

@@ -378,42 +378,74 @@ fn stem2(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// Weight load mode of the mmv2 kernels: the override ([`set_load_mode_override`]), else
-/// `REDLINE_MMV_LOAD`, else 0 (cached loads: H200, 27648x5120 / 5120x27648 / 5120x5120 n = 1
-/// at the default warps, 32.9 / 35.0 / 10.4 µs against 36.1 / 37.3 / 10.8 with
-/// L1::no_allocate: a super-block's header and first quants share a sector).
-fn load_mode2() -> i32 {
-    static ENV: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+/// `REDLINE_MMV_LOAD`, else per format as timed on the H200 (session 10, µs at the best warps):
+/// Q4_K 0 (cached loads: 27648x5120 / 5120x27648 / 5120x5120 n = 1 32.9 / 35.0 / 10.4 against
+/// 36.1 / 37.3 / 10.8 with L1::no_allocate: a super-block's header and first quants share a
+/// sector); Q6_K 2 (its super-blocks go through shared memory once: 27648x5120 n = 4 53.9
+/// against 70.2, the 152064x5120 head 227.6 against 316.5).
+fn load_mode2(ty: GgmlType) -> i32 {
+    static ENV: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     match LOAD_MODE_OVERRIDE.load(Ordering::Relaxed) {
         m @ (0 | 2) => m as i32,
-        _ => *ENV.get_or_init(|| {
-            i32::from(std::env::var("REDLINE_MMV_LOAD").is_ok_and(|v| v == "2")) * 2
-        }),
+        _ => ENV
+            .get_or_init(|| match std::env::var("REDLINE_MMV_LOAD").as_deref() {
+                Ok("0") => Some(0),
+                Ok("2") => Some(2),
+                _ => None,
+            })
+            .unwrap_or(if ty == GgmlType::Q6K { 2 } else { 0 }),
     }
 }
 
 /// Warps per block of the mmv2 kernels (they split a tile's super-blocks) for `tiles` 16-row
-/// tiles of `n_cols` columns: the override ([`set_warps_override`]), else by the H200 sweep
-/// (session 10; ~103 registers: at most 16 warps per SM, 4 per scheduler): 3 for >= 600 tiles
-/// (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5 below (320
-/// tiles fit one wave of 3 blocks per SM: 5120x27648 35.0 µs against 41.2 at 4 and 52.1 at
-/// 6; 5120x5120 10.4 against 11.0), 8 under 200 (fewer blocks than SMs: the warps of a
-/// block are all there is); never a warp without a super-block.
-fn warps_per_block2(tiles: usize, n_cols: usize) -> u32 {
+/// tiles of `n_cols` columns of `ty`: the override ([`set_warps_override`]), else by the H200
+/// sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3 for
+/// >= 600 tiles (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5
+/// below (320 tiles fit one wave of 3 blocks per SM: 5120x27648 35.0 µs against 41.2 at 4 and
+/// 52.1 at 6; 5120x5120 10.4 against 11.0), 8 under 200 (fewer blocks than SMs: the warps of a
+/// block are all there is). Q6_K (125 registers, shared staging): 2 for >= 5000 tiles (the
+/// 152064x5120 head n = 4: 227.6 µs against 231.2 at 4, 235.0 at 3), 4 for >= 600 (27648x5120
+/// n = 4: 53.9 against 54.9 at 3, 55.1 at 5), 5 for >= 200 (5120x27648 n = 4: 68.2 against
+/// 77.3 at 4; 5120x5120 15.9 against 17.5), 8 below. Never a warp without a super-block.
+fn warps_per_block2(ty: GgmlType, tiles: usize, n_cols: usize) -> u32 {
     let forced = WARPS_OVERRIDE.load(Ordering::Relaxed) as usize;
+    let q6 = ty == GgmlType::Q6K;
     let w = match (forced, tiles) {
         (f, _) if f > 0 => f,
-        (_, t) if t >= 600 => 3,
+        (_, t) if q6 && t >= 5000 => 2,
+        (_, t) if t >= 600 => {
+            if q6 {
+                4
+            } else {
+                3
+            }
+        }
         (_, t) if t >= 200 => 5,
         _ => 8,
     };
     w.min((n_cols / 256).max(1)) as u32
 }
 
-/// Whether the mmv2 dispatch takes weight type `ty`: Q4_K. Q6_K's kernel (tested) loses to
-/// the dp4a matvec below 8 tokens (H200, 27648x5120 n = 1 / 4 / 8: 93 / 96 / 99 µs against
-/// 41 / 81 / 131): its 2-byte aligned 210-byte super-blocks are read as u16 pairs.
+/// Whether the mmv2 dispatch takes weight type `ty`: Q4_K and Q6_K. Q6_K's first kernel read
+/// its 2-byte aligned 210-byte super-blocks as u16 pairs and lost to the dp4a matvec below 8
+/// tokens (H200, 27648x5120 n = 1 / 4 / 8: 93 / 96 / 99 µs against 41 / 81 / 131); its
+/// successor stages them through shared memory with aligned 16-byte loads (kernels/mmv.cu
+/// mmv2_q6_k) and wins from 3 tokens (H200, session 10, µs, dp4a / mmv2 at n = 3 and 8:
+/// 27648x5120 78.3 / 53.1 and 130.8 / 66.0; 5120x27648 70.8 / 65.6 and 141.9 / 72.9;
+/// 5120x5120 20.3 / 15.5 and 29.9 / 16.7; the 152064x5120 head 401.0 / 224.8 and 676.3 /
+/// 285.1; at one token it loses: 40.8 / 50.6).
 fn dispatched2_format(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4K
+    matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+}
+
+/// Dynamic shared memory of an mmv2 launch of `warps` warps: Q6_K stages one super-block of
+/// the tile's 16 rows per warp (15 16-byte vectors per row, MV6_ROW_VECS in the kernel).
+fn shared_bytes2(ty: GgmlType, warps: u32) -> u32 {
+    if ty == GgmlType::Q6K {
+        warps * 16 * 15 * 16
+    } else {
+        0
+    }
 }
 
 /// Fewest tokens the mmv2 dispatch takes. H200, session 10, Q4_K (µs, dp4a matvec / mmv2 at
@@ -543,15 +575,15 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let warps = warps_per_block2(total_rows.div_ceil(ROWS_PER_BLOCK), cols);
+        let warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
         let f = self.function(Program::Mmv, &format!("mmv2_{stem}"))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, warps, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared_bytes2(ty, warps),
         };
         let mut n_i = n_tokens as i32;
-        let mut mode = load_mode2();
+        let mut mode = load_mode2(ty);
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         if crate::pdl::enabled(self.arch()) {
             let (mut p, mut pq, mut pd, mut pb) = (
@@ -586,7 +618,8 @@ impl CudaDevice {
         // n_tokens <= 8; the scratch holds x of n_tokens x cols in q8_K (quantize_q8_k checked
         // its sizes); every segment's matrix is a live DeviceMatrix of this format and width
         // (>= 16 bytes of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows
-        // f32 and biases n_rows (the caller's contract).
+        // f32 and biases n_rows (the caller's contract); Q6_K gets its staging shared memory
+        // (shared_bytes2).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -642,10 +675,13 @@ mod tests {
     #[test]
     fn mmv2_warps_by_tile_count() {
         set_warps_override(0);
-        assert_eq!(warps_per_block2(1728, 5120), 3);
-        assert_eq!(warps_per_block2(320, 27648), 5);
-        assert_eq!(warps_per_block2(64, 5120), 8);
-        assert_eq!(warps_per_block2(64, 512), 2);
+        assert_eq!(warps_per_block2(GgmlType::Q4K, 1728, 5120), 3);
+        assert_eq!(warps_per_block2(GgmlType::Q4K, 320, 27648), 5);
+        assert_eq!(warps_per_block2(GgmlType::Q4K, 64, 5120), 8);
+        assert_eq!(warps_per_block2(GgmlType::Q4K, 64, 512), 2);
+        assert_eq!(warps_per_block2(GgmlType::Q6K, 9504, 5120), 2);
+        assert_eq!(warps_per_block2(GgmlType::Q6K, 1728, 5120), 4);
+        assert_eq!(warps_per_block2(GgmlType::Q6K, 320, 27648), 5);
     }
 
     #[test]

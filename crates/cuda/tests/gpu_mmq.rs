@@ -760,12 +760,16 @@ fn mmv2_matches_cpu_reference() {
     let mut failures = Vec::new();
     let mut seed = 170u64;
     for ty in MMV2_FORMATS {
-        // rows: 1, 15, 17, 37, 129, 523 (not multiples of the 16-row tile); 1..33 super-blocks
-        // per row (fewer and more than the warps of a block, odd counts: the two-buffer tail)
+        // rows: 1, 15, 17, 33, 37, 129, 523 (not multiples of the 16-row tile); 1..33
+        // super-blocks per row (fewer and more than the warps of a block, odd counts: the
+        // two-buffer tail). Q6_K rows are 210 * n_sb bytes: with 1, 3, 9, 21 or 33 super-blocks
+        // the rows of a tile start at every even offset mod 16 (mmv2_q6_k's staging shifts
+        // and (start & 12) placements), with 10 at multiples of 4, with 8 all 16-byte aligned.
         let shapes = [
             (1, 256),
             (15, 768),
             (17, 2304),
+            (33, 2048),
             (37, 8448),
             (523, 2560),
             (129, 5376),
@@ -867,7 +871,7 @@ fn mmv2_segments_with_bias_and_accumulate() {
                     accumulate: i == 1,
                 })
                 .collect();
-            let backend_entry = ty == GgmlType::Q4K && dev.arch() >= 80 && n >= 3;
+            let backend_entry = dev.arch() >= 80 && n >= 3;
             assert_eq!(
                 cuda::mmv::dispatch2(&dev, ty, n),
                 backend_entry,
@@ -982,7 +986,13 @@ fn mmv2_timing_vs_matvec_and_mmv() {
     dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
     dev.module(cuda::Program::MatvecQuant)
         .expect("matvec kernels compile");
-    let shapes = [(27648usize, 5120usize), (5120, 27648), (5120, 5120)];
+    // FFN up / down of the 32B, a square, and the Qwen2.5-32B output head (Q6_K only)
+    let shapes = [
+        (27648usize, 5120usize),
+        (5120, 27648),
+        (5120, 5120),
+        (152064, 5120),
+    ];
     let counts = [1usize, 2, 3, 4, 8];
     println!(
         "{:>5} {:>12} {:>2} {:>7} {:>7} {:>7} {:>6} {:>6} {:>8} {:>6} {:>6}  best mmv2 (warps, load mode)",
@@ -991,6 +1001,9 @@ fn mmv2_timing_vs_matvec_and_mmv() {
     let mut sweeps = Vec::new();
     for ty in MMV2_FORMATS {
         for &(rows, cols) in &shapes {
+            if rows > 100_000 && ty != GgmlType::Q6K {
+                continue;
+            }
             let bytes = random_matrix(ty, rows, cols, 99);
             let nbytes = bytes.len();
             let copies = (400_000_000 / nbytes).clamp(2, 16);
@@ -1030,13 +1043,9 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                     .expect("mmv2 timing")
                 };
                 let m2 = time2();
-                // warps x load mode (Q6_K: the defaults only)
+                // warps x load mode
                 let mut best = (m2, "defaults".to_string());
-                let warps: &[u32] = if ty == GgmlType::Q4K {
-                    &[2, 3, 4, 5, 8]
-                } else {
-                    &[]
-                };
+                let warps: &[u32] = &[2, 3, 4, 5, 8];
                 let mut line = format!("{} {rows}x{cols} n={n}:", ty.name());
                 for &w in warps {
                     for mode in [0u32, 2] {
