@@ -399,8 +399,8 @@ fn load_mode2(ty: GgmlType) -> i32 {
 
 /// Warps per block of the mmv2 kernels (they split a tile's super-blocks) for `tiles` 16-row
 /// tiles of `n_cols` columns of `ty`: the override ([`set_warps_override`]), else by the H200
-/// sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3 for
-/// >= 600 tiles (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5
+/// sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3
+/// for 600 tiles or more (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5
 /// below (320 tiles fit one wave of 3 blocks per SM: 5120x27648 35.0 µs against 41.2 at 4 and
 /// 52.1 at 6; 5120x5120 10.4 against 11.0), 8 under 200 (fewer blocks than SMs: the warps of a
 /// block are all there is). Q6_K (125 registers, shared staging): 2 for >= 5000 tiles (the
