@@ -5,8 +5,8 @@
 //! count. The dp4a matvec re-does its dot work per token and costs 2..4x its one-token time at
 //! 3..8 tokens; this path is what speculative verify passes and batched decode streams want.
 //!
-//! Formats: Q4_K and Q6_K kernels; the dispatch sends Q4_K products of 3..=8 tokens here
-//! (Q6_K's kernel still loses to the matvec, see [`dispatch_min_tokens`] for the timings).
+//! Formats: Q4_K and Q6_K kernels; with mmv2 off (below) the dispatch sends Q4_K products of
+//! 3..=8 tokens here (Q6_K's q8_1 kernel loses to the matvec, see [`dispatch_min_tokens`]).
 //! For 1..4 tokens the B operand is block-diagonal (columns = tokens x units of a group), so no
 //! C column is spent on padding tokens. sm_80+ only in the dispatch; the kernels compile for
 //! sm_70 with the mma emulated by shuffles + dp4a (tests force that path on any card).
@@ -19,7 +19,9 @@
 //! values, int16 sums per 32: llama.cpp's CPU activation format for K-quants) so the kernels
 //! sum a whole super-block in int32 and do one float step per super-block and (row, token),
 //! whatever the token count: Q4_K 27648x5120 at 1 / 3 / 4 / 8 tokens 32.9 / 35.0 / 35.9 /
-//! 40.0 µs against mmv's 31.9 / 43.8 / 44.4 / 71.1 (H200, session 10; [`dispatch2`]). The
+//! 40.0 µs against mmv's 31.9 / 43.8 / 44.4 / 71.1, and Q6_K (super-blocks staged through
+//! shared memory) 27648x5120 at 3 / 8 tokens 53.1 / 66.0 against the matvec's 78.3 / 130.8
+//! (H200, session 10; [`dispatch2`]: Q4_K and Q6_K, 3..=8 tokens). The
 //! coarser activation scale doubles the error against the unquantized x (rms 1.8e-2 against
 //! 0.9e-2 for q8_1 on the tests' random activations with 8x outliers); the kernels' own
 //! rounding is that of the matvec (7-8e-8).
