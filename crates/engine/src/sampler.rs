@@ -133,12 +133,25 @@ impl Sampler {
     /// banned (`-inf`); if every logit is banned, returns the argmax of the raw logits (0 when
     /// empty) rather than panicking.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let plain = self.config.logit_bias.is_empty() && !self.config.has_penalties();
         let mut cands = std::mem::take(&mut self.candidates);
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
-            id: i as u32,
-            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
-        }));
+        if plain && self.config.temperature <= 0.0 {
+            // Greedy on untouched logits: the same argmax without a candidate per token (a
+            // 152k vocabulary costs ~0.2 ms per token and sequence the long way).
+            self.candidates = cands;
+            return argmax_logits(logits).unwrap_or_else(|| argmax_raw(logits));
+        }
+        if plain && self.config.top_k > 0 && self.config.top_k < logits.len() {
+            // Top-k straight from the logits: the same k candidates, sorted as `top_k` leaves
+            // them, without building and partially sorting one per token.
+            top_k_of_logits(logits, self.config.top_k, &mut cands);
+        } else {
+            cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+            }));
+        }
         apply_logit_bias(&mut cands, &self.config.logit_bias);
         if self.config.has_penalties() {
             let counts = count_tokens(&self.window);
@@ -266,6 +279,81 @@ pub fn argmax(cands: &[Candidate]) -> Option<u32> {
         }
     }
     best.map(|c| c.id)
+}
+
+/// [`argmax`] of the candidates one per logit (NaN read as `-inf`): the first of the highest
+/// logits above `-inf`, `None` when there is none.
+fn argmax_logits(logits: &[f32]) -> Option<u32> {
+    // The largest logit first, 16 independent lanes (vectorized), then its first index. NaN
+    // and -inf never compare greater, so they are skipped as `argmax` skips -inf.
+    let keep = |a: f32, b: f32| if b > a { b } else { a };
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = logits.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = keep(*m, l);
+        }
+    }
+    let max = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |a, &b| keep(a, b));
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    logits.iter().position(|&l| l == max).map(|i| i as u32)
+}
+
+/// The `k` candidates [`top_k`] keeps of one candidate per logit (NaN read as `-inf`), in its
+/// order (logit highest first, ties by lower id), into `out`: a bounded min-heap over the
+/// logits instead of a candidate per token. 0 < k < logits.len().
+fn top_k_of_logits(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
+    use std::cmp::Ordering;
+    use std::collections::BinaryHeap;
+    /// Ordered so that the heap's top is the candidate `top_k` would drop first.
+    #[derive(PartialEq)]
+    struct Worst(Candidate);
+    impl Eq for Worst {}
+    impl Ord for Worst {
+        fn cmp(&self, o: &Self) -> Ordering {
+            // "greater" = kept later by top_k: lower logit, or equal logit and higher id
+            o.0.logit
+                .total_cmp(&self.0.logit)
+                .then(self.0.id.cmp(&o.0.id))
+        }
+    }
+    impl PartialOrd for Worst {
+        fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    let mut heap: BinaryHeap<Worst> = BinaryHeap::with_capacity(k + 1);
+    // Once the heap is full: the logit of its top, below which a candidate cannot get in (one
+    // float compare for almost every token).
+    let mut floor = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        if heap.len() == k && l < floor {
+            continue;
+        }
+        let c = Candidate {
+            id: i as u32,
+            logit: l,
+        };
+        if heap.len() < k {
+            heap.push(Worst(c));
+        } else if let Some(mut top) = heap.peek_mut() {
+            if Worst(c).cmp(&top) == Ordering::Less {
+                *top = Worst(c);
+            }
+        }
+        if heap.len() == k {
+            floor = heap.peek().map_or(f32::NEG_INFINITY, |w| w.0.logit);
+        }
+    }
+    out.extend(heap.into_iter().map(|w| w.0));
+    sort_desc(out);
 }
 
 fn argmax_raw(logits: &[f32]) -> u32 {
@@ -455,6 +543,92 @@ mod tests {
         s.accept(0);
         // window [2, 0]: 0 → 0.03, 2 → 0.028, 1 → 2.9 wins.
         assert_eq!(s.sample(&[3.0, 2.9, 2.8, 1.0]), 1);
+    }
+
+    /// The greedy and top-k shortcuts of `sample` (no bias, no penalties) give what the full
+    /// candidate path gives: random logits with ties, NaN, -inf and +inf.
+    #[test]
+    fn shortcuts_match_the_candidate_path() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for case in 0..300 {
+            let n = 1 + case % 97;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match rng.random_range(0..20) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 if case % 50 == 0 => f32::INFINITY,
+                    3..=7 => (rng.random_range(0..4) as f32) * 0.5, // ties
+                    _ => rng.random_range(-5.0f32..5.0),
+                })
+                .collect();
+            // greedy: the candidate path's argmax
+            let slow: Vec<Candidate> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| Candidate {
+                    id: i as u32,
+                    logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+                })
+                .collect();
+            assert_eq!(argmax_logits(&logits), argmax(&slow), "{logits:?}");
+            for k in [1usize, 2, 5, 40] {
+                if k >= n {
+                    continue;
+                }
+                let mut want = slow.clone();
+                top_k(&mut want, k);
+                let mut got = Vec::new();
+                top_k_of_logits(&logits, k, &mut got);
+                assert_eq!(ids(&got), ids(&want), "k {k}: {logits:?}");
+            }
+        }
+        // whole draws: the same tokens for the same seed as with a bias that changes nothing
+        for temperature in [0.0f32, 0.8] {
+            let cfg = SamplerConfig {
+                temperature,
+                seed: 11,
+                ..SamplerConfig::default()
+            };
+            let slow_cfg = SamplerConfig {
+                logit_bias: vec![(0, 0.0)],
+                ..cfg.clone()
+            };
+            let (mut fast, mut slow) = (Sampler::new(cfg), Sampler::new(slow_cfg));
+            for _ in 0..200 {
+                let logits: Vec<f32> = (0..500).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+                assert_eq!(fast.sample(&logits), slow.sample(&logits));
+            }
+        }
+    }
+
+    /// Time per `sample` on a Qwen-sized vocabulary, shortcut against the candidate path
+    /// (`cargo test -p engine --release -- --ignored sample_timing --nocapture`).
+    #[test]
+    #[ignore = "timing"]
+    fn sample_timing_on_a_152k_vocabulary() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let logits: Vec<f32> = (0..152_064)
+            .map(|_| rng.random_range(-8.0f32..8.0))
+            .collect();
+        for temperature in [0.0f32, 0.8] {
+            for bias in [false, true] {
+                let cfg = SamplerConfig {
+                    temperature,
+                    logit_bias: if bias { vec![(0, 0.0)] } else { vec![] },
+                    ..SamplerConfig::default()
+                };
+                let mut s = Sampler::new(cfg);
+                let t = std::time::Instant::now();
+                for _ in 0..200 {
+                    std::hint::black_box(s.sample(&logits));
+                }
+                eprintln!(
+                    "temperature {temperature} {}: {:.1} µs per sample",
+                    if bias { "candidate path" } else { "shortcut" },
+                    t.elapsed().as_secs_f64() * 1e6 / 200.0
+                );
+            }
+        }
     }
 
     #[test]
