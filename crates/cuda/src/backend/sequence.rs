@@ -52,6 +52,19 @@ fn kv_type_code(t: KvType) -> i32 {
     }
 }
 
+/// The launch rows of [`CudaBackend::attend_flash`]: batch rows and positions on the device,
+/// and `table` none (every row reads the given cache) or two u64 per row on the device (its
+/// own K and V cache: the decode rows of several sequences in one launch).
+struct FlashRows {
+    n_rows: usize,
+    row_ids: HostInts,
+    pos: HostInts,
+    table: Option<HostInts>,
+    /// The longest row's length (splits outside a step) and the largest `n_ctx` (inside).
+    max_len: usize,
+    max_ctx: usize,
+}
+
 /// Whether ops over several sequences' caches and states (decode attention, conv1d, the
 /// delta rule) run as one launch over all of them through a table of per-sequence buffers,
 /// instead of one launch (or three) per sequence; `REDLINE_BATCHED_SEQS=0` turns it off.
@@ -245,19 +258,17 @@ impl CudaBackend {
                 .then(|| attention::decode_tile_for(p, cache.kv_type))
                 .flatten();
             match flash_tile {
-                Some(tile) => self.attend_flash(
-                    q,
-                    k,
-                    v,
-                    cache,
-                    &row_ids,
-                    &pos,
-                    idx.len(),
-                    max_len,
-                    tile,
-                    p,
-                    out,
-                )?,
+                Some(tile) => {
+                    let rows = FlashRows {
+                        n_rows: idx.len(),
+                        row_ids,
+                        pos,
+                        table: None,
+                        max_len,
+                        max_ctx: cache.n_ctx,
+                    };
+                    self.attend_flash(q, k, v, cache, &rows, tile, p, out)?
+                }
                 None => self.attend_one_sequence(
                     q,
                     k,
@@ -293,7 +304,6 @@ impl CudaBackend {
         p: &AttentionParams,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        let mode = self.mode();
         let stream = self.dev.stream();
         let (mut row_ids, mut pos, mut table) = (Vec::new(), Vec::new(), Vec::new());
         let (mut max_len, mut max_ctx, mut first) = (1, 1, None);
@@ -328,51 +338,15 @@ impl CudaBackend {
         let Some(first) = first else {
             return Ok(());
         };
-        let n_rows = row_ids.len();
-        let row_ids = self.host_ints(&row_ids)?;
-        let pos = self.host_ints(&pos)?;
-        let table = self.host_ints(&table)?;
-        // Splits from n_ctx inside a step (a recorded launch fits every length), else from
-        // the longest row; at most 256 row-splits per call so the partials stay bounded.
-        let bound = if mode != Mode::Off { max_ctx } else { max_len };
-        let splits = attention::decode_splits(bound, tile).min((256 / n_rows).max(1));
-        let part_len = attention::partials_len(n_rows, p, splits);
-        // Taken before the replay check: a replayed step must take the same arena blocks.
-        let (part_ptr, _part_own) = if part_len == 0 {
-            (0u64, None)
-        } else if mode == Mode::Off {
-            let own = self.alloc_f32(part_len)?;
-            (super::step::dev_ptr(&own, stream), Some(own))
-        } else {
-            (self.step_ctl().shared_scratch(part_len)?, None)
+        let rows = FlashRows {
+            n_rows: row_ids.len(),
+            row_ids: self.host_ints(&row_ids)?,
+            pos: self.host_ints(&pos)?,
+            table: Some(self.host_ints(&table)?),
+            max_len,
+            max_ctx,
         };
-        if mode == Mode::Replay {
-            return Ok(());
-        }
-        let cache = &*caches[first];
-        self.store_kv_rows_to(k, v, cache, &row_ids, &pos, n_rows, table.ptr)?;
-        let kv = attention::KvRef {
-            k: &cache.k,
-            v: &cache.v,
-            k_pos_bytes: cache.k_pos_bytes,
-            v_pos_bytes: cache.v_pos_bytes,
-            kv_type: cache.kv_type,
-            row_caches: table.ptr,
-        };
-        attention::launch_decode(
-            &self.dev,
-            &q.data,
-            row_ids.ptr,
-            pos.ptr,
-            n_rows,
-            &kv,
-            &mut out.data,
-            part_ptr,
-            splits,
-            tile,
-            p,
-        )
-        .map_err(dev_err)
+        self.attend_flash(q, k, v, caches[first], &rows, tile, p, out)
     }
 
     /// Stores the new K/V rows of one sequence, then runs the kernels of [`attention`]:
@@ -386,25 +360,26 @@ impl CudaBackend {
         q: &CudaTensor,
         k: &CudaTensor,
         v: &CudaTensor,
-        cache: &mut CudaKvCache,
-        row_ids: &HostInts,
-        pos: &HostInts,
-        n_rows: usize,
-        max_len: usize,
+        cache: &CudaKvCache,
+        rows: &FlashRows,
         tile: usize,
         p: &AttentionParams,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         let mode = self.mode();
-        let prefill = n_rows >= attention::PREFILL_MIN_ROWS
+        let (row_ids, pos, n_rows) = (&rows.row_ids, &rows.pos, rows.n_rows);
+        let table = rows.table.as_ref().map_or(0, |t| t.ptr);
+        // The prefill kernel reads one sequence's cache: never with a table.
+        let prefill = table == 0
+            && n_rows >= attention::PREFILL_MIN_ROWS
             && attention::prefill_supported(&self.dev, p, cache.kv_type);
         let splits = if prefill {
             1
         } else {
             let bound = if mode != Mode::Off {
-                cache.n_ctx
+                rows.max_ctx
             } else {
-                max_len
+                rows.max_len
             };
             attention::decode_splits(bound, tile).min((256 / n_rows).max(1))
         };
@@ -421,14 +396,14 @@ impl CudaBackend {
         if mode == Mode::Replay {
             return Ok(());
         }
-        self.store_kv_rows(k, v, cache, row_ids, pos, n_rows)?;
+        self.store_kv_rows_to(k, v, cache, row_ids, pos, n_rows, table)?;
         let kv = attention::KvRef {
             k: &cache.k,
             v: &cache.v,
             k_pos_bytes: cache.k_pos_bytes,
             v_pos_bytes: cache.v_pos_bytes,
             kv_type: cache.kv_type,
-            row_caches: 0,
+            row_caches: table,
         };
         if prefill {
             attention::launch_prefill(
