@@ -150,3 +150,60 @@ fn packed_copy_costs_about_the_file_size() {
         );
     }
 }
+
+/// `matvec_many` (one token through several matrices in one parallel run, x prepared once
+/// per activation kind) gives each matrix exactly what its own `matmul` gives: mixed types
+/// (Q/K/V of a Q4_K_M model are q4_K, q4_K, q6_K), small and large matrices, on a team, on
+/// the pool and inline.
+#[test]
+fn matvec_many_equals_one_matmul_per_matrix() {
+    if types().is_empty() {
+        return;
+    }
+    let team = Team::new(2);
+    for isa in isas() {
+        let tys = types();
+        for (case, shapes) in [
+            vec![
+                (tys[0], 16 * 40),
+                (tys[tys.len() - 1], 16 * 8),
+                (tys[0], 16 * 3),
+            ],
+            tys.iter().map(|&ty| (ty, 16 * 24)).collect::<Vec<_>>(),
+            vec![(tys[tys.len() - 1], 16)],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cols = 4 * 256;
+            let mut rng = Rng::new(40 + case as u64);
+            let x = rng.activations(cols);
+            let ms: Vec<PackedMatrix> = shapes
+                .iter()
+                .map(|&(ty, rows)| {
+                    let w = random_weights(&mut rng, ty, rows, cols);
+                    PackedMatrix::pack_with(isa, ty, &w, rows, cols)
+                })
+                .collect();
+            let refs: Vec<&PackedMatrix> = ms.iter().collect();
+            for team in [Some(&team), None] {
+                let mut ys: Vec<Vec<f32>> =
+                    shapes.iter().map(|&(_, r)| vec![f32::NAN; r]).collect();
+                {
+                    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                    packed::matvec_many(team, &refs, &x, &mut outs);
+                }
+                for (m, y) in ms.iter().zip(&ys) {
+                    let mut want = vec![f32::NAN; y.len()];
+                    m.matmul(team, &x, 1, &mut want);
+                    assert_eq!(
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{isa:?} case {case} {:?}",
+                        m.shape()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -278,6 +278,40 @@ impl Backend for CpuBackend {
         self.run(|| matmul::matmul(w, x, out))
     }
 
+    fn matmul_many(
+        &self,
+        ws: &[&CpuWeight],
+        biases: &[Option<&CpuWeight>],
+        x: &CpuTensor,
+        outs: &mut [&mut CpuTensor],
+    ) -> Result<(), BackendError> {
+        // One token through several packed matrices (Q/K/V, gate/up): x prepared once and
+        // one team run for all of them, instead of one run per matrix.
+        if let (Some(team), 1, false) = (&self.team, x.rows, self.reference) {
+            let packed: Option<Vec<&quant::PackedMatrix>> =
+                ws.iter().map(|w| self.packed(w)).collect();
+            if let Some(ms) = packed.filter(|ms| {
+                ms.len() >= 2
+                    && ms.len() == outs.len()
+                    && (biases.is_empty() || biases.len() == ms.len())
+                    && ms.iter().zip(outs.iter()).all(|(m, o)| {
+                        let (rows, cols) = m.shape();
+                        cols == x.cols && (o.rows, o.cols) == (1, rows)
+                    })
+            }) {
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o.data[..]).collect();
+                quant::packed::matvec_many(Some(team), &ms, &x.data, &mut ys);
+                for (out, bias) in outs.iter_mut().zip(biases) {
+                    if let Some(b) = bias {
+                        self.add_bias(out, b)?;
+                    }
+                }
+                return Ok(());
+            }
+        }
+        crate::matmul_many_each(self, ws, biases, x, outs)
+    }
+
     fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) -> Result<(), BackendError> {
         elementwise::add_bias(x, bias.values("add_bias")?)
     }

@@ -350,6 +350,58 @@ fn advise_huge_pages(lines: &mut [Line]) {
     let _ = lines;
 }
 
+/// One token's products of several packed matrices that read the same x (Q/K/V, gate/up):
+/// x prepared once per activation kind, and the decode chunks of all matrices dealt out in
+/// one parallel run, so `team` wakes and joins once instead of once per matrix. `ys[i]`
+/// receives matrix i's `[1, n_rows]`; the result equals [`PackedMatrix::matmul`] per matrix.
+pub fn matvec_many(team: Option<&Team>, ms: &[&PackedMatrix], x: &[f32], ys: &mut [&mut [f32]]) {
+    assert_eq!(ms.len(), ys.len(), "one output per matrix");
+    let mut acts: Vec<PackedActs> = Vec::new();
+    let mut act_of = Vec::with_capacity(ms.len());
+    for m in ms {
+        assert_eq!(x.len(), m.n_cols, "activations [1, {}]", m.n_cols);
+        let kind = ActKind::of(m.ty);
+        let i = match acts.iter().position(|a| a.kind == kind) {
+            Some(i) => i,
+            None => {
+                acts.push(PackedActs::quantize(m.ty, x, 1, m.n_cols));
+                acts.len() - 1
+            }
+        };
+        act_of.push(i);
+    }
+    // (matrix, groups per chunk, first chunk) as matmul_acts deals a one-token product
+    let mut plan = Vec::with_capacity(ms.len());
+    let mut n_chunks = 0;
+    for (i, (m, y)) in ms.iter().zip(ys.iter()).enumerate() {
+        assert_eq!(y.len(), m.n_rows, "output [1, {}]", m.n_rows);
+        let n_groups = m.n_rows / GROUP_ROWS;
+        let gpc = (DECODE_CHUNK_BYTES / m.group_bytes).clamp(1, n_groups.div_ceil(4).max(1));
+        plan.push((i, gpc, n_chunks));
+        n_chunks += n_groups.div_ceil(gpc);
+    }
+    let outs: Vec<OutRows> = ys.iter_mut().map(|y| OutRows(y.as_mut_ptr())).collect();
+    let run_chunk = |c: usize| {
+        let k = plan.partition_point(|&(_, _, first)| first <= c) - 1;
+        let (i, gpc, first) = plan[k];
+        let m = ms[i];
+        let g0 = (c - first) * gpc;
+        let g1 = (g0 + gpc).min(m.n_rows / GROUP_ROWS);
+        for g in g0..g1 {
+            let w = &m.bytes()[g * m.group_bytes..(g + 1) * m.group_bytes];
+            // SAFETY: rows 16g..16g+16 of matrix i are written by this chunk only; every
+            // output outlives the parallel run, which waits for every participant.
+            unsafe { m.group(w, &acts[act_of[i]], 0, 1, &outs[i], g * GROUP_ROWS) };
+        }
+    };
+    let total: usize = ms.iter().map(|m| m.bytes().len()).sum();
+    if n_chunks <= 1 || total <= INLINE_BYTES || team.is_some_and(|t| t.n_threads() == 1) {
+        (0..n_chunks).for_each(run_chunk);
+    } else {
+        parallel_chunks(team, n_chunks, &run_chunk);
+    }
+}
+
 /// Output rows `[n_tokens, n_rows]`, written by several threads at disjoint places.
 struct OutRows(*mut f32);
 // SAFETY: only written at disjoint (token, group) places while the owner waits.
