@@ -314,6 +314,18 @@ static __device__ __forceinline__ void mv_store(const MvSegSel& sel, int tok, in
     *yp = v;
 }
 
+// The 8-column kernels' results (c-fragment order: rows g, g + 8 x tokens 2t, 2t + 1) summed
+// over the block's warps and stored by warp 0 (tokens past n_tokens: nothing).
+static __device__ __forceinline__ void mv_finish8(const MvTile& tl, float (&acc)[4], int n_tokens) {
+    if (!mv_reduce_warps(acc)) return;
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int tok = 2 * t + (i & 1);
+        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
+    }
+}
+
 // 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
 template <typename F>
 static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
@@ -329,12 +341,7 @@ static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __rest
     x.emulate = emulate;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { F::compute(f, U0, x, lane, acc); });
-    if (!mv_reduce_warps(acc)) return;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int tok = 2 * t + (i & 1);
-        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
-    }
+    mv_finish8(tl, acc, n_tokens);
 }
 
 // ---- block-diagonal B for 1..4 tokens (Q4_K) -----------------------------------------------
@@ -626,6 +633,23 @@ struct Mv2X {
     int emulate;
 };
 
+// This thread's q8_K x for a launch of n_tokens tokens of ncols (rows past n_tokens read the
+// last token's, as mmv_ does).
+static __device__ __forceinline__ Mv2X mv2_x(const int8_t* __restrict__ q, const float* __restrict__ dy,
+                                             const int16_t* __restrict__ bsum, int n_tokens, int ncols,
+                                             int emulate) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nsb = ncols / 256;
+    const int t0 = min(2 * t, n_tokens - 1), t1 = min(2 * t + 1, n_tokens - 1);
+    Mv2X x;
+    x.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
+    x.bs0 = (const MvV4*)(bsum + (long long)t0 * (ncols / 32));
+    x.bs1 = (const MvV4*)(bsum + (long long)t1 * (ncols / 32));
+    x.dy0 = dy + (long long)t0 * nsb;
+    x.dy1 = dy + (long long)t1 * nsb;
+    x.emulate = emulate;
+    return x;
+}
+
 // sum_u m_u * bsum_u over a super-block: bsums (8 int16) against the packed 6-bit mins.
 static __device__ __forceinline__ int mv2_min_dot(const MvV4& bs, const MvK4Scales& k) {
     return mv2_dp2a_lo(bs.x, k.mn_lo, mv2_dp2a_hi(bs.y, k.mn_lo, mv2_dp2a_lo(bs.z, k.mn_hi, mv2_dp2a_hi(bs.w, k.mn_hi, 0))));
@@ -712,25 +736,12 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
                                             int emulate) {
     using F = typename M::F;
     const MvTile tl = mv_tile(p);
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
     const int ncols = p.ncols, nsb = ncols / 256;
-    const int t0 = min(2 * t, n_tokens - 1), t1 = min(2 * t + 1, n_tokens - 1);
     // (pointers only: x is read after the wait in mv_stream)
-    Mv2X x;
-    x.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
-    x.bs0 = (const MvV4*)(bsum + (long long)t0 * (ncols / 32));
-    x.bs1 = (const MvV4*)(bsum + (long long)t1 * (ncols / 32));
-    x.dy0 = dy + (long long)t0 * nsb;
-    x.dy1 = dy + (long long)t1 * nsb;
-    x.emulate = emulate;
+    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, ncols, emulate);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { M::compute(f, U0 / 8, x, acc); });
-    if (!mv_reduce_warps(acc)) return;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int tok = 2 * t + (i & 1);
-        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
-    }
+    mv_finish8(tl, acc, n_tokens);
 }
 
 #define MMV2_KERNEL(name, M)                                                                              \
@@ -767,15 +778,8 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     const MvTile tl = mv_tile(p);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
     const int ncols = p.ncols, nsb = ncols / 256;
-    const int t0 = min(2 * t, n_tokens - 1), t1 = min(2 * t + 1, n_tokens - 1);
     // (pointers only: x is read after the wait)
-    Mv2X x;
-    x.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
-    x.bs0 = (const MvV4*)(bsum + (long long)t0 * (ncols / 32));
-    x.bs1 = (const MvV4*)(bsum + (long long)t1 * (ncols / 32));
-    x.dy0 = dy + (long long)t0 * nsb;
-    x.dy1 = dy + (long long)t1 * nsb;
-    x.emulate = emulate;
+    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, ncols, emulate);
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile)
     const int vi = lane & 15, hf = lane >> 4;
@@ -841,12 +845,7 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         Mv2Q6K::compute(f, s, x, acc);
         __syncwarp();
     }
-    if (!mv_reduce_warps(acc)) return;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int tok = 2 * t + (i & 1);
-        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
-    }
+    mv_finish8(tl, acc, n_tokens);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)

@@ -587,42 +587,30 @@ impl CudaDevice {
         let mut n_i = n_tokens as i32;
         let mut mode = load_mode2(ty);
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
-        if crate::pdl::enabled(self.arch()) {
-            let (mut p, mut pq, mut pd, mut pb) = (
-                p,
-                self.device_address(&k.q),
-                self.device_address(&k.dy),
-                self.device_address(&k.bsum),
-            );
-            let mut params = [
-                crate::pdl::arg(&mut p),
-                crate::pdl::arg(&mut pq),
-                crate::pdl::arg(&mut pd),
-                crate::pdl::arg(&mut pb),
-                crate::pdl::arg(&mut n_i),
-                crate::pdl::arg(&mut mode),
-                crate::pdl::arg(&mut emulate),
-            ];
-            // SAFETY: as below; the kernel waits for the previous kernel before reading x or
-            // the outputs and before writing anything.
-            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
-            return Ok(());
-        }
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&p)
-            .arg(&k.q)
-            .arg(&k.dy)
-            .arg(&k.bsum)
-            .arg(&n_i)
-            .arg(&mode)
-            .arg(&emulate);
+        let (mut p, mut pq, mut pd, mut pb) = (
+            p,
+            self.device_address(&k.q),
+            self.device_address(&k.dy),
+            self.device_address(&k.bsum),
+        );
+        let mut params = [
+            crate::pdl::arg(&mut p),
+            crate::pdl::arg(&mut pq),
+            crate::pdl::arg(&mut pd),
+            crate::pdl::arg(&mut pb),
+            crate::pdl::arg(&mut n_i),
+            crate::pdl::arg(&mut mode),
+            crate::pdl::arg(&mut emulate),
+        ];
         // SAFETY: matches mmv2_<fmt>(MvSegs, q, dy, bsum, n_tokens, load_mode, emulate) with
         // n_tokens <= 8; the scratch holds x of n_tokens x cols in q8_K (quantize_q8_k checked
         // its sizes); every segment's matrix is a live DeviceMatrix of this format and width
         // (>= 16 bytes of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows
         // f32 and biases n_rows (the caller's contract); Q6_K gets its staging shared memory
-        // (shared_bytes2).
-        unsafe { b.launch(cfg) }?;
+        // (shared_bytes2). The kernel waits for the previous kernel before reading x or the
+        // outputs and before writing anything, so it may launch with PDL.
+        let pdl = crate::pdl::enabled(self.arch());
+        unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, pdl) }?;
         Ok(())
     }
 

@@ -127,6 +127,56 @@ pub fn configured_forms() -> (DeltaRuleForm, Conv1dForm) {
 }
 
 /// Row indices of each sequence, in batch order.
+/// What a token-by-token launch (`mo_conv1d`, `dn_recurrent`, `mo_delta_rule`) walks: the
+/// rows of one sequence with its state, or the runs of several sequences, each with its own
+/// state through a table.
+enum Runs<'a> {
+    One {
+        rows: &'a HostInts,
+        n_rows: usize,
+        state: u64,
+    },
+    Many(&'a SeqRuns),
+}
+
+/// The kernel arguments of [`Runs`]: rows, n_rows and state for one sequence (runs and tab
+/// 0), or the concatenated rows, run offsets and state table (n_rows and state unused).
+struct RunArgs {
+    rows: u64,
+    n_rows: i32,
+    state: u64,
+    runs: u64,
+    tab: u64,
+    n_seqs: u32,
+}
+
+impl Runs<'_> {
+    fn args(&self) -> RunArgs {
+        match self {
+            Runs::One {
+                rows,
+                n_rows,
+                state,
+            } => RunArgs {
+                rows: rows.ptr,
+                n_rows: *n_rows as i32,
+                state: *state,
+                runs: 0,
+                tab: 0,
+                n_seqs: 1,
+            },
+            Runs::Many(r) => RunArgs {
+                rows: r.rows.ptr,
+                n_rows: 0,
+                state: 0,
+                runs: r.runs.ptr,
+                tab: r.tab.ptr,
+                n_seqs: r.n_seqs as u32,
+            },
+        }
+    }
+}
+
 /// Rows, run offsets and a per-sequence pointer table on the device ([`CudaBackend::stage_runs`]).
 struct SeqRuns {
     n_seqs: usize,
@@ -295,29 +345,7 @@ impl CudaBackend {
             if self.replaying() {
                 return Ok(());
             }
-            let f = self.function("mo_conv1d")?;
-            let ints = [0i32, ch as i32, d_conv as i32];
-            let cfg = LaunchConfig {
-                grid_dim: (ch.div_ceil(128) as u32, runs.n_seqs as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = stream.launch_builder(&f);
-            b.arg(&*x.data)
-                .arg(wd)
-                .arg(&runs.rows.ptr)
-                .arg(&ints[0])
-                .arg(&0u64)
-                .arg(&mut *out.data)
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&runs.runs.ptr)
-                .arg(&runs.tab.ptr);
-            // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv, runs, tab)
-            // with a table: sequence z's rows are rows[runs[z]..runs[z + 1]] and its state
-            // (every state [d_conv - 1, ch], checked above) at tab[z]; w is [ch, d_conv].
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-            return Ok(());
+            return self.conv1d_sequential(x, wd, Runs::Many(&runs), out, ch, d_conv);
         }
         for (s, idx) in by_seq.iter().enumerate() {
             if idx.is_empty() || ch == 0 {
@@ -332,42 +360,52 @@ impl CudaBackend {
             if parallel {
                 self.conv1d_parallel(x, wd, &row_ids, idx.len(), &mut st.conv, out, ch, d_conv)?;
             } else {
-                self.conv1d_sequential(x, wd, &row_ids, idx.len(), &mut st.conv, out, ch, d_conv)?;
+                let one = Runs::One {
+                    rows: &row_ids,
+                    n_rows: idx.len(),
+                    state: dev_ptr(&st.conv, self.dev.stream()),
+                };
+                self.conv1d_sequential(x, wd, one, out, ch, d_conv)?;
             }
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `mo_conv1d`: a thread per channel walks the rows of one sequence, or with
+    /// [`Runs::Many`] of each sequence (grid.y) with its own state.
     fn conv1d_sequential(
         &self,
         x: &CudaTensor,
         wd: &CudaSlice<f32>,
-        row_ids: &HostInts,
-        n_rows: usize,
-        conv: &mut CudaSlice<f32>,
+        runs: Runs,
         out: &mut CudaTensor,
         ch: usize,
         d_conv: usize,
     ) -> Result<(), BackendError> {
         let f = self.function("mo_conv1d")?;
-        let ints = [n_rows as i32, ch as i32, d_conv as i32];
+        let a = runs.args();
+        let ints = [a.n_rows, ch as i32, d_conv as i32];
+        let cfg = LaunchConfig {
+            grid_dim: (ch.div_ceil(128) as u32, a.n_seqs, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.dev.stream().launch_builder(&f);
         b.arg(&*x.data)
             .arg(wd)
-            .arg(&row_ids.ptr)
+            .arg(&a.rows)
             .arg(&ints[0])
-            .arg(conv)
+            .arg(&a.state)
             .arg(&mut *out.data)
             .arg(&ints[1])
             .arg(&ints[2])
-            .arg(&0u64)
-            .arg(&0u64);
+            .arg(&a.runs)
+            .arg(&a.tab);
         // SAFETY: matches mo_conv1d(x, w, rows, n_rows, state, out, ch, d_conv, runs, tab)
-        // with no table (one sequence); w is
-        // [ch, d_conv], the state [d_conv - 1, ch], d_conv <= 16 (checked at creation), rows
-        // index rows of x and out (checked shapes).
-        unsafe { b.launch(blocks_1d(ch, 128)) }.map_err(dev_err)?;
+        // (RunArgs: one sequence's rows and state, or the per-sequence runs and state table);
+        // w is [ch, d_conv], every state [d_conv - 1, ch] (checked by the caller), d_conv <= 16
+        // (checked at creation), rows index rows of x and out (checked shapes).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
 
@@ -536,7 +574,7 @@ impl CudaBackend {
             if self.replaying() {
                 return Ok(());
             }
-            return self.delta_rule_recurrent_runs(&io, &runs, out);
+            return self.delta_rule_recurrent(kernel, &io, Runs::Many(&runs), out);
         }
         for (s, idx) in by_seq.iter().enumerate() {
             if idx.is_empty() || sh.n_v_heads == 0 || sh.d_v == 0 {
@@ -551,24 +589,36 @@ impl CudaBackend {
             if chunked {
                 self.delta_rule_chunked(&io, &row_ids, idx.len(), st, out)?;
             } else {
-                self.delta_rule_recurrent(kernel, &io, &row_ids, idx.len(), st, out)?;
+                let one = Runs::One {
+                    rows: &row_ids,
+                    n_rows: idx.len(),
+                    state: dev_ptr(st, self.dev.stream()),
+                };
+                self.delta_rule_recurrent(kernel, &io, one, out)?;
             }
         }
         Ok(())
     }
 
-    /// One run token by token: `mo_delta_rule` or `dn_recurrent` (same arguments).
+    /// Token by token: `mo_delta_rule` (one sequence) or `dn_recurrent` (one sequence, or with
+    /// [`Runs::Many`] each sequence on grid.z with its own state).
     fn delta_rule_recurrent(
         &self,
         kernel: &str,
         io: &DeltaIo,
-        row_ids: &HostInts,
-        n_rows: usize,
-        state: &mut CudaSlice<f32>,
+        runs: Runs,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         let sh = io.sh;
-        let (f, cfg) = if kernel == "mo_delta_rule" {
+        let a = runs.args();
+        let legacy = kernel == "mo_delta_rule";
+        if legacy && a.tab != 0 {
+            return Err(shape_err(
+                "delta_rule",
+                "mo_delta_rule takes one sequence".into(),
+            ));
+        }
+        let (f, cfg) = if legacy {
             let threads = sh.d_v.div_ceil(32).clamp(1, 8) as u32 * 32;
             let cfg = LaunchConfig {
                 grid_dim: (sh.n_v_heads as u32, 1, 1),
@@ -581,7 +631,7 @@ impl CudaBackend {
                 grid_dim: (
                     sh.n_v_heads as u32,
                     sh.d_v.div_ceil(RECURRENT_BLOCK_ROWS) as u32,
-                    1,
+                    a.n_seqs,
                 ),
                 block_dim: (32, 4, 1),
                 shared_mem_bytes: 0,
@@ -589,7 +639,7 @@ impl CudaBackend {
             (self.deltanet_function(kernel)?, cfg)
         };
         let ints = [
-            n_rows as i32,
+            a.n_rows,
             sh.n_k_heads as i32,
             sh.n_v_heads as i32,
             sh.d_k as i32,
@@ -601,68 +651,21 @@ impl CudaBackend {
             .arg(&*io.v.data)
             .arg(&*io.g.data)
             .arg(&*io.beta.data)
-            .arg(&row_ids.ptr)
+            .arg(&a.rows)
             .arg(&ints[0])
-            .arg(state)
+            .arg(&a.state)
             .arg(&mut *out.data);
         for i in &ints[1..] {
             b.arg(i);
         }
-        if kernel == "dn_recurrent" {
-            b.arg(&0u64).arg(&0u64);
+        if !legacy {
+            b.arg(&a.runs).arg(&a.tab);
         }
         // SAFETY: matches mo_delta_rule(q, k, v, g, beta, rows, n_rows, state, out, n_k_heads,
-        // n_v_heads, d_k, d_v) / dn_recurrent(.., d_v, runs, tab) with no table (one
-        // sequence); every tensor's shape checked by the caller, the state holds n_v_heads *
-        // d_v * d_k values, d_k <= 256 for dn_recurrent.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
-    }
-
-    /// The token-by-token runs of several sequences in one `dn_recurrent` launch (grid.z =
-    /// sequence), each with its own state through the table of `runs`.
-    fn delta_rule_recurrent_runs(
-        &self,
-        io: &DeltaIo,
-        runs: &SeqRuns,
-        out: &mut CudaTensor,
-    ) -> Result<(), BackendError> {
-        let sh = io.sh;
-        let f = self.deltanet_function("dn_recurrent")?;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                sh.n_v_heads as u32,
-                sh.d_v.div_ceil(RECURRENT_BLOCK_ROWS) as u32,
-                runs.n_seqs as u32,
-            ),
-            block_dim: (32, 4, 1),
-            shared_mem_bytes: 0,
-        };
-        let ints = [
-            0i32,
-            sh.n_k_heads as i32,
-            sh.n_v_heads as i32,
-            sh.d_k as i32,
-            sh.d_v as i32,
-        ];
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&*io.q.data)
-            .arg(&*io.k.data)
-            .arg(&*io.v.data)
-            .arg(&*io.g.data)
-            .arg(&*io.beta.data)
-            .arg(&runs.rows.ptr)
-            .arg(&ints[0])
-            .arg(&0u64)
-            .arg(&mut *out.data);
-        for i in &ints[1..] {
-            b.arg(i);
-        }
-        b.arg(&runs.runs.ptr).arg(&runs.tab.ptr);
-        // SAFETY: matches dn_recurrent(q, k, v, g, beta, rows, n_rows, state, out, n_k_heads,
-        // n_v_heads, d_k, d_v, runs, tab) with a table: sequence z's rows are
-        // rows[runs[z]..runs[z + 1]] and its state (n_v_heads * d_v * d_k values, all states of
-        // one shape, checked by the caller) at tab[z]; d_k <= 256.
+        // n_v_heads, d_k, d_v) (one sequence: no table, checked above) / dn_recurrent(..,
+        // d_v, runs, tab) (RunArgs: one sequence's rows and state, or the per-sequence runs and
+        // state table); every tensor's shape checked by the caller, every state holds
+        // n_v_heads * d_v * d_k values, d_k <= 256 for dn_recurrent.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
