@@ -66,6 +66,19 @@ static __device__ __forceinline__ int dp4a(int a, int b, int c) {
 #endif
 }
 
+// Sum of the four products of the unsigned bytes of a with the signed bytes of b, plus c.
+static __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+#if __CUDA_ARCH__ >= 610
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    const uint8_t* pa = (const uint8_t*)&a;
+    const int8_t* pb = (const int8_t*)&b;
+    return c + pa[0] * pb[0] + pa[1] * pb[1] + pa[2] * pb[2] + pa[3] * pb[3];
+#endif
+}
+
 // Byte permute: result byte i = byte (selector nibble i & 7) of the 8 bytes {b:a}.
 static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     uint32_t r;

@@ -30,6 +30,14 @@ struct alignas(8) float2v {
 
 #define MV_WARPS 4
 
+// Resident blocks per SM a one-token kernel is compiled for (a register cap; 0: the compiler's
+// choice), per format and rows per warp. The cheaper Q6_K decode (unsigned dp4a, x half sums)
+// left to itself takes 175 registers at 4 rows (2 blocks per SM instead of 3) and 126 at 2
+// (4 instead of 5): capped, no spills, and the 32B/27B decode steps ~2 % faster (BENCHMARKS.md).
+template <typename F, int NT, int R> struct MvMinBlocks { static constexpr int value = 0; };
+template <> struct MvMinBlocks<FmtQ6_K, 1, 4> { static constexpr int value = 3; };
+template <> struct MvMinBlocks<FmtQ6_K, 1, 2> { static constexpr int value = 5; };
+
 // x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements.
 // grid: (ncols/32 / 8 rounded up, n_tokens), block (32, 8): one warp per 32 elements.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq,
@@ -122,25 +130,55 @@ static __device__ __forceinline__ void mv_store_group(const Staged<L>& s, u32x4*
     }
 }
 
-// This lane's x for one task (two 32-element units) and XT tokens, in registers.
+// This lane's x for one task (two 32-element units) and XT tokens, in registers; sx: the
+// sums of q over each 16-element half, for the formats that need them (HALF_MIN, a BIAS).
 template <int XT>
 struct TaskX {
     int q[XT][2][8];
     float d[XT][2], s[XT][2];
+    int sx[XT][2][2];
 };
 
 template <typename F>
+static __device__ __forceinline__ constexpr bool needs_half_sums() {
+    return F::HALF_MIN || Decode2Traits<F>::BIAS != 0;
+}
+
+// Sums of the int8 q over the two 16-element halves of a 32-element unit.
+static __device__ __forceinline__ void half_sums(const int q[8], int sx[2]) {
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) s0 = dp4a(0x01010101, q[i], s0);
+#pragma unroll
+    for (int i = 4; i < 8; i++) s1 = dp4a(0x01010101, q[i], s1);
+    sx[0] = s0;
+    sx[1] = s1;
+}
+
+template <typename F>
 static __device__ __forceinline__ float task_dot(const Task& tk, const int q[2][8], const float d[2], const float s[2],
-                                                 bool second_ok) {
+                                                 const int sx[2][2], bool second_ok) {
+    using Tr = Decode2Traits<F>;
     float r = 0.0f;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         if (j == 0 || second_ok) {
             int sumi0 = 0, sumi1 = 0;
+            if constexpr (Tr::UNSIGNED) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], q[j][i], sumi0);
+                for (int i = 0; i < 4; i++) sumi0 = dp4a_us((uint32_t)tk.v[j][i], q[j][i], sumi0);
 #pragma unroll
-            for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], q[j][i], sumi1);
+                for (int i = 4; i < 8; i++) sumi1 = dp4a_us((uint32_t)tk.v[j][i], q[j][i], sumi1);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) sumi0 = dp4a(tk.v[j][i], q[j][i], sumi0);
+#pragma unroll
+                for (int i = 4; i < 8; i++) sumi1 = dp4a(tk.v[j][i], q[j][i], sumi1);
+            }
+            if constexpr (Tr::BIAS != 0) {
+                sumi0 -= Tr::BIAS * sx[j][0];
+                sumi1 -= Tr::BIAS * sx[j][1];
+            }
             float r_j;
             if constexpr (F::SPLIT) {
                 r_j = d[j] * (tk.s0[j] * (float)sumi0 + tk.s1[j] * (float)sumi1);
@@ -148,18 +186,80 @@ static __device__ __forceinline__ float task_dot(const Task& tk, const int q[2][
                 r_j = d[j] * tk.s0[j] * (float)(sumi0 + sumi1);
             }
             if constexpr (F::HAS_MIN) r_j += tk.m0[j] * s[j];
-            if constexpr (F::HALF_MIN) {
-                int sx0 = 0, sx1 = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) sx0 = dp4a(0x01010101, q[j][i], sx0);
-#pragma unroll
-                for (int i = 4; i < 8; i++) sx1 = dp4a(0x01010101, q[j][i], sx1);
-                r_j += d[j] * (tk.m0[j] * (float)sx0 + tk.m1[j] * (float)sx1);
-            }
+            if constexpr (F::HALF_MIN) r_j += d[j] * (tk.m0[j] * (float)sx[j][0] + tk.m1[j] * (float)sx[j][1]);
             r += r_j;
         }
     }
     return r;
+}
+
+// Geometry of the staged groups of a format. A lane task is two 32-element units: two blocks
+// of a 32-wide format, or 1/4 of a 256-wide super-block. A staged group is 32 tasks (2048
+// weights), one per lane.
+template <typename F>
+struct MvGeom {
+    static constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
+    static constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
+    static constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
+    static constexpr int BLOCK_ELEMS = 32 * F::UNITS;
+    // 16-byte vectors per lane to cover a group plus up to 30 bytes of alignment slack
+    static constexpr int L = ((G * F::BLOCK_BYTES + 30 + 15) / 16 + 31) / 32;
+    // one staging buffer per row, plus one vector of slack for ldw_a2's over-read
+    static constexpr int SV = 32 * L + 1;
+};
+
+// acc[r][t] += this lane's share of group g (nb blocks) of R rows staged in shared memory at
+// sbytes + off[r], dotted with the q8_1 x of n_tokens <= NT tokens.
+template <typename F, int NT, int R>
+static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const int (&off)[R],
+                                                    const int8_t* __restrict__ xq, const float* __restrict__ xds,
+                                                    int ncols, int n_tokens, int g, int nb, int lane,
+                                                    float (&acc)[R][NT]) {
+    using Ge = MvGeom<F>;
+    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
+    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
+    const int n_units_x = ncols / 32;
+    const int blk = (lane / Ge::TASKS_PER_BLOCK) * Ge::BLOCKS_PER_TASK;  // this lane's block in the group
+    const int task = lane % Ge::TASKS_PER_BLOCK;
+    if (blk >= nb) return;
+    int tu[2];
+    Decode2<F>::units(task, tu);
+    // the second block of a 32-wide task may lie past the row's end
+    const bool second_ok = Ge::BLOCKS_PER_TASK == 1 || blk + 1 < nb;
+    const int xu0 = (g * Ge::G + blk) * F::UNITS;  // first unit of this lane's block in the row
+#pragma unroll
+    for (int tp = 0; tp < NT; tp += XT) {
+        if (tp < n_tokens) {
+            TaskX<XT> xr;
+#pragma unroll
+            for (int t = 0; t < XT; t++) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int tt = min(tp + t, n_tokens - 1);
+                    const int xu = xu0 + (j == 1 && !second_ok ? 0 : tu[j]);
+                    const u32x4* xp = (const u32x4*)(xq + (long long)tt * ncols + 32 * xu);
+                    const u32x4 xa = xp[0], xb = xp[1];
+                    xr.q[t][j][0] = (int)xa.x; xr.q[t][j][1] = (int)xa.y;
+                    xr.q[t][j][2] = (int)xa.z; xr.q[t][j][3] = (int)xa.w;
+                    xr.q[t][j][4] = (int)xb.x; xr.q[t][j][5] = (int)xb.y;
+                    xr.q[t][j][6] = (int)xb.z; xr.q[t][j][7] = (int)xb.w;
+                    const float2v ds = ((const float2v*)xds)[(long long)tt * n_units_x + xu];
+                    xr.d[t][j] = ds.x;
+                    xr.s[t][j] = ds.y;
+                    if constexpr (needs_half_sums<F>()) half_sums(xr.q[t][j], xr.sx[t][j]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                Task tk;
+                Decode2<F>::run(sbytes + off[r] + blk * F::BLOCK_BYTES, task, tk);
+#pragma unroll
+                for (int t = 0; t < XT; t++) {
+                    if (tp + t < n_tokens) acc[r][tp + t] += task_dot<F>(tk, xr.q[t], xr.d[t], xr.s[t], xr.sx[t], second_ok);
+                }
+            }
+        }
+    }
 }
 
 // This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
@@ -170,29 +270,14 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
                                                      const float* __restrict__ xds, int nrows, int ncols,
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
-    // A lane task is two 32-element units: two blocks of a 32-wide format, or 1/4 of a
-    // 256-wide super-block. A staged group is 32 tasks (2048 weights), one per lane.
-    constexpr int TASKS_PER_BLOCK = F::UNITS == 1 ? 1 : F::UNITS / 2;
-    constexpr int BLOCKS_PER_TASK = F::UNITS == 1 ? 2 : 1;
-    constexpr int G = 32 * BLOCKS_PER_TASK / TASKS_PER_BLOCK;  // blocks per group
-    constexpr int BLOCK_ELEMS = 32 * F::UNITS;
-    // 16-byte vectors per lane to cover a group plus up to 30 bytes of alignment slack
-    constexpr int L = ((G * F::BLOCK_BYTES + 30 + 15) / 16 + 31) / 32;
-    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
-    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
-    // one staging buffer per row, plus one vector of slack for ldw_a2's over-read
-    constexpr int SV = 32 * L + 1;
+    using Ge = MvGeom<F>;
+    constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
     const int lane = threadIdx.x;
     u32x4* sbuf = stage[threadIdx.y];
     const uint8_t* sbytes = (const uint8_t*)sbuf;
-    const int nblocks = ncols / BLOCK_ELEMS;
+    const int nblocks = ncols / Ge::BLOCK_ELEMS;
     const int ngroups = (nblocks + G - 1) / G;
-    const int n_units_x = ncols / 32;
-    const int blk = (lane / TASKS_PER_BLOCK) * BLOCKS_PER_TASK;  // this lane's block in the group
-    const int task = lane % TASKS_PER_BLOCK;
-    int tu[2];
-    Decode2<F>::units(task, tu);
     long long row_start[R];
 #pragma unroll
     for (int r = 0; r < R; r++) row_start[r] = (long long)min(row0 + r, nrows - 1) * row_bytes;
@@ -229,43 +314,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
         }
-        if (blk < nb) {
-            // the second block of a 32-wide task may lie past the row's end
-            const bool second_ok = BLOCKS_PER_TASK == 1 || blk + 1 < nb;
-            const int xu0 = (g * G + blk) * F::UNITS;  // first unit of this lane's block in the row
-#pragma unroll
-            for (int tp = 0; tp < NT; tp += XT) {
-                if (tp < n_tokens) {
-                    TaskX<XT> xr;
-#pragma unroll
-                    for (int t = 0; t < XT; t++) {
-#pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            const int tt = min(tp + t, n_tokens - 1);
-                            const int xu = xu0 + (j == 1 && !second_ok ? 0 : tu[j]);
-                            const u32x4* xp = (const u32x4*)(xq + (long long)tt * ncols + 32 * xu);
-                            const u32x4 xa = xp[0], xb = xp[1];
-                            xr.q[t][j][0] = (int)xa.x; xr.q[t][j][1] = (int)xa.y;
-                            xr.q[t][j][2] = (int)xa.z; xr.q[t][j][3] = (int)xa.w;
-                            xr.q[t][j][4] = (int)xb.x; xr.q[t][j][5] = (int)xb.y;
-                            xr.q[t][j][6] = (int)xb.z; xr.q[t][j][7] = (int)xb.w;
-                            const float2v ds = ((const float2v*)xds)[(long long)tt * n_units_x + xu];
-                            xr.d[t][j] = ds.x;
-                            xr.s[t][j] = ds.y;
-                        }
-                    }
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        Task tk;
-                        Decode2<F>::run(sbytes + off[r] + blk * F::BLOCK_BYTES, task, tk);
-#pragma unroll
-                        for (int t = 0; t < XT; t++) {
-                            if (tp + t < n_tokens) acc[r][tp + t] += task_dot<F>(tk, xr.q[t], xr.d[t], xr.s[t], second_ok);
-                        }
-                    }
-                }
-            }
-        }
+        mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, acc);
         __syncwarp();
     }
 }
@@ -316,7 +365,7 @@ static __device__ __forceinline__ void mv_quant(const uint8_t* __restrict__ W, c
 // One kernel per (format, NT, R); n_tokens <= NT tokens are computed, the weights read once,
 // R rows per warp, ksplit (1, 2 or 4) warps per row set.
 #define MV_KERNEL(name, F, NT, R)                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvMinBlocks<F, NT, R>::value))                                       \
         mv_##name##_n##NT##_r##R(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,        \
                                  const float* __restrict__ xds, float* __restrict__ y, int nrows,      \
                                  int ncols, long long row_bytes, int n_tokens, int load_mode,          \
@@ -351,41 +400,45 @@ MV_FORMAT(q6_k, FmtQ6_K)
 // bias and residual adds need no launch of their own. n_tokens <= NT tokens (one for decode of
 // one sequence; several for batched decode and speculative verify passes), the weights read
 // once for all of them; y of token t is y + t * nrows.
-template <typename F, int NT, int R>
-static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
-                                                 const float* __restrict__ xds, int n_tokens, int load_mode) {
-    const MvSegSel sel = mv_select(p);
-    const uint8_t* W = sel.W;
-    float* y = sel.y;
-    const float* bias = sel.bias;
-    const int nrows = sel.nrows, block0 = sel.block0, accumulate = sel.accumulate;
-    const int lane = threadIdx.x;
-    const int row0 = (((int)blockIdx.x - block0) * MV_WARPS + threadIdx.y) * R;
-    if (row0 >= nrows) return;
-    // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
-    if (bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(bias + row0));
-    float acc[R][NT];
-    mv_quant_rows<F, NT, R, true>(W, xq, xds, nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1, acc);
+// Warp sums of acc and the stores of rows [row0, row0 + R) of segment sel (bias, residual).
+template <int NT, int R>
+static __device__ __forceinline__ void mv_seg_store(const MvSegSel& sel, int row0, const float (&acc)[R][NT],
+                                                    int n_tokens, int lane) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int row = row0 + r;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float s = warp_sum(acc[r][t]);
-            if (lane == 0 && row < nrows && t < n_tokens) {
-                float* yp = y + (long long)t * nrows + row;
+            if (lane == 0 && row < sel.nrows && t < n_tokens) {
+                float* yp = sel.y + (long long)t * sel.nrows + row;
                 float v = s;
-                if (bias) v += bias[row];
-                if (accumulate) v += *yp;
+                if (sel.bias) v += sel.bias[row];
+                if (sel.accumulate) v += *yp;
                 *yp = v;
             }
         }
     }
 }
 
+template <typename F, int NT, int R>
+static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                 const float* __restrict__ xds, int n_tokens, int load_mode) {
+    const MvSegSel sel = mv_select(p);
+    const int lane = threadIdx.x;
+    const int row0 = (((int)blockIdx.x - sel.block0) * MV_WARPS + threadIdx.y) * R;
+    if (row0 >= sel.nrows) return;
+    // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
+    if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
+    float acc[R][NT];
+    mv_quant_rows<F, NT, R, true>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1,
+                                  acc);
+    mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
+}
+
 // NT = 1 keeps the one-token kernels' names (mvm_<fmt>_r<R>); n_tokens is then 1.
 #define MVM_KERNEL(name, F, R)                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvMinBlocks<F, 1, R>::value))                                       \
         mvm_##name##_r##R(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
                           int load_mode) {                                                             \
         mvm_quant<F, 1, R>(p, xq, xds, 1, load_mode);                                                  \

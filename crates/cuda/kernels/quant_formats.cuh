@@ -379,6 +379,10 @@ static __device__ __forceinline__ void decode2_blocks(const uint8_t* b, Task& t)
 }
 
 // Q4_K task k (0..3): units 2k (low nibbles) and 2k+1 (high nibbles) of qs[32k .. 32k+32].
+// Unsigned weights (Decode2Traits: dp4a.u32.s32): the high nibbles stay in place, i.e. 16x
+// their value (one AND instead of a shift and an AND per word), and their unit's scale is
+// d/16 * sc. Exact: the factor 16 is a power of two and |16 * sum| < 2^24, so the product is
+// the same float as d * sc * sum.
 static __device__ __forceinline__ void decode2_q4_k(const uint8_t* b, int k, Task& t) {
     const uint32_t dd = ld32<true>(b);
     const float d = f16_to_f32((uint16_t)(dd & 0xFFFF)), dmin = f16_to_f32((uint16_t)(dd >> 16));
@@ -387,13 +391,13 @@ static __device__ __forceinline__ void decode2_q4_k(const uint8_t* b, int k, Tas
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         t.v[0][i] = w[i] & 0x0F0F0F0F;
-        t.v[1][i] = (w[i] >> 4) & 0x0F0F0F0F;
+        t.v[1][i] = w[i] & 0xF0F0F0F0;
     }
     int sc[2], m[2];
     scale_min_k4_pair(k, b + 4, sc, m);
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        t.s0[j] = t.s1[j] = d * (float)sc[j];
+        t.s0[j] = t.s1[j] = (j == 0 ? d : d * 0.0625f) * (float)sc[j];
         t.m0[j] = -dmin * (float)m[j];
         t.m1[j] = 0.0f;
         t.unit[j] = 2 * k + j;
@@ -430,13 +434,14 @@ static __device__ __forceinline__ void decode2_q6_k(const uint8_t* b, int k, Tas
     uint32_t w[8], h[8];
     ld8<2>(b + 64 * n + 32 * c, w);
     ld8<2>(b + 128 + 32 * n, h);
+    // unsigned 6-bit values q + 32 (Decode2Traits: the dot subtracts 32 * the x sums of each
+    // 16-element half); the two high bits of each byte moved to bits 4..5 in place
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const uint32_t lo0 = w[i] & 0x0F0F0F0Fu, lo1 = (w[i] >> 4) & 0x0F0F0F0Fu;
-        const uint32_t hi0 = ((h[i] >> (2 * c)) & 0x03030303u) << 4;
-        const uint32_t hi1 = ((h[i] >> (2 * c + 4)) & 0x03030303u) << 4;
-        t.v[0][i] = sub_bytes_biased(lo0 | hi0, 0x20202020u);
-        t.v[1][i] = sub_bytes_biased(lo1 | hi1, 0x20202020u);
+        const uint32_t hi0 = (h[i] << (4 - 2 * c)) & 0x30303030u;  // bits 2c, 2c+1
+        const uint32_t hi1 = (h[i] >> (2 * c)) & 0x30303030u;       // bits 2c+4, 2c+5
+        t.v[0][i] = (w[i] & 0x0F0F0F0Fu) | hi0;
+        t.v[1][i] = ((w[i] >> 4) & 0x0F0F0F0Fu) | hi1;
     }
     const float d = f16_to_f32(ld_u16(b + 208));
     const int8_t* sc = (const int8_t*)(b + 192);
@@ -571,6 +576,22 @@ static __device__ __forceinline__ void decode2_a2(const uint8_t* b, Task& t) {
         t.unit[j] = j;
     }
 }
+
+// How task_dot treats a format's decoded task: UNSIGNED: the weight bytes are unsigned
+// (dp4a.u32.s32); BIAS: they hold q + BIAS, so the dot subtracts BIAS * the x sum of each
+// 16-element half (exact integer arithmetic: the same sums as signed q).
+template <typename F> struct Decode2Traits {
+    static constexpr bool UNSIGNED = false;
+    static constexpr int BIAS = 0;
+};
+template <> struct Decode2Traits<FmtQ4_K> {
+    static constexpr bool UNSIGNED = true;
+    static constexpr int BIAS = 0;
+};
+template <> struct Decode2Traits<FmtQ6_K> {
+    static constexpr bool UNSIGNED = true;
+    static constexpr int BIAS = 32;
+};
 
 // decode2 dispatch per format (formats with UNITS == 1 take two consecutive blocks).
 // `units(k, u)` gives the two unit indices of task k without decoding (for loading x first);

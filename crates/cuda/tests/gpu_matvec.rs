@@ -194,11 +194,102 @@ fn matvec_matches_cpu_reference_for_every_format() {
     );
 }
 
+/// One `matvec_segments` launch over matrices of `rows` rows checked against the per-matrix
+/// matvec of the same quantized x (the same per-row kernel code, so bit for bit), plus its
+/// bias, plus the old output where it accumulates; failures are pushed as messages.
+#[allow(clippy::too_many_arguments)]
+fn check_segments(
+    dev: &cuda::CudaDevice,
+    ty: GgmlType,
+    rows: &[usize],
+    cols: usize,
+    rpw: u32,
+    nt: usize,
+    seed: u64,
+    what: &str,
+    failures: &mut Vec<String>,
+) {
+    let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
+    cuda::matvec::set_rows_per_warp_override(rpw);
+    let x = random_activations(nt * cols, seed);
+    let xd = up(&x);
+    let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
+    dev.quantize_for_matvec(&xd, nt, cols, &mut scratch)
+        .unwrap();
+    let mut mats = Vec::new();
+    let mut want = Vec::new();
+    let mut ys = Vec::new();
+    let mut biases = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        let w = dev
+            .upload_matrix(
+                ty,
+                r,
+                cols,
+                &random_matrix(ty, r, cols, seed + 7 * i as u64),
+            )
+            .unwrap();
+        let mut yref = up(&vec![f32::NAN; nt * r]);
+        dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
+        let yref = dev.stream().clone_dtoh(&yref).unwrap();
+        let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
+        let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
+        let acc = i % 3 == 1;
+        let expect: Vec<f32> = (0..nt * r)
+            .map(|j| {
+                let mut v = yref[j];
+                if let Some(b) = &bias {
+                    v += b[j % r];
+                }
+                if acc {
+                    v += y0[j];
+                }
+                v
+            })
+            .collect();
+        want.push((expect, acc));
+        ys.push(up(&if acc { y0 } else { vec![f32::NAN; nt * r] }));
+        biases.push(bias.map(|b| up(&b)));
+        mats.push(w);
+    }
+    let segs: Vec<cuda::matvec::Segment<'_>> = mats
+        .iter()
+        .enumerate()
+        .map(|(i, w)| cuda::matvec::Segment {
+            w,
+            y: dev.device_address(&ys[i]),
+            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
+            accumulate: want[i].1,
+        })
+        .collect();
+    if let Err(e) = dev.matvec_segments(&segs, &scratch) {
+        failures.push(format!(
+            "{} {rows:?}x{cols} n={nt} {what}: launch: {e}",
+            ty.name()
+        ));
+        return;
+    }
+    for (i, y) in ys.iter().enumerate() {
+        let got = dev.stream().clone_dtoh(y).unwrap();
+        let bad = got
+            .iter()
+            .zip(&want[i].0)
+            .position(|(g, w)| !(g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0)));
+        if let Some(j) = bad {
+            failures.push(format!(
+                "{} segments {rows:?} x {cols} (rows/warp {rpw}, {nt} tokens, {what}): segment {i} value {j}: {} vs {}",
+                ty.name(),
+                got[j],
+                want[i].0[j]
+            ));
+        }
+    }
+}
+
 /// Several matrices of one format in one launch (`matvec_segments`, the fused decode path):
-/// each output equals the per-matrix matvec of the same quantized x (the same per-row kernel
-/// code, so bit for bit), plus its bias, plus the old output where it accumulates — for every
-/// block format, odd row counts, 1-4 segments, both rows-per-warp kernels, 1, 3 and 8 tokens
-/// (batched decode and verify passes: every token's row block of each output).
+/// each output equals the per-matrix matvec of the same quantized x — for every block format,
+/// odd row counts, 1-4 segments, both rows-per-warp kernels, 1, 3 and 8 tokens (batched
+/// decode and verify passes: every token's row block of each output).
 #[test]
 fn matvec_segments_match_single_matvecs() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -213,96 +304,27 @@ fn matvec_segments_match_single_matvecs() {
     let types = [
         Q4K, Q6K, Q4_0, Q8_0, IQ4XS, Q5K, Q4_1, Q5_0, Q5_1, IQ4NL, Q2K, Q3K,
     ];
-    let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
     let mut failures = Vec::new();
     let mut seed = 1000u64;
     for ty in types {
-        let bs = ty.block_size();
-        // widths: several groups with a partial last one; one block (32-wide formats: odd)
-        let widths = if bs == 32 {
-            vec![33 * 32, 5 * 256]
-        } else {
-            vec![5 * 256, 256]
-        };
-        let row_sets: [&[usize]; 4] = [&[37], &[1, 129], &[64, 7, 523], &[5, 1, 33, 260]];
-        for &cols in &widths {
-            for (ri, rows) in row_sets.into_iter().enumerate() {
+        for &cols in &segment_widths(ty) {
+            for (ri, rows) in SEGMENT_ROW_SETS.into_iter().enumerate() {
                 for rpw in [0u32, 2, 4] {
                     // every row set at one token; two of them also at 3 and 8 tokens
                     let counts: &[usize] = if ri % 2 == 0 { &[1, 3, 8] } else { &[1] };
                     for &nt in counts {
                         seed += 1;
-                        cuda::matvec::set_rows_per_warp_override(rpw);
-                        let x = random_activations(nt * cols, seed);
-                        let xd = up(&x);
-                        let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
-                        dev.quantize_for_matvec(&xd, nt, cols, &mut scratch)
-                            .unwrap();
-                        let mut mats = Vec::new();
-                        let mut want = Vec::new();
-                        let mut ys = Vec::new();
-                        let mut biases = Vec::new();
-                        for (i, &r) in rows.iter().enumerate() {
-                            let w = dev
-                                .upload_matrix(
-                                    ty,
-                                    r,
-                                    cols,
-                                    &random_matrix(ty, r, cols, seed + 7 * i as u64),
-                                )
-                                .unwrap();
-                            let mut yref = up(&vec![f32::NAN; nt * r]);
-                            dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
-                            let yref = dev.stream().clone_dtoh(&yref).unwrap();
-                            let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
-                            let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
-                            let acc = i % 3 == 1;
-                            let expect: Vec<f32> = (0..nt * r)
-                                .map(|j| {
-                                    let mut v = yref[j];
-                                    if let Some(b) = &bias {
-                                        v += b[j % r];
-                                    }
-                                    if acc {
-                                        v += y0[j];
-                                    }
-                                    v
-                                })
-                                .collect();
-                            want.push((expect, acc));
-                            ys.push(up(&if acc { y0 } else { vec![f32::NAN; nt * r] }));
-                            biases.push(bias.map(|b| up(&b)));
-                            mats.push(w);
-                        }
-                        let segs: Vec<cuda::matvec::Segment<'_>> = mats
-                            .iter()
-                            .enumerate()
-                            .map(|(i, w)| cuda::matvec::Segment {
-                                w,
-                                y: dev.device_address(&ys[i]),
-                                bias: biases[i].as_ref().map(|b| dev.device_address(b)),
-                                accumulate: want[i].1,
-                            })
-                            .collect();
-                        if let Err(e) = dev.matvec_segments(&segs, &scratch) {
-                            failures
-                                .push(format!("{} {rows:?}x{cols} n={nt}: launch: {e}", ty.name()));
-                            continue;
-                        }
-                        for (i, y) in ys.iter().enumerate() {
-                            let got = dev.stream().clone_dtoh(y).unwrap();
-                            let bad = got.iter().zip(&want[i].0).position(|(g, w)| {
-                                !(g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0))
-                            });
-                            if let Some(j) = bad {
-                                failures.push(format!(
-                                "{} segments {rows:?} x {cols} (rows/warp {rpw}, {nt} tokens): segment {i} value {j}: {} vs {}",
-                                ty.name(),
-                                got[j],
-                                want[i].0[j]
-                            ));
-                            }
-                        }
+                        check_segments(
+                            &dev,
+                            ty,
+                            rows,
+                            cols,
+                            rpw,
+                            nt,
+                            seed,
+                            "default grid",
+                            &mut failures,
+                        );
                     }
                 }
             }
@@ -320,4 +342,17 @@ fn matvec_segments_match_single_matvecs() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Row counts of the segment checks: 1-4 segments, odd counts.
+const SEGMENT_ROW_SETS: [&[usize]; 4] = [&[37], &[1, 129], &[64, 7, 523], &[5, 1, 33, 260]];
+
+/// Widths of the segment checks: several groups with a partial last one; one block (32-wide
+/// formats: an odd number).
+fn segment_widths(ty: GgmlType) -> Vec<usize> {
+    if ty.block_size() == 32 {
+        vec![33 * 32, 5 * 256]
+    } else {
+        vec![5 * 256, 256]
+    }
 }
