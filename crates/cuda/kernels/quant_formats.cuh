@@ -42,15 +42,18 @@ static __device__ __forceinline__ uint32_t iq4nl_lookup4(uint32_t idx) {
 // lo = elements 0..3 (bytes' low nibbles), hi = elements 16..19. 7 prmt instead of ~28 ops of
 // iq4nl_lookup4 x 2: the packed nibbles are the prmt selectors directly (bit 3 masked off,
 // since a set selector bit 3 means sign replication), bit 3 picks the 8..15 half afterwards.
+// prmt reads only the low 16 bits of its selector, so both halves' selectors are masked (and
+// the 8..15 picks built) once for the whole word and shifted down for the upper half.
 static __device__ __forceinline__ void iq4nl_lookup8(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t sel = w & 0x77777777u;
+    const uint32_t pick = ((w >> 1) & 0x44444444u) | 0x32103210u;
     uint32_t r[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const uint32_t s = w >> (16 * h);  // nibbles lo(2h), hi(2h), lo(2h+1), hi(2h+1)
-        const uint32_t sel = s & 0x7777u;
-        const uint32_t a = prmt(IQ4NL_T0, IQ4NL_T1, sel);
-        const uint32_t b = prmt(IQ4NL_T2, IQ4NL_T3, sel);
-        r[h] = prmt(a, b, 0x3210u | ((s & 0x8888u) >> 1));
+        // nibbles lo(2h), hi(2h), lo(2h+1), hi(2h+1)
+        const uint32_t a = prmt(IQ4NL_T0, IQ4NL_T1, sel >> (16 * h));
+        const uint32_t b = prmt(IQ4NL_T2, IQ4NL_T3, sel >> (16 * h));
+        r[h] = prmt(a, b, pick >> (16 * h));
     }
     lo = prmt(r[0], r[1], 0x6420u);
     hi = prmt(r[0], r[1], 0x7531u);
