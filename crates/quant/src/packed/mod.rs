@@ -407,6 +407,11 @@ struct OutRows(*mut f32);
 // SAFETY: only written at disjoint (token, group) places while the owner waits.
 unsafe impl Sync for OutRows {}
 
+/// An atomic counter alone on its 128 bytes (two cache lines: the adjacent-line prefetcher
+/// pairs them).
+#[repr(align(128))]
+struct PaddedCounter(AtomicUsize);
+
 /// Runs `f(c)` for every chunk `c` in `0..n_chunks` exactly once, spread over `team`'s
 /// participants (or the current rayon pool's threads): each takes chunks from its own
 /// contiguous region first (one sequential stream per core), then helps the others.
@@ -415,16 +420,18 @@ fn parallel_chunks(team: Option<&Team>, n_chunks: usize, f: &(dyn Fn(usize) + Sy
         .map_or_else(rayon::current_num_threads, |t| t.n_threads())
         .max(1);
     let bounds: Vec<usize> = (0..=n_parts).map(|p| p * n_chunks / n_parts).collect();
-    let next: Vec<AtomicUsize> = bounds[..n_parts]
+    // one cache line pair per counter: each thread bumps its own part's counter once per chunk,
+    // and counters sharing a line would bounce it between the cores on every chunk
+    let next: Vec<PaddedCounter> = bounds[..n_parts]
         .iter()
-        .map(|&b| AtomicUsize::new(b))
+        .map(|&b| PaddedCounter(AtomicUsize::new(b)))
         .collect();
-    let ticket = AtomicUsize::new(0);
+    let ticket = PaddedCounter(AtomicUsize::new(0));
     let job = || {
-        let first = ticket.fetch_add(1, Ordering::Relaxed) % n_parts;
+        let first = ticket.0.fetch_add(1, Ordering::Relaxed) % n_parts;
         for p in (0..n_parts).map(|i| (first + i) % n_parts) {
             loop {
-                let c = next[p].fetch_add(1, Ordering::Relaxed);
+                let c = next[p].0.fetch_add(1, Ordering::Relaxed);
                 if c >= bounds[p + 1] {
                     break;
                 }
