@@ -7,6 +7,8 @@
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::{check_shape, shape_err, CpuTensor};
 use crate::{AttentionParams, BackendError, KvType, Row};
@@ -204,7 +206,10 @@ fn check_cache(c: &CpuKvCache, p: &AttentionParams) -> Result<(), BackendError> 
     Ok(())
 }
 
-/// See [`crate::Backend::attention`].
+/// See [`crate::Backend::attention`]. The (row block, KV head) tasks run on `team` when
+/// given (decode: the caller and its spinning helpers, no rayon hand-off), else on the
+/// current rayon pool.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &CpuTensor,
     k: &CpuTensor,
@@ -213,6 +218,7 @@ pub fn attention(
     caches: &mut [&mut CpuKvCache],
     p: &AttentionParams,
     out: &mut CpuTensor,
+    team: Option<&quant::Team>,
 ) -> Result<(), BackendError> {
     let n = rows.len();
     if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
@@ -249,10 +255,31 @@ pub fn attention(
         tasks.extend((0..p.n_kv_head).map(|kvh| (r0, r1, kvh)));
         r0 = r1;
     }
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(r0, r1, kvh)| attend_block(q, &rows[r0..r1], r0, caches[rows[r0].seq], kvh, p))
-        .collect::<Result<_, _>>()?;
+    let task = |&(r0, r1, kvh): &(usize, usize, usize)| {
+        attend_block(q, &rows[r0..r1], r0, caches[rows[r0].seq], kvh, p)
+    };
+    let results: Vec<Vec<f32>> = match team {
+        Some(team) => {
+            // every participant takes tasks from one counter until none is left
+            let slots: Vec<TaskSlot> = tasks.iter().map(|_| Mutex::new(None)).collect();
+            let next = AtomicUsize::new(0);
+            team.run(&|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(t) = tasks.get(i) else { break };
+                let r = task(t);
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+            slots
+                .into_iter()
+                .map(|m| {
+                    m.into_inner()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .expect("the team ran every attention task")
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => tasks.par_iter().map(task).collect::<Result<_, _>>()?,
+    };
     // Scatter: task output is [rows][group * hv]; the group's heads are adjacent in `out`.
     for (&(r0, r1, kvh), res) in tasks.iter().zip(&results) {
         for (i, r) in (r0..r1).enumerate() {
@@ -262,6 +289,9 @@ pub fn attention(
     }
     Ok(())
 }
+
+/// One attention task's result, written by whichever team participant ran it.
+type TaskSlot = Mutex<Option<Result<Vec<f32>, BackendError>>>;
 
 /// Most rows of one sequence handled by one attention task.
 const ROW_BLOCK: usize = 32;
@@ -372,11 +402,15 @@ mod tests {
         let k = gen(n * 2 * 32);
         let v = gen(n * 2 * 64);
         let want = naive(&q, &k, &v, n, &p);
-        for (ty, tol) in [
-            (KvType::F32, 1e-5),
-            (KvType::F16, 2e-3),
-            (KvType::Q8_0, 2e-2),
-            (KvType::Q4_0, 0.15),
+        // the decode rows also on a 2-thread team (the backend's path for one token)
+        let team = quant::Team::new(2);
+        for (ty, tol, team) in [
+            (KvType::F32, 1e-5, None),
+            (KvType::F16, 2e-3, None),
+            (KvType::Q8_0, 2e-2, None),
+            (KvType::Q4_0, 0.15, None),
+            (KvType::F32, 1e-5, Some(&team)),
+            (KvType::Q8_0, 2e-2, Some(&team)),
         ] {
             let mut cache = CpuKvCache::new(16, 2, 32, 64, ty).unwrap();
             let mut got = Vec::new();
@@ -396,6 +430,7 @@ mod tests {
                     &mut [&mut cache],
                     &p,
                     &mut out,
+                    team,
                 )
                 .unwrap();
                 got.extend(out.data);
@@ -405,7 +440,11 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
-            assert!(err < tol, "{ty}: max error {err}");
+            assert!(
+                err < tol,
+                "{ty} (team: {}): max error {err}",
+                team.is_some()
+            );
         }
     }
 
@@ -429,6 +468,7 @@ mod tests {
             &mut [&mut cache],
             &p,
             &mut out,
+            None,
         );
         assert!(matches!(
             r,

@@ -442,7 +442,12 @@ impl Backend for CpuBackend {
         p: &AttentionParams,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        self.run(|| attention::attention(q, k, v, rows, caches, p, out))
+        if rows.len() == 1 && self.team.is_some() {
+            // One token: its KV heads on the team from the calling thread (no pool hand-off,
+            // and the team's helpers stay awake for the products around it).
+            return attention::attention(q, k, v, rows, caches, p, out, self.team.as_ref());
+        }
+        self.run(|| attention::attention(q, k, v, rows, caches, p, out, None))
     }
 
     fn new_recurrent_state(
