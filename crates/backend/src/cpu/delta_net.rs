@@ -26,6 +26,8 @@
 //! once per token, and the rest are small dense products.
 
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::elementwise::sigmoid;
 use super::{check_shape, shape_err, CpuTensor};
@@ -307,8 +309,9 @@ pub fn delta_rule(
     rows: &[Row],
     states: &mut [&mut CpuRecurrentState],
     out: &mut CpuTensor,
+    team: Option<&quant::Team>,
 ) -> Result<(), BackendError> {
-    delta_rule_with(q, k, v, g, beta, rows, states, out, DeltaForm::Auto)
+    delta_rule_on(q, k, v, g, beta, rows, states, out, DeltaForm::Auto, team)
 }
 
 /// [`delta_rule`] with the form chosen by the caller (tests compare the two).
@@ -323,6 +326,24 @@ pub fn delta_rule_with(
     states: &mut [&mut CpuRecurrentState],
     out: &mut CpuTensor,
     form: DeltaForm,
+) -> Result<(), BackendError> {
+    delta_rule_on(q, k, v, g, beta, rows, states, out, form, None)
+}
+
+/// The delta rule with its per-head work on `team` when given (one decode token: the caller
+/// and its spinning helpers, no rayon hand-off), else on the current rayon pool.
+#[allow(clippy::too_many_arguments)]
+fn delta_rule_on(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    g: &CpuTensor,
+    beta: &CpuTensor,
+    rows: &[Row],
+    states: &mut [&mut CpuRecurrentState],
+    out: &mut CpuTensor,
+    form: DeltaForm,
+    team: Option<&quant::Team>,
 ) -> Result<(), BackendError> {
     let n = rows.len();
     let shape = match states.first() {
@@ -370,30 +391,53 @@ pub fn delta_rule_with(
             DeltaForm::Chunked => true,
             DeltaForm::Auto => len >= MIN_CHUNKED_RUN,
         };
-        let outs: Vec<Vec<f32>> =
-            st.s.par_chunks_mut(d_v * d_k)
-                .enumerate()
-                .map(|(h, s)| {
-                    let kh = h % n_k_heads;
-                    let gather = |t: &CpuTensor, off: usize, w: usize, sc: f32| -> Vec<f32> {
-                        (start..end)
-                            .flat_map(|r| t.row(r)[off..off + w].iter().map(move |x| x * sc))
-                            .collect()
-                    };
-                    let run = HeadRun {
-                        q: gather(q, kh * d_k, d_k, scale),
-                        k: gather(k, kh * d_k, d_k, 1.0),
-                        v: gather(v, h * d_v, d_v, 1.0),
-                        g: gather(g, h, 1, 1.0),
-                        b: gather(beta, h, 1, 1.0),
-                    };
-                    if chunked {
-                        head_chunked(s, d_k, d_v, &run.as_ref())
-                    } else {
-                        head_recurrent(s, d_k, d_v, &run.as_ref())
-                    }
-                })
-                .collect();
+        let head = |h: usize, s: &mut [f32]| {
+            let kh = h % n_k_heads;
+            let gather = |t: &CpuTensor, off: usize, w: usize, sc: f32| -> Vec<f32> {
+                (start..end)
+                    .flat_map(|r| t.row(r)[off..off + w].iter().map(move |x| x * sc))
+                    .collect()
+            };
+            let run = HeadRun {
+                q: gather(q, kh * d_k, d_k, scale),
+                k: gather(k, kh * d_k, d_k, 1.0),
+                v: gather(v, h * d_v, d_v, 1.0),
+                g: gather(g, h, 1, 1.0),
+                b: gather(beta, h, 1, 1.0),
+            };
+            if chunked {
+                head_chunked(s, d_k, d_v, &run.as_ref())
+            } else {
+                head_recurrent(s, d_k, d_v, &run.as_ref())
+            }
+        };
+        let outs: Vec<Vec<f32>> = match team {
+            Some(team) => {
+                // every participant takes heads from one counter until none is left
+                let heads: Vec<Mutex<&mut [f32]>> =
+                    st.s.chunks_mut(d_v * d_k).map(Mutex::new).collect();
+                let slots: Vec<Mutex<Vec<f32>>> =
+                    heads.iter().map(|_| Mutex::new(Vec::new())).collect();
+                let next = AtomicUsize::new(0);
+                team.run(&|| loop {
+                    let h = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(m) = heads.get(h) else { break };
+                    let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+                    let o = head(h, &mut s);
+                    *slots[h].lock().unwrap_or_else(|e| e.into_inner()) = o;
+                });
+                slots
+                    .into_iter()
+                    .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+                    .collect()
+            }
+            None => {
+                st.s.par_chunks_mut(d_v * d_k)
+                    .enumerate()
+                    .map(|(h, s)| head(h, s))
+                    .collect()
+            }
+        };
         for (h, oh) in outs.iter().enumerate() {
             for t in 0..len {
                 let dst = &mut out.data[(start + t) * n_v_heads * d_v + h * d_v..][..d_v];
@@ -480,6 +524,58 @@ mod tests {
                 rel(&results[1].1, &results[0].1) < 1e-5,
                 "n={n}: states differ"
             );
+        }
+    }
+
+    /// One decode token's heads on a 2-thread team give exactly the pool's outputs and
+    /// state (the same per-head code), over several consecutive tokens.
+    #[test]
+    fn team_decode_matches_pool() {
+        let shape = RecurrentShape {
+            d_conv: 4,
+            conv_channels: 0,
+            n_k_heads: 2,
+            n_v_heads: 6,
+            d_k: 24,
+            d_v: 20,
+        };
+        let team = quant::Team::new(2);
+        let mut seed = 29u64;
+        let mut gen = |len: usize| (0..len).map(|_| lcg(&mut seed)).collect::<Vec<f32>>();
+        let s0 = gen(6 * 20 * 24);
+        let mut pool = CpuRecurrentState::new(&shape).unwrap();
+        let mut teamed = CpuRecurrentState::new(&shape).unwrap();
+        pool.s.copy_from_slice(&s0);
+        teamed.s.copy_from_slice(&s0);
+        for pos in 0..4 {
+            let mut qd = gen(48);
+            let mut kd = gen(48);
+            l2(&mut qd, 24);
+            l2(&mut kd, 24);
+            let vd = gen(120);
+            let gd: Vec<f32> = gen(6).iter().map(|x| -(x.abs()) * 0.5).collect();
+            let bd: Vec<f32> = gen(6).iter().map(|x| sigmoid(*x * 3.0)).collect();
+            let t = |d: &Vec<f32>, w: usize| CpuTensor::from_vec(1, w, d.clone()).unwrap();
+            let rows = [Row { seq: 0, pos }];
+            let mut outs = Vec::new();
+            for (st, tm) in [(&mut pool, None), (&mut teamed, Some(&team))] {
+                let mut out = CpuTensor::zeros(1, 120);
+                delta_rule(
+                    &t(&qd, 48),
+                    &t(&kd, 48),
+                    &t(&vd, 120),
+                    &t(&gd, 6),
+                    &t(&bd, 6),
+                    &rows,
+                    &mut [st],
+                    &mut out,
+                    tm,
+                )
+                .unwrap();
+                outs.push(out.data);
+            }
+            assert_eq!(outs[0], outs[1], "token {pos}: outputs differ");
+            assert_eq!(pool.s, teamed.s, "token {pos}: states differ");
         }
     }
 

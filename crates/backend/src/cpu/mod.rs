@@ -502,6 +502,10 @@ impl Backend for CpuBackend {
         states: &mut [&mut CpuRecurrentState],
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        self.run(|| delta_net::delta_rule(q, k, v, g, beta, rows, states, out))
+        if rows.len() == 1 && self.team.is_some() {
+            // One token: its heads on the team from the calling thread (no pool hand-off).
+            return delta_net::delta_rule(q, k, v, g, beta, rows, states, out, self.team.as_ref());
+        }
+        self.run(|| delta_net::delta_rule(q, k, v, g, beta, rows, states, out, None))
     }
 }
