@@ -150,6 +150,7 @@ fn delta_case(
             &mut refs,
             &mut cout,
             DeltaForm::Recurrent,
+            None,
         )
         .unwrap();
     }

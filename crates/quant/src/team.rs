@@ -108,6 +108,27 @@ impl Team {
         self.helpers.len() + 1
     }
 
+    /// `f(i)` for every `i` in `0..n`, each exactly once, spread over the participants that
+    /// join (tasks taken from one counter); the results in index order.
+    pub fn map<T: Send>(&self, n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+        let slots: Vec<Mutex<Option<T>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        self.run(&|| loop {
+            let i = next.fetch_add(1, Relaxed);
+            let Some(slot) = slots.get(i) else { break };
+            let r = f(i);
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        });
+        slots
+            .into_iter()
+            .map(|m| {
+                m.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("every task of Team::map ran")
+            })
+            .collect()
+    }
+
     /// Runs `f` on the caller and on every helper that joins before the caller's own call
     /// returns, and returns when all of those calls have returned. So `f` runs at least
     /// once and at most `n_threads` times, concurrently: it must share the work itself
@@ -251,6 +272,22 @@ mod tests {
             sum.fetch_add(i as u64, Relaxed);
         });
         assert_eq!(sum.load(Relaxed), 10_000 * 9_999 / 2);
+    }
+
+    #[test]
+    fn map_runs_every_index_once_in_order() {
+        for n in [0, 1, 2, 3] {
+            let team = Team::new(n);
+            for len in [0usize, 1, 2, 7, 1000] {
+                let calls = AtomicUsize::new(0);
+                let got = team.map(len, |i| {
+                    calls.fetch_add(1, Relaxed);
+                    i * i
+                });
+                assert_eq!(got, (0..len).map(|i| i * i).collect::<Vec<_>>());
+                assert_eq!(calls.load(Relaxed), len);
+            }
+        }
     }
 
     #[test]

@@ -7,8 +7,6 @@
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use super::{check_shape, shape_err, CpuTensor};
 use crate::{AttentionParams, BackendError, KvType, Row};
@@ -259,25 +257,10 @@ pub fn attention(
         attend_block(q, &rows[r0..r1], r0, caches[rows[r0].seq], kvh, p)
     };
     let results: Vec<Vec<f32>> = match team {
-        Some(team) => {
-            // every participant takes tasks from one counter until none is left
-            let slots: Vec<TaskSlot> = tasks.iter().map(|_| Mutex::new(None)).collect();
-            let next = AtomicUsize::new(0);
-            team.run(&|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(t) = tasks.get(i) else { break };
-                let r = task(t);
-                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-            });
-            slots
-                .into_iter()
-                .map(|m| {
-                    m.into_inner()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .expect("the team ran every attention task")
-                })
-                .collect::<Result<_, _>>()?
-        }
+        Some(team) => team
+            .map(tasks.len(), |i| task(&tasks[i]))
+            .into_iter()
+            .collect::<Result<_, _>>()?,
         None => tasks.par_iter().map(task).collect::<Result<_, _>>()?,
     };
     // Scatter: task output is [rows][group * hv]; the group's heads are adjacent in `out`.
@@ -289,9 +272,6 @@ pub fn attention(
     }
     Ok(())
 }
-
-/// One attention task's result, written by whichever team participant ran it.
-type TaskSlot = Mutex<Option<Result<Vec<f32>, BackendError>>>;
 
 /// Most rows of one sequence handled by one attention task.
 const ROW_BLOCK: usize = 32;

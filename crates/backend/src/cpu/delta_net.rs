@@ -26,7 +26,6 @@
 //! once per token, and the rest are small dense products.
 
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::elementwise::sigmoid;
@@ -311,29 +310,14 @@ pub fn delta_rule(
     out: &mut CpuTensor,
     team: Option<&quant::Team>,
 ) -> Result<(), BackendError> {
-    delta_rule_on(q, k, v, g, beta, rows, states, out, DeltaForm::Auto, team)
+    delta_rule_with(q, k, v, g, beta, rows, states, out, DeltaForm::Auto, team)
 }
 
-/// [`delta_rule`] with the form chosen by the caller (tests compare the two).
+/// [`delta_rule`] with the form chosen by the caller (tests compare the two), its per-head
+/// work on `team` when given (one decode token: the caller and its spinning helpers, no
+/// rayon hand-off), else on the current rayon pool.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_rule_with(
-    q: &CpuTensor,
-    k: &CpuTensor,
-    v: &CpuTensor,
-    g: &CpuTensor,
-    beta: &CpuTensor,
-    rows: &[Row],
-    states: &mut [&mut CpuRecurrentState],
-    out: &mut CpuTensor,
-    form: DeltaForm,
-) -> Result<(), BackendError> {
-    delta_rule_on(q, k, v, g, beta, rows, states, out, form, None)
-}
-
-/// The delta rule with its per-head work on `team` when given (one decode token: the caller
-/// and its spinning helpers, no rayon hand-off), else on the current rayon pool.
-#[allow(clippy::too_many_arguments)]
-fn delta_rule_on(
     q: &CpuTensor,
     k: &CpuTensor,
     v: &CpuTensor,
@@ -413,23 +397,12 @@ fn delta_rule_on(
         };
         let outs: Vec<Vec<f32>> = match team {
             Some(team) => {
-                // every participant takes heads from one counter until none is left
+                // one lock per head: uncontended, it only hands the head's &mut state over
                 let heads: Vec<Mutex<&mut [f32]>> =
                     st.s.chunks_mut(d_v * d_k).map(Mutex::new).collect();
-                let slots: Vec<Mutex<Vec<f32>>> =
-                    heads.iter().map(|_| Mutex::new(Vec::new())).collect();
-                let next = AtomicUsize::new(0);
-                team.run(&|| loop {
-                    let h = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(m) = heads.get(h) else { break };
-                    let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
-                    let o = head(h, &mut s);
-                    *slots[h].lock().unwrap_or_else(|e| e.into_inner()) = o;
-                });
-                slots
-                    .into_iter()
-                    .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-                    .collect()
+                team.map(heads.len(), |h| {
+                    head(h, &mut heads[h].lock().unwrap_or_else(|e| e.into_inner()))
+                })
             }
             None => {
                 st.s.par_chunks_mut(d_v * d_k)
@@ -507,6 +480,7 @@ mod tests {
                     &mut [&mut st],
                     &mut out,
                     form,
+                    None,
                 )
                 .unwrap();
                 results.push((out.data, st.s));
