@@ -8,7 +8,8 @@ use std::sync::Arc;
 use gguf::{GgmlType, GgufFile, GgufWriter};
 
 use crate::{
-    AttentionParams, Backend, ColumnCopy, KvType, RecurrentShape, RopeMode, RopeParams, Row,
+    AttentionParams, AttnBlock, Backend, ColumnCopy, KvType, RecurrentShape, RopeMode, RopeParams,
+    Row,
 };
 
 /// Deterministic uniform values in [-1, 1).
@@ -101,6 +102,7 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     norms_and_activations(b)?;
     rope(b)?;
     attention(b)?;
+    attention_block(b)?;
     delta_net(b)?;
     Ok(())
 }
@@ -463,6 +465,195 @@ pub fn attention<B: Backend>(b: &B) -> Result<(), String> {
         );
         if r.is_ok() {
             return Err(format!("attention {kv}: position past the cache accepted"));
+        }
+    }
+    Ok(())
+}
+
+/// `x` rotated in place as [`RopeParams`] documents (f64 angles), each head of `hd` values.
+fn naive_rope(x: &mut [f32], hd: usize, pos: usize, p: &RopeParams) {
+    for head in x.chunks_exact_mut(hd) {
+        for i in 0..p.n_rot / 2 {
+            let f = p.freq_factors.as_ref().map_or(1.0, |f| f[i] as f64);
+            let theta = pos as f64
+                * p.freq_scale as f64
+                * (p.freq_base as f64).powf(-2.0 * i as f64 / p.n_rot as f64)
+                / f;
+            let (a, c) = match p.mode {
+                RopeMode::Normal => (2 * i, 2 * i + 1),
+                _ => (i, i + p.n_rot / 2),
+            };
+            let (x0, x1) = (head[a] as f64, head[c] as f64);
+            head[a] = (x0 * theta.cos() - x1 * theta.sin()) as f32;
+            head[c] = (x0 * theta.sin() + x1 * theta.cos()) as f32;
+        }
+    }
+}
+
+/// Each head of `w.len()` values of `x` RMS-normed with weights `w` (f64).
+fn naive_head_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(w.len()) {
+        let ms = head.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / w.len() as f64;
+        let s = 1.0 / (ms + eps as f64).sqrt();
+        head.iter_mut()
+            .zip(w)
+            .for_each(|(v, g)| *v = (*v as f64 * s * *g as f64) as f32);
+    }
+}
+
+/// [`Backend::attention_block`] against naive host code, two layer kinds over an f16 cache:
+/// Qwen3.5's gated query (query and gate side by side per head, q/k norms, partial NeoX RoPE)
+/// and a plain one (normal RoPE with frequency factors). Two sequences: a prompt batch (many
+/// rows of one sequence), then single-token decode steps of both together and of one alone —
+/// the calls a device may fuse — out to lengths where decode splits the cache.
+pub fn attention_block<B: Backend>(b: &B) -> Result<(), String> {
+    let (n_head, n_kv, d) = (6usize, 2usize, 64usize);
+    let p = AttentionParams {
+        n_head,
+        n_kv_head: n_kv,
+        head_dim_k: d,
+        head_dim_v: d,
+        scale: 0.125,
+    };
+    let gated_rope = RopeParams {
+        mode: RopeMode::Neox,
+        n_rot: 32,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+        freq_factors: None,
+    };
+    let plain_rope = RopeParams {
+        mode: RopeMode::Normal,
+        n_rot: d,
+        freq_base: 500000.0,
+        freq_scale: 0.5,
+        freq_factors: Some((0..d / 2).map(|i| 1.0 + (i % 5) as f32).collect()),
+    };
+    let eps = 1e-6;
+    let mut g = Lcg(11);
+    let (qn, kn) = (g.vec(d), g.vec(d));
+    let wfile = gguf_with(&[
+        ("qn", 1, d, gguf::GgmlType::F32, &qn),
+        ("kn", 1, d, gguf::GgmlType::F32, &kn),
+    ]);
+    let load = |n: &str| b.load_weight(&wfile, n).map_err(|e| e.to_string());
+    let (qn_w, kn_w) = (load("qn")?, load("kn")?);
+    // sequence 0: prompt of 60 then 80 single steps; sequence 1: prompt of 9, steps alongside
+    let (prompt, steps) = ([60usize, 9], 80usize);
+    for gated in [true, false] {
+        let rope = if gated { &gated_rope } else { &plain_rope };
+        let stride = if gated { 2 * d } else { d };
+        let lens = [prompt[0] + steps, prompt[1] + steps / 2];
+        // raw projections of every token of both sequences
+        let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = lens
+            .iter()
+            .map(|&n| {
+                let mut q = g.vec(n * n_head * stride);
+                q.iter_mut().for_each(|x| *x *= 3.0);
+                (q, g.vec(n * n_kv * d), g.vec(n * n_kv * d))
+            })
+            .collect();
+        let want: Vec<Vec<f32>> = lens
+            .iter()
+            .zip(&data)
+            .map(|(&n, (qg, k, v))| {
+                let mut q = Vec::with_capacity(n * n_head * d);
+                let mut gate = Vec::with_capacity(n * n_head * d);
+                for head in qg.chunks_exact(stride) {
+                    q.extend_from_slice(&head[..d]);
+                    gate.extend_from_slice(&head[stride - d..]);
+                }
+                let mut k = k.clone();
+                if gated {
+                    naive_head_norm(&mut q, &qn, eps);
+                    naive_head_norm(&mut k, &kn, eps);
+                }
+                for t in 0..n {
+                    naive_rope(&mut q[t * n_head * d..(t + 1) * n_head * d], d, t, rope);
+                    naive_rope(&mut k[t * n_kv * d..(t + 1) * n_kv * d], d, t, rope);
+                }
+                let mut o = naive_attention(&q, &k, v, n, &p);
+                if gated {
+                    o.iter_mut()
+                        .zip(&gate)
+                        .for_each(|(x, z)| *x = (*x as f64 / (1.0 + (-*z as f64).exp())) as f32);
+                }
+                o
+            })
+            .collect();
+        let mut caches = [
+            b.new_kv_cache(256, n_kv, d, d, KvType::F16)
+                .map_err(|e| e.to_string())?,
+            b.new_kv_cache(256, n_kv, d, d, KvType::F16)
+                .map_err(|e| e.to_string())?,
+        ];
+        let mut got = [Vec::new(), Vec::new()];
+        // (sequence, first position, end) per call: prompts, then steps of both, then of seq 0
+        let mut calls: Vec<Vec<(usize, usize, usize)>> =
+            vec![vec![(0, 0, prompt[0])], vec![(1, 0, prompt[1])]];
+        for t in 0..steps {
+            let mut c = vec![(0, prompt[0] + t, prompt[0] + t + 1)];
+            if t < steps / 2 {
+                c.push((1, prompt[1] + t, prompt[1] + t + 1));
+            }
+            calls.push(c);
+        }
+        for call in &calls {
+            let mut rows = Vec::new();
+            let (mut qb, mut kb, mut vb) = (Vec::new(), Vec::new(), Vec::new());
+            for &(s, a, e) in call {
+                let (q, k, v) = &data[s];
+                rows.extend((a..e).map(|pos| Row { seq: s, pos }));
+                qb.extend_from_slice(&q[a * n_head * stride..e * n_head * stride]);
+                kb.extend_from_slice(&k[a * n_kv * d..e * n_kv * d]);
+                vb.extend_from_slice(&v[a * n_kv * d..e * n_kv * d]);
+            }
+            let m = rows.len();
+            let positions: Vec<u32> = rows.iter().map(|r| r.pos as u32).collect();
+            let (mut qt, mut kt) = (up(b, &qb, m, n_head * stride)?, up(b, &kb, m, n_kv * d)?);
+            let vt = up(b, &vb, m, n_kv * d)?;
+            let mut out = b.zeros(m, n_head * d);
+            let [c0, c1] = &mut caches;
+            b.attention_block(
+                AttnBlock {
+                    q: &mut qt,
+                    q_head_stride: stride,
+                    gate_offset: gated.then_some(d),
+                    k: &mut kt,
+                    v: &vt,
+                    q_norm: gated.then_some(&qn_w),
+                    k_norm: gated.then_some(&kn_w),
+                    norm_eps: eps,
+                    positions: &positions,
+                    rope,
+                },
+                &rows,
+                &mut [c0, c1],
+                &p,
+                &mut out,
+            )
+            .map_err(|e| e.to_string())?;
+            let o = b.download(&out);
+            let w = n_head * d;
+            for (r, row) in rows.iter().enumerate() {
+                got[row.seq].extend_from_slice(&o[r * w..(r + 1) * w]);
+            }
+        }
+        for s in 0..2 {
+            check(
+                &format!("attention_block gated {gated} seq {s}"),
+                &got[s],
+                &want[s],
+                2e-3,
+            )?;
+            // the decode rows alone (the prompt rows dominate the whole-sequence error)
+            let w = n_head * d;
+            check(
+                &format!("attention_block gated {gated} seq {s} decode rows"),
+                &got[s][prompt[s] * w..],
+                &want[s][prompt[s] * w..],
+                2e-3,
+            )?;
         }
     }
     Ok(())

@@ -264,6 +264,22 @@ pub trait Backend: Send + Sync + Sized {
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
 
+    /// One attention layer from its projections to its output, in one call so a backend can
+    /// fuse the chain of a decode step: per-head RMS norms of q and k, RoPE of both at
+    /// `a.positions`, [`Backend::attention`] into `out`, and for a gated query `out *=
+    /// sigmoid(gate)`. `a.q` and `a.k` hold unspecified values afterwards. Default:
+    /// [`attention_block_each`], those ops one by one.
+    fn attention_block(
+        &self,
+        a: AttnBlock<'_, Self>,
+        rows: &[Row],
+        caches: &mut [&mut Self::KvCache],
+        p: &AttentionParams,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        attention_block_each(self, a, rows, caches, p, out)
+    }
+
     // ---- Gated DeltaNet (linear attention) ---------------------------------------------
 
     /// A zeroed recurrent state of one layer for one sequence.
@@ -316,6 +332,78 @@ pub trait Backend: Send + Sync + Sized {
         states: &mut [&mut Self::RecurrentState],
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+}
+
+/// The inputs of [`Backend::attention_block`]: one attention layer's projections of `n` rows.
+pub struct AttnBlock<'a, B: Backend> {
+    /// Query rows `[n, n_head * q_head_stride]`: head h's `head_dim_k` query values start at
+    /// column `h * q_head_stride`.
+    pub q: &'a mut B::Tensor,
+    pub q_head_stride: usize,
+    /// Gated attention (Qwen3.5: query and gate side by side per head): head h's `head_dim_v`
+    /// gate values start at column `h * q_head_stride + gate_offset` of `q`.
+    pub gate_offset: Option<usize>,
+    /// `[n, n_kv_head * head_dim_k]`.
+    pub k: &'a mut B::Tensor,
+    /// `[n, n_kv_head * head_dim_v]`.
+    pub v: &'a B::Tensor,
+    /// Per-head RMS norm weights (`head_dim_k` values) of q and of k, applied before RoPE
+    /// (Qwen3, Qwen3.5), with their epsilon.
+    pub q_norm: Option<&'a B::Weight>,
+    pub k_norm: Option<&'a B::Weight>,
+    pub norm_eps: f32,
+    /// The RoPE position of each row.
+    pub positions: &'a [u32],
+    pub rope: &'a RopeParams,
+}
+
+/// [`Backend::attention_block`] as separate ops: the query (and gate) heads copied out of a
+/// strided q, `rms_norm_inplace` of q and k, `rope_qk`, `attention`, `mul_sigmoid` (the
+/// default, and a device's fallback for cases its fused launch does not take).
+pub fn attention_block_each<B: Backend>(
+    b: &B,
+    a: AttnBlock<'_, B>,
+    rows: &[Row],
+    caches: &mut [&mut B::KvCache],
+    p: &AttentionParams,
+    out: &mut B::Tensor,
+) -> Result<(), BackendError> {
+    let (n, _) = b.shape(a.k);
+    let (hd, stride) = (p.head_dim_k, a.q_head_stride);
+    let heads = |src: &B::Tensor, offset: usize, width: usize| {
+        let mut t = b.zeros(n, p.n_head * width);
+        let c = ColumnCopy {
+            n_blocks: p.n_head,
+            width,
+            src_offset: offset,
+            src_stride: stride,
+            dst_offset: 0,
+            dst_stride: width,
+        };
+        b.copy_cols(src, &mut t, &c).map(|_| t)
+    };
+    let gate = match a.gate_offset {
+        Some(off) => Some(heads(a.q, off, p.head_dim_v)?),
+        None => None,
+    };
+    let mut own = None;
+    let q = if stride == hd {
+        a.q
+    } else {
+        own.insert(heads(a.q, 0, hd)?)
+    };
+    if let Some(w) = a.q_norm {
+        b.rms_norm_inplace(q, w, a.norm_eps)?;
+    }
+    if let Some(w) = a.k_norm {
+        b.rms_norm_inplace(a.k, w, a.norm_eps)?;
+    }
+    b.rope_qk(q, a.k, a.positions, hd, a.rope)?;
+    b.attention(q, a.k, a.v, rows, caches, p, out)?;
+    if let Some(g) = &gate {
+        b.mul_sigmoid(out, g)?;
+    }
+    Ok(())
 }
 
 /// [`Backend::matmul_many`] as separate ops: `matmul` then `add_bias` per weight (the default,

@@ -112,3 +112,19 @@ static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
     const uint16_t* q = (const uint16_t*)p;
     return (uint32_t)q[0] | ((uint32_t)q[1] << 16);
 }
+
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// RoPE (ggml rope_ext): the cosine and sine of pair i's angle at position p,
+// theta = p * freq_scale * freq_base^(-2i / n_rot) / factors[i] (factors may be null). In
+// double: at large positions the f32 angle is off by more than the 1e-6 the conformance suite
+// allows (measured 1.2e-5 on the H200). mo_rope, mo_rope_qk and the fused decode attention
+// (fa_decode_fused_*) share it, so they rotate bit for bit alike.
+static __device__ __forceinline__ void rope_cos_sin(float p, int i, int n_rot, float freq_base, float freq_scale,
+                                                    const float* __restrict__ factors, float& c, float& s) {
+    double theta = (double)p * freq_scale * pow((double)freq_base, -2.0 * i / (double)n_rot);
+    if (factors) theta /= factors[i];
+    c = (float)cos(theta);
+    s = (float)sin(theta);
+}

@@ -394,7 +394,7 @@ static __device__ __forceinline__ uint4 fd_f16x8(const Raw8& r, long long e) {
 // (rows past the chunk's n) are left alone. kr / vr: the cache at row tr; ks / vs: this lane's
 // first unit in the stage (K swizzled by fd_slot: the same XOR for all of a lane's rows).
 template <int D, int TYPE>
-static __device__ __forceinline__ void fd_load_chunk(const uint8_t* __restrict__ kr, const uint8_t* __restrict__ vr,
+static __device__ __forceinline__ void fd_load_chunk(const uint8_t* kr, const uint8_t* vr,
                                                      long long kpb, long long vpb, long long el, int p0, int nt,
                                                      uint4* ks, uint4* vs) {
     using Sh = FdShape<D>;
@@ -440,16 +440,144 @@ static __device__ __forceinline__ void fd_load_chunk(const uint8_t* __restrict__
     }
 }
 
+// The inputs of the fused decode chain (fa_decode_fused_*; host: attention.rs
+// launch_decode_fused). Every launch row is the one new token of its sequence.
+struct FdFuse {
+    const float* k;        // [*, n_kv_head * D]: the rows' new K, before norm and RoPE
+    const float* v;        // [*, n_kv_head * D]: their new V
+    const float* qn;       // per-head RMS norm weights of q [D], or null
+    const float* kn;       // of k, or null
+    const float* factors;  // RoPE frequency divisors [n_rot / 2], or null
+    const int* rpos;       // each launch row's RoPE position
+    long long cnt_off;     // bytes from a K cache's start to its merge counters (int per blockIdx.y)
+    int q_stride;          // floats from one query head to the next in a q row (D, or 2D with a gate)
+    int gate_off;          // the gate's offset within a head's stride, or -1
+    int n_rot, neox;
+    float freq_base, freq_scale, eps;
+};
+
+// f32 loads through L2 (partials other blocks of the same launch wrote).
+static __device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ float2 ld_cg2(const float* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+    return v;
+}
+
+#define FA_MAX_SPLITS 64
+// Column pairs a merge thread has in flight at once.
+#define FM_BATCH 32
+
+// Merges the S <= FA_MAX_SPLITS partials (max, sum, acc[dv]) of one (row, head) at `base`
+// (row stride dv + 2) into o[0, dv), each value times sigmoid(gate[d]) when gate is not null;
+// called by all 128 threads of a block (fa_merge, and the last split block of a fused decode).
+// Splits with sum 0 had no positions: weight 0 (their partials are finite zeros). The sums: for
+// dv <= 256, thread (pair c, group j) of 128 / (dv / 2) groups adds column pair c of splits j,
+// j + groups, ...; its first FM_BATCH loads go out before the (max, sum) reduction, so at depth
+// 4096 (64 splits) a head's merge waits for about one L2 round trip instead of one per 8 splits.
+static __device__ __forceinline__ void fa_merge_head(const float* base, int S, int dv, float* o,
+                                                     const float* gate) {
+    __shared__ float w_s[FA_MAX_SPLITS];
+    __shared__ float red_s[2][4];
+    __shared__ float2 sum_s[128];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const long long ld = dv + 2;
+    const int np = dv / 2;  // dv is a multiple of 8
+    const bool pairs = np <= 128;
+    const int ng = pairs ? 128 / np : 1, c = tid % np, j = tid / np;
+    __syncthreads();  // a previous head's reads of the shared arrays are done
+    float2 v[FM_BATCH];
+    if (pairs) {
+#pragma unroll
+        for (int k = 0; k < FM_BATCH; k++) {
+            const int s = j + k * ng;
+            v[k] = j < ng && s < S ? ld_cg2(base + s * ld + 2 + 2 * c) : make_float2(0.0f, 0.0f);
+        }
+    }
+    float m = NEG_INF, l = 0.0f;
+    if (tid < S) {
+        l = ld_cg(base + tid * ld + 1);
+        if (l > 0.0f) m = ld_cg(base + tid * ld);
+    }
+    const float wm = warp_max(m);
+    if (lane == 0) red_s[0][warp] = wm;
+    __syncthreads();
+    const float M = fmaxf(fmaxf(red_s[0][0], red_s[0][1]), fmaxf(red_s[0][2], red_s[0][3]));
+    const float w = l > 0.0f ? expf(m - M) : 0.0f;
+    if (tid < S) w_s[tid] = w;
+    const float wl = warp_sum(w * l);
+    if (lane == 0) red_s[1][warp] = wl;
+    __syncthreads();
+    const float inv = 1.0f / (red_s[1][0] + red_s[1][1] + red_s[1][2] + red_s[1][3]);
+    if (!pairs) {
+        for (int d = tid; d < dv; d += blockDim.x) {
+            float a = 0.0f;
+#pragma unroll 8
+            for (int s = 0; s < S; s++) a += w_s[s] * ld_cg(base + s * ld + 2 + d);
+            float r = a * inv;
+            if (gate) r *= sigmoid_f(gate[d]);
+            o[d] = r;
+        }
+        return;
+    }
+    float2 a = make_float2(0.0f, 0.0f);
+    for (int s0 = 0;; s0 += FM_BATCH * ng) {
+#pragma unroll
+        for (int k = 0; k < FM_BATCH; k++) {
+            const int s = j + s0 + k * ng;
+            if (s < S) {
+                a.x += w_s[s] * v[k].x;
+                a.y += w_s[s] * v[k].y;
+            }
+        }
+        if (s0 + FM_BATCH * ng >= S) break;
+#pragma unroll
+        for (int k = 0; k < FM_BATCH; k++) {
+            const int s = j + s0 + FM_BATCH * ng + k * ng;
+            v[k] = j < ng && s < S ? ld_cg2(base + s * ld + 2 + 2 * c) : make_float2(0.0f, 0.0f);
+        }
+    }
+    sum_s[tid] = a;
+    __syncthreads();
+    if (tid < np) {
+        float2 t = make_float2(0.0f, 0.0f);
+        for (int g = 0; g < ng; g++) {
+            t.x += sum_s[g * np + tid].x;
+            t.y += sum_s[g * np + tid].y;
+        }
+        float2 r = make_float2(t.x * inv, t.y * inv);
+        if (gate) {
+            r.x *= sigmoid_f(gate[2 * tid]);
+            r.y *= sigmoid_f(gate[2 * tid + 1]);
+        }
+        *(float2*)(o + 2 * tid) = r;
+    }
+}
+
 // grid (S, n_kv_head * ceil(G / FD_MAX_G), n_rows), block FD_THREADS, dynamic shared memory
 // FdShape<D>::HOST_BYTES. Block (s, kvh * n_sub + sub, i): row i, heads h0..h0+gb-1 of KV head
 // kvh (gb <= GM), positions [s * per, (s + 1) * per) of 0..pos[i] with per = ceil(len / S).
 // S == 1: the normalized result to out; else (max, sum, acc[D]) to part as flash_decode.
-template <int D, int TYPE, int GM>
+//
+// FUSE (f16 caches; fa_decode_fused_*): q is the projection output as it comes (heads fz.q_stride
+// apart, unnormed, unroped) and the newest position's K/V are not in the cache yet. Each block
+// RMS-norms and rotates its query heads itself; the block whose split holds the newest position
+// also norms and rotates the new K row and stores it and the V row (f16) before it reads the
+// cache (several blocks of one KV head may store the same bytes). With S > 1 the last block of
+// a (row, KV head) to finish — an atomic counter per blockIdx.y after the K cache, reset by
+// that block — merges the partials (fa_merge_head), so the chain rope, store, decode, merge (and
+// for a gate, mul_sigmoid) is one launch.
+template <int D, int TYPE, int GM, bool FUSE>
 static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ q, const int* __restrict__ rows,
-                                                      const int* __restrict__ pos, const uint8_t* __restrict__ kc,
-                                                      const uint8_t* __restrict__ vc, float* __restrict__ out,
+                                                      const int* __restrict__ pos, const uint8_t* kc,
+                                                      const uint8_t* vc, float* __restrict__ out,
                                                       float* __restrict__ part, int n_head, int n_kv_head, int kvh,
-                                                      int h0, int gb, long long kpb, long long vpb, float scale) {
+                                                      int h0, int gb, long long kpb, long long vpb, float scale,
+                                                      const FdFuse& fz) {
     using Sh = FdShape<D>;
     constexpr int NP = Sh::NP, LP = Sh::LP, UPR = Sh::UPR, DL = Sh::DL;
     extern __shared__ __align__(16) float fd_smem[];
@@ -479,8 +607,83 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
+    // FUSE: scratch in the rings (free until the first chunk load): cos and sin of the RoPE
+    // pairs [2][D / 2], norm weights of q and k [2][D], the new K head [D], norm factors.
+    float* const cs_s = (float*)rings;
+    float* const nw_s = cs_s + D;
+    float* const kt_s = nw_s + 2 * D;
+    float* const inv_s = kt_s + D;
+    static_assert(4 * D + FD_MAX_G + 1 <= 4 * FD_WARPS * Sh::RING, "fused scratch fits the rings");
+    if constexpr (FUSE) {
+        // positions come from the host and norm weights are weights: before the wait
+        const float rp = (float)fz.rpos[i];
+        for (int j = tid; j < fz.n_rot / 2; j += FD_THREADS)
+            rope_cos_sin(rp, j, fz.n_rot, fz.freq_base, fz.freq_scale, fz.factors, cs_s[j], cs_s[D / 2 + j]);
+        for (int d = tid; d < D; d += FD_THREADS) {
+            if (fz.qn) nw_s[d] = fz.qn[d];
+            if (fz.kn) nw_s[D + d] = fz.kn[d];
+        }
+    }
     pdl_wait();
     pdl_trigger();
+    const float qs = scale * 1.44269504088896341f;  // scores in log2 units
+    float* const qf = (float*)q_s;                    // [FD_MAX_G][D]
+    if constexpr (FUSE) {
+        // The query heads (and, in the split that holds the newest position, its new K head):
+        // raw values, per-head RMS norm, RoPE, in shared memory.
+        const bool store = p_lo <= len - 1 && len - 1 < p_hi;
+        const int nh = gb + (store ? 1 : 0);
+        const float* qr = q + ((long long)r * n_head + h0) * fz.q_stride;
+        const float* kr0 = fz.k + ((long long)r * n_kv_head + kvh) * D;
+        for (int e = tid; e < nh * D; e += FD_THREADS) {
+            const int g = e / D, d = e % D;
+            if (g < gb)
+                qf[g * D + d] = qr[(long long)g * fz.q_stride + d];
+            else
+                kt_s[d] = kr0[d];
+        }
+        __syncthreads();
+        for (int g = warp; g < nh; g += FD_WARPS) {
+            const float* x = g < gb ? qf + g * D : kt_s;
+            float ss = 0.0f;
+            for (int d = lane; d < D; d += 32) ss += x[d] * x[d];
+            ss = warp_sum(ss);
+            const bool normed = g < gb ? fz.qn != nullptr : fz.kn != nullptr;
+            if (lane == 0) inv_s[g] = normed ? rsqrtf(ss / D + fz.eps) : 0.0f;
+        }
+        __syncthreads();
+        const int half = fz.n_rot / 2, per_head = half + (D - fz.n_rot);
+        for (int e = tid; e < nh * per_head; e += FD_THREADS) {
+            const int g = e / per_head, j = e % per_head;
+            float* x = g < gb ? qf + g * D : kt_s;
+            const float* w = g < gb ? nw_s : nw_s + D;
+            const float sn = inv_s[g];
+            const bool normed = g < gb ? fz.qn != nullptr : fz.kn != nullptr;
+            // as mo_group_rms_norm, then mo_rope_qk
+            auto val = [&](int d) { return normed ? x[d] * sn * w[d] : x[d]; };
+            if (j < half) {
+                const int i0 = fz.neox ? j : 2 * j, i1 = fz.neox ? j + half : 2 * j + 1;
+                const float a = val(i0), b = val(i1), c = cs_s[j], s2 = cs_s[D / 2 + j];
+                x[i0] = a * c - b * s2;
+                x[i1] = a * s2 + b * c;
+            } else {
+                const int d = fz.n_rot + (j - half);
+                x[d] = val(d);
+            }
+        }
+        __syncthreads();
+        if (store) {
+            uint16_t* kd = (uint16_t*)(kc + (long long)(len - 1) * kpb) + (long long)kvh * D;
+            uint16_t* vd = (uint16_t*)(vc + (long long)(len - 1) * vpb) + (long long)kvh * D;
+            const float* vr0 = fz.v + ((long long)r * n_kv_head + kvh) * D;
+            for (int d = tid; d < D; d += FD_THREADS) {
+                kd[d] = f32_to_f16(kt_s[d]);
+                vd[d] = f32_to_f16(vr0[d]);
+            }
+        }
+        for (int e = tid; e < FD_MAX_G * D; e += FD_THREADS) qf[e] = e < gb * D ? qf[e] * qs : 0.0f;
+        __syncthreads();  // the stored row is visible to the block's cache loads below
+    }
     const int n_chunks = (p_hi - p_lo + NP - 1) / NP;
     uint4* ring = rings + warp * Sh::RING;
     float* p_w = p_all + warp * NP * 8;
@@ -501,18 +704,19 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         }
         fd_cp_commit();
     }
-    const float qs = scale * 1.44269504088896341f;  // scores in log2 units
-    const float* qr = q + ((long long)r * n_head + h0) * D;
-    for (int e = tid; e < GM * 2 * UPR; e += FD_THREADS) {
-        const int g = e / (2 * UPR), hh = (e / UPR) % 2, u = e % UPR;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (g < gb) {
-            x = *(const float4*)(qr + g * D + 8 * u + 4 * hh);
-            x = make_float4(x.x * qs, x.y * qs, x.z * qs, x.w * qs);
+    if constexpr (!FUSE) {
+        const float* qr = q + ((long long)r * n_head + h0) * D;
+        for (int e = tid; e < GM * 2 * UPR; e += FD_THREADS) {
+            const int g = e / (2 * UPR), hh = (e / UPR) % 2, u = e % UPR;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (g < gb) {
+                x = *(const float4*)(qr + g * D + 8 * u + 4 * hh);
+                x = make_float4(x.x * qs, x.y * qs, x.z * qs, x.w * qs);
+            }
+            q_s[e] = x;
         }
-        q_s[e] = x;
+        __syncthreads();
     }
-    __syncthreads();
 
     const int t = lane / LP, pt = lane % LP;
     float m[GM], l[GM], acc[GM][DL];
@@ -675,7 +879,11 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             }
         }
         if (S == 1) {
-            out[((long long)r * n_head + h0 + g) * D + d] = a / L;
+            float o = a / L;
+            if constexpr (FUSE) {
+                if (fz.gate_off >= 0) o *= sigmoid_f(q[((long long)r * n_head + h0 + g) * fz.q_stride + fz.gate_off + d]);
+            }
+            out[((long long)r * n_head + h0 + g) * D + d] = o;
         } else {
             float* pp = part + (((long long)i * n_head + h0 + g) * S + s) * (D + 2);
             pp[2 + d] = a;
@@ -685,21 +893,43 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             }
         }
     }
+    if constexpr (FUSE) {
+        if (S > 1) {
+            // the last of the S blocks of this (row, KV head) merges their partials
+            __shared__ int fd_last;
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                int* cnt = (int*)(kc + fz.cnt_off) + blockIdx.y;
+                fd_last = atomicAdd(cnt, 1) == S - 1;
+                if (fd_last) *cnt = 0;  // every block has counted: ready for the next launch
+            }
+            __syncthreads();
+            if (!fd_last) return;
+            __threadfence();
+            for (int g = 0; g < gb; g++) {
+                const long long h = (long long)r * n_head + h0 + g;
+                fa_merge_head(part + (((long long)i * n_head + h0 + g) * S) * (D + 2), S, D, out + h * D,
+                              fz.gate_off >= 0 ? q + h * fz.q_stride + fz.gate_off : nullptr);
+            }
+        }
+    }
 }
 
 // The block's gb query heads, padded to a body of GM heads: f16 caches (the common case) have
 // bodies for 4, 5, 6 and 8 heads, the quant caches for 4 and 8 (each body adds compile time).
-template <int D, int TYPE>
+template <int D, int TYPE, bool FUSE>
 static __device__ __forceinline__ void flash_decode_heads(const float* __restrict__ q, const int* __restrict__ rows,
-                                                          const int* __restrict__ pos, const uint8_t* __restrict__ kc,
-                                                          const uint8_t* __restrict__ vc, float* __restrict__ out,
+                                                          const int* __restrict__ pos, const uint8_t* kc,
+                                                          const uint8_t* vc, float* __restrict__ out,
                                                           float* __restrict__ part, int n_head, int n_kv_head,
-                                                          long long kpb, long long vpb, float scale) {
+                                                          long long kpb, long long vpb, float scale,
+                                                          const FdFuse& fz) {
     const int G = n_head / n_kv_head, n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
     const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
     const int h0 = kvh * G + sub * FD_MAX_G, gb = min(FD_MAX_G, G - sub * FD_MAX_G);
 #define FD_BODY(GM) \
-    flash_decode_d<D, TYPE, GM>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kvh, h0, gb, kpb, vpb, scale)
+    flash_decode_d<D, TYPE, GM, FUSE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kvh, h0, gb, kpb, vpb, scale, fz)
     if constexpr (TYPE == FA_F16) {
         if (gb <= 4)
             FD_BODY(4);
@@ -729,7 +959,8 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale,        \
              const unsigned long long* __restrict__ kvp) {                                                         \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        flash_decode_heads<D, TYPE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale);          \
+        flash_decode_heads<D, TYPE, false>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,    \
+                                           FdFuse{});                                                              \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)
 FA_DECODE_D(fa_decode_d64_q8_0, 64, FA_Q8_0)
@@ -741,90 +972,38 @@ FA_DECODE_D(fa_decode_d256_f16, 256, FA_F16)
 FA_DECODE_D(fa_decode_d256_q8_0, 256, FA_Q8_0)
 FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
 
-#define FA_MAX_SPLITS 64
-// Column pairs a merge thread has in flight at once.
-#define FM_BATCH 32
+// The fused decode chain over an f16 cache (FUSE above): flash_decode_d's parameters plus the
+// new K/V rows, the norms, RoPE and the merge counters' offset. kc / vc are written (the newest
+// row), so they are not __restrict__.
+#define FA_DECODE_FUSED(NAME, D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(FD_THREADS, FD_MIN_BLOCKS(D))                                     \
+        NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
+             const uint8_t* kc, const uint8_t* vc, float* __restrict__ out, float* __restrict__ part, int n_head,  \
+             int n_kv_head, long long kpb, long long vpb, float scale, const unsigned long long* __restrict__ kvp,  \
+             const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qn,               \
+             const float* __restrict__ kn, const float* __restrict__ factors, const int* __restrict__ rpos,         \
+             long long cnt_off, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale, \
+             float eps) {                                                                                          \
+        FD_ROW_CACHES(kvp, kc, vc);                                                                                \
+        const FdFuse fz = {k,        v,        qn,   kn,   factors,   rpos,       cnt_off,                         \
+                           q_stride, gate_off, n_rot, neox, freq_base, freq_scale, eps};                           \
+        flash_decode_heads<D, FA_F16, true>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,   \
+                                            fz);                                                                   \
+    }
+FA_DECODE_FUSED(fa_decode_fused_d64, 64)
+FA_DECODE_FUSED(fa_decode_fused_d128, 128)
+FA_DECODE_FUSED(fa_decode_fused_d256, 256)
 
-// grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_*
-// (splits with sum 0 had no positions: weight 0; their partials are finite zeros) into out.
-// Thread s reads split s's (max, sum) and the block reduces them. The sums: for dv <= 256,
-// thread (pair c, group j) of 128 / (dv / 2) groups adds column pair c of splits j, j + groups,
-// ...; its first FM_BATCH loads go out before the (max, sum) reduction, so at depth 4096 (64
-// splits) a head's merge waits for about one L2 round trip instead of one per 8 splits.
+// grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_* into
+// out (fa_merge_head).
 extern "C" __global__ void __launch_bounds__(128)
     fa_merge(const float* __restrict__ part, const int* __restrict__ rows, float* __restrict__ out, int n_head, int dv,
              int S) {
-    __shared__ float w_s[FA_MAX_SPLITS];
-    __shared__ float red_s[2][4];
-    __shared__ float2 sum_s[128];
     pdl_wait();
     pdl_trigger();
-    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const long long ld = dv + 2;
-    const float* base = part + ((long long)i * n_head + h) * S * ld;
-    const int np = dv / 2;  // dv is a multiple of 8
-    const bool pairs = np <= 128;
-    const int ng = pairs ? 128 / np : 1, c = tid % np, j = tid / np;
-    float2 v[FM_BATCH];
-    if (pairs) {
-#pragma unroll
-        for (int k = 0; k < FM_BATCH; k++) {
-            const int s = j + k * ng;
-            v[k] = j < ng && s < S ? *(const float2*)(base + s * ld + 2 + 2 * c) : make_float2(0.0f, 0.0f);
-        }
-    }
-    float m = NEG_INF, l = 0.0f;
-    if (tid < S) {
-        l = base[tid * ld + 1];
-        if (l > 0.0f) m = base[tid * ld];
-    }
-    const float wm = warp_max(m);
-    if (lane == 0) red_s[0][warp] = wm;
-    __syncthreads();
-    const float M = fmaxf(fmaxf(red_s[0][0], red_s[0][1]), fmaxf(red_s[0][2], red_s[0][3]));
-    const float w = l > 0.0f ? expf(m - M) : 0.0f;
-    if (tid < S) w_s[tid] = w;
-    const float wl = warp_sum(w * l);
-    if (lane == 0) red_s[1][warp] = wl;
-    __syncthreads();
-    const float inv = 1.0f / (red_s[1][0] + red_s[1][1] + red_s[1][2] + red_s[1][3]);
-    float* o = out + ((long long)rows[i] * n_head + h) * dv;
-    if (!pairs) {
-        for (int d = tid; d < dv; d += blockDim.x) {
-            float a = 0.0f;
-#pragma unroll 8
-            for (int s = 0; s < S; s++) a += w_s[s] * base[s * ld + 2 + d];
-            o[d] = a * inv;
-        }
-        return;
-    }
-    float2 a = make_float2(0.0f, 0.0f);
-    for (int s0 = 0;; s0 += FM_BATCH * ng) {
-#pragma unroll
-        for (int k = 0; k < FM_BATCH; k++) {
-            const int s = j + s0 + k * ng;
-            if (s < S) {
-                a.x += w_s[s] * v[k].x;
-                a.y += w_s[s] * v[k].y;
-            }
-        }
-        if (s0 + FM_BATCH * ng >= S) break;
-#pragma unroll
-        for (int k = 0; k < FM_BATCH; k++) {
-            const int s = j + s0 + FM_BATCH * ng + k * ng;
-            v[k] = j < ng && s < S ? *(const float2*)(base + s * ld + 2 + 2 * c) : make_float2(0.0f, 0.0f);
-        }
-    }
-    sum_s[tid] = a;
-    __syncthreads();
-    if (tid < np) {
-        float2 t = make_float2(0.0f, 0.0f);
-        for (int g = 0; g < ng; g++) {
-            t.x += sum_s[g * np + tid].x;
-            t.y += sum_s[g * np + tid].y;
-        }
-        *(float2*)(o + 2 * tid) = make_float2(t.x * inv, t.y * inv);
-    }
+    const int i = blockIdx.x, h = blockIdx.y;
+    fa_merge_head(part + ((long long)i * n_head + h) * S * (dv + 2), S, dv, out + ((long long)rows[i] * n_head + h) * dv,
+                  nullptr);
 }
 
 // ---- prefill: flash attention on tensor cores -----------------------------------------------

@@ -5,9 +5,6 @@
 // Activations are row-major f32. sm_70-safe: f32 math only.
 #include "common.cuh"
 
-static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // Sum over a block of blockDim.x threads (a multiple of 32, <= 1024).
 static __device__ float block_sum(float v) {
     __shared__ float partial[32];
@@ -134,11 +131,8 @@ extern "C" __global__ void mo_rope(float* x, const int* __restrict__ pos, const 
     const float p = (float)pos[blockIdx.x];
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        // In double: at large positions the f32 angle is off by more than the 1e-6 the
-        // conformance suite allows (measured 1.2e-5 on the H200).
-        double theta = (double)p * freq_scale * pow((double)freq_base, -2.0 * i / (double)n_rot);
-        if (factors) theta /= factors[i];
-        const float c = (float)cos(theta), s = (float)sin(theta);
+        float c, s;
+        rope_cos_sin(p, i, n_rot, freq_base, freq_scale, factors, c, s);
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
         const float a = h[i0], b = h[i1];
@@ -577,12 +571,7 @@ extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict_
     // / cos chain overlaps the previous kernel instead of following it.
     const float p = (float)pos[blockIdx.x];
     const int half = n_rot / 2;
-    auto angle = [&](int i, float& c, float& s) {
-        double theta = (double)p * freq_scale * pow((double)freq_base, -2.0 * i / (double)n_rot);
-        if (factors) theta /= factors[i];
-        c = (float)cos(theta);
-        s = (float)sin(theta);
-    };
+    auto angle = [&](int i, float& c, float& s) { rope_cos_sin(p, i, n_rot, freq_base, freq_scale, factors, c, s); };
     float c0 = 1.0f, s0 = 0.0f;
     if ((int)threadIdx.x < half) angle(threadIdx.x, c0, s0);
     pdl_wait();

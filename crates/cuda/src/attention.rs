@@ -403,6 +403,140 @@ fn launch_decode_d(
     launch_merge(dev, rows, n_rows, out, part, splits, p)
 }
 
+/// The fused decode chain's kernel for this shape and cache type (`fa_decode_fused_d*`: K and
+/// V heads of 64, 128 or 256 over an f16 cache), if there is one.
+pub fn fused_decode_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'static str> {
+    if kv_type != KvType::F16 || decode_d_kernel(p, kv_type).is_none() {
+        return None;
+    }
+    Some(match p.head_dim_k {
+        64 => "fa_decode_fused_d64",
+        128 => "fa_decode_fused_d128",
+        256 => "fa_decode_fused_d256",
+        _ => return None,
+    })
+}
+
+/// Blocks of one launch row of the fused chain (`blockIdx.y`: KV heads × query-head groups);
+/// each has a merge counter.
+pub fn fused_decode_blocks_per_row(p: &AttentionParams) -> usize {
+    p.n_kv_head * group(p).div_ceil(DECODE_MAX_G)
+}
+
+/// What the fused decode chain takes beyond a decode launch (flash_attn.cu `FdFuse`); device
+/// addresses, 0 for none.
+pub struct FusedInputs {
+    /// `[*, n_kv_head * d]`: each launch row's new K (before norm and RoPE) and V.
+    pub k: u64,
+    pub v: u64,
+    /// Per-head RMS norm weights of q and k (`d` f32 each), or 0.
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub eps: f32,
+    /// RoPE: frequency divisors (`n_rot / 2` f32) or 0, and each launch row's position.
+    pub factors: u64,
+    pub rope_pos: u64,
+    pub n_rot: usize,
+    pub neox: bool,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    /// Floats from one query head to the next in a q row, and the gate's offset within them.
+    pub q_stride: usize,
+    pub gate_offset: Option<usize>,
+    /// Bytes from a K cache's start to its [`fused_decode_blocks_per_row`] merge counters
+    /// (zero between launches; the last block of each row and KV head resets its own).
+    pub counters_offset: usize,
+}
+
+/// The fused decode chain of one new token per launch row (`fa_decode_fused_*`, kernel `name`
+/// from [`fused_decode_kernel`]): per-head norms and RoPE of q and of the new K row, the new
+/// K/V rows stored, split-KV attention and, for `splits > 1`, the merge by the last split block
+/// of each row and KV head: one launch. `q`: `[*, n_head * f.q_stride]`; `rows`, `pos`, `part`
+/// as [`launch_decode`] (positions below `n_ctx`, checked by the caller).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_decode_fused(
+    dev: &CudaDevice,
+    name: &str,
+    q: u64,
+    rows: u64,
+    pos: u64,
+    n_rows: usize,
+    kv: &KvRef<'_>,
+    out: u64,
+    part: u64,
+    splits: usize,
+    p: &AttentionParams,
+    f: &FusedInputs,
+) -> Result<()> {
+    shape_check(p, kv)?;
+    if fused_decode_kernel(p, kv.kv_type) != Some(name)
+        || splits == 0
+        || splits > MAX_SPLITS
+        || f.n_rot > p.head_dim_k
+        || !f.n_rot.is_multiple_of(2)
+        || f.q_stride < p.head_dim_k
+        || f.gate_offset
+            .is_some_and(|g| g < p.head_dim_k || g + p.head_dim_v > f.q_stride)
+    {
+        return Err(CudaError::Shape(format!(
+            "fused decode {name}, {splits} splits, n_rot {}, q stride {} for {p:?}",
+            f.n_rot, f.q_stride
+        )));
+    }
+    if n_rows == 0 {
+        return Ok(());
+    }
+    let func = dev.function(Program::FlashAttn, name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            splits as u32,
+            fused_decode_blocks_per_row(p) as u32,
+            n_rows as u32,
+        ),
+        block_dim: (DECODE_THREADS as u32, 1, 1),
+        shared_mem_bytes: decode_d_smem_bytes(p.head_dim_k) as u32,
+    };
+    let mut a = pdl::Args::new();
+    a.push(q)
+        .push(rows)
+        .push(pos)
+        .push(dev.device_address(kv.k))
+        .push(dev.device_address(kv.v))
+        .push(out)
+        .push(part)
+        .push(p.n_head as i32)
+        .push(p.n_kv_head as i32)
+        .push(kv.k_pos_bytes as i64)
+        .push(kv.v_pos_bytes as i64)
+        .push(p.scale)
+        .push(kv.row_caches)
+        .push(f.k)
+        .push(f.v)
+        .push(f.q_norm)
+        .push(f.k_norm)
+        .push(f.factors)
+        .push(f.rope_pos)
+        .push(f.counters_offset as i64)
+        .push(f.q_stride as i32)
+        .push(f.gate_offset.map_or(-1, |g| g as i32))
+        .push(f.n_rot as i32)
+        .push(i32::from(f.neox))
+        .push(f.freq_base)
+        .push(f.freq_scale)
+        .push(f.eps);
+    // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
+    // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, cnt_off, q_stride, gate_off, n_rot,
+    // neox, freq_base, freq_scale, eps); the caller vouches for the device addresses: q of
+    // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
+    // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of
+    // n_rows, part of partials_len when splits > 1, each cache (kvp: a table of n_rows K, V
+    // pairs of this shape) with zeroed merge counters of blocks_per_row ints at cnt_off;
+    // dk == dv == the kernel's d over an f16 cache (fused_decode_kernel), n_rot even and <= d
+    // (checked). The kernel waits for the previous one first (PDL).
+    unsafe { a.launch(dev.stream(), &func, cfg, pdl::enabled(dev.arch())) }?;
+    Ok(())
+}
+
 /// Merges the partials of `splits > 1` decode splits into `out`.
 fn launch_merge(
     dev: &CudaDevice,

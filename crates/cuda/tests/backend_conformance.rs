@@ -45,6 +45,26 @@ fn conformance_attention() {
     conformance::attention(&gpu()).unwrap();
 }
 
+/// The attention chain fused into one launch (norms, RoPE, K/V store, split decode and the
+/// in-kernel merge, gate) and as separate ops, both against the naive host code.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_attention_block_fused_and_not() {
+    let b = gpu();
+    assert!(b.fused(), "fused paths on by default");
+    conformance::attention_block(&b).unwrap();
+    let fused = b.fused_attention_calls();
+    // 2 layer kinds x 80 decode steps; the prompt calls take the separate ops
+    assert_eq!(fused, 160, "decode calls that took the fused launch");
+    b.set_fused(false);
+    conformance::attention_block(&b).unwrap();
+    assert_eq!(
+        b.fused_attention_calls(),
+        fused,
+        "fused off: the separate ops"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn conformance_delta_net() {

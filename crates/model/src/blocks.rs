@@ -1,7 +1,7 @@
 //! Blocks shared by the architectures: the batch description, multi-head attention with
 //! optional QKV bias and q/k norm, the SwiGLU MLP, and the pre-norm transformer layer.
 
-use backend::{AttentionParams, Backend, Row};
+use backend::{AttentionParams, AttnBlock, Backend, Row};
 
 use crate::config::ModelConfig;
 use crate::loader::Loader;
@@ -137,18 +137,21 @@ pub fn attention<B: Backend>(
         h,
         &mut [&mut q, &mut k, &mut v],
     )?;
-    if let Some(qn) = &w.q_norm {
-        b.rms_norm_inplace(&mut q, qn, cfg.rms_eps)?;
-    }
-    if let Some(kn) = &w.k_norm {
-        b.rms_norm_inplace(&mut k, kn, cfg.rms_eps)?;
-    }
-    b.rope_qk(&mut q, &mut k, &batch.positions, cfg.head_dim_k, &cfg.rope)?;
     let mut o = b.zeros(n, cfg.n_head * cfg.head_dim_v);
-    b.attention(
-        &q,
-        &k,
-        &v,
+    // q/k norms, RoPE and attention in one call: a device may fuse the chain.
+    b.attention_block(
+        AttnBlock {
+            q: &mut q,
+            q_head_stride: cfg.head_dim_k,
+            gate_offset: None,
+            k: &mut k,
+            v: &v,
+            q_norm: w.q_norm.as_ref(),
+            k_norm: w.k_norm.as_ref(),
+            norm_eps: cfg.rms_eps,
+            positions: &batch.positions,
+            rope: &cfg.rope,
+        },
         &batch.rows,
         caches,
         &attention_params(cfg),

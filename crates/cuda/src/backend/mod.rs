@@ -119,6 +119,8 @@ pub struct CudaBackend {
     fused: AtomicBool,
     /// Backend ops run so far: the fused paths reuse a q8_1 copy only from the op before.
     ops: AtomicU64,
+    /// `attention_block` calls that took the fused decode chain (tests check it ran).
+    fused_attention: AtomicU64,
 }
 
 /// Host integers on the device for one launch: a staging slot inside a step, else a buffer
@@ -164,6 +166,7 @@ impl CudaBackend {
             profile: None,
             fused: AtomicBool::new(std::env::var("REDLINE_FUSED").map_or(true, |v| v != "0")),
             ops: AtomicU64::new(0),
+            fused_attention: AtomicU64::new(0),
         };
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
@@ -180,6 +183,12 @@ impl CudaBackend {
         let mut st = self.step_ctl();
         st.forget_graphs();
         st.set_graphs_enabled(on);
+    }
+
+    /// `attention_block` calls so far that took the fused decode chain (one launch).
+    pub fn fused_attention_calls(&self) -> u64 {
+        self.fused_attention
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `(captured, replayed)` decode steps so far.
@@ -720,6 +729,18 @@ impl backend::Backend for CudaBackend {
 
     fn kv_cache_bytes(&self, cache: &CudaKvCache) -> usize {
         cache.bytes()
+    }
+
+    fn attention_block(
+        &self,
+        a: backend::AttnBlock<'_, Self>,
+        rows: &[backend::Row],
+        caches: &mut [&mut CudaKvCache],
+        p: &backend::AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        // timed inside: the fallback's ops time themselves
+        self.attention_block_impl(a, rows, caches, p, out)
     }
 
     fn attention(

@@ -7,7 +7,7 @@
 //!
 //! Layer: `x += mixer(norm(x)); x += mlp(post_attention_norm(x))`.
 
-use backend::{Backend, ColumnCopy, RecurrentShape};
+use backend::{AttnBlock, Backend, RecurrentShape};
 
 use crate::blocks::{attention_params, norm, Batch, FfnWeights};
 use crate::config::{ModelConfig, SsmConfig};
@@ -184,35 +184,27 @@ impl<B: Backend> GatedAttention<B> {
             h,
             &mut [&mut qg, &mut k, &mut v],
         )?;
-        let split = |offset: usize| -> Result<B::Tensor, ModelError> {
-            let mut t = b.zeros(n, nh * hd);
-            let c = ColumnCopy {
-                n_blocks: nh,
-                width: hd,
-                src_offset: offset,
-                src_stride: 2 * hd,
-                dst_offset: 0,
-                dst_stride: hd,
-            };
-            b.copy_cols(&qg, &mut t, &c)?;
-            Ok(t)
-        };
-        let mut q = split(0)?;
-        let gate = split(hd)?;
-        b.rms_norm_inplace(&mut q, &self.q_norm, cfg.rms_eps)?;
-        b.rms_norm_inplace(&mut k, &self.k_norm, cfg.rms_eps)?;
-        b.rope_qk(&mut q, &mut k, &batch.positions, hd, &cfg.rope)?;
         let mut o = b.zeros(n, nh * cfg.head_dim_v);
-        b.attention(
-            &q,
-            &k,
-            &v,
+        // q/k norms, RoPE, attention and the sigmoid gate in one call: a device may fuse the
+        // chain (and read q and the gate in place from qg).
+        b.attention_block(
+            AttnBlock {
+                q: &mut qg,
+                q_head_stride: 2 * hd,
+                gate_offset: Some(hd),
+                k: &mut k,
+                v: &v,
+                q_norm: Some(&self.q_norm),
+                k_norm: Some(&self.k_norm),
+                norm_eps: cfg.rms_eps,
+                positions: &batch.positions,
+                rope: &cfg.rope,
+            },
             &batch.rows,
             caches,
             &attention_params(cfg),
             &mut o,
         )?;
-        b.mul_sigmoid(&mut o, &gate)?;
         b.matmul_add(&self.wo, &o, x)?;
         Ok(())
     }
