@@ -507,6 +507,12 @@ fn naive_head_norm(x: &mut [f32], w: &[f32], eps: f32) {
 /// rows of one sequence), then single-token decode steps of both together and of one alone —
 /// the calls a device may fuse — out to lengths where decode splits the cache.
 pub fn attention_block<B: Backend>(b: &B) -> Result<(), String> {
+    attention_block_outputs(b).map(|_| ())
+}
+
+/// [`attention_block`], returning every output row it checked (for comparing two paths of one
+/// backend bit for bit).
+pub fn attention_block_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     let (n_head, n_kv, d) = (6usize, 2usize, 64usize);
     let p = AttentionParams {
         n_head,
@@ -540,6 +546,7 @@ pub fn attention_block<B: Backend>(b: &B) -> Result<(), String> {
     let (qn_w, kn_w) = (load("qn")?, load("kn")?);
     // sequence 0: prompt of 60 then 80 single steps; sequence 1: prompt of 9, steps alongside
     let (prompt, steps) = ([60usize, 9], 80usize);
+    let mut all = Vec::new();
     for gated in [true, false] {
         let rope = if gated { &gated_rope } else { &plain_rope };
         let stride = if gated { 2 * d } else { d };
@@ -655,8 +662,9 @@ pub fn attention_block<B: Backend>(b: &B) -> Result<(), String> {
                 2e-3,
             )?;
         }
+        all.extend(got.into_iter().flatten());
     }
-    Ok(())
+    Ok(all)
 }
 
 /// Token-by-token gated delta rule of one sequence (the documented recurrence), f64 state.

@@ -128,3 +128,12 @@ static __device__ __forceinline__ void rope_cos_sin(float p, int i, int n_rot, f
     c = (float)cos(theta);
     s = (float)sin(theta);
 }
+
+// One RoPE pair (a, b) rotated by the angle of (c, s): (a c - b s, a s + b c) with the FMAs
+// spelled out — the contraction NVRTC chose for the plain expressions in mo_rope (SASS, sm_90:
+// FFMA a, c, -(b s) and FFMA a, s, (b c)) — so every kernel that rotates gets the same bits
+// whatever its compiler would have fused there.
+static __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float& o0, float& o1) {
+    o0 = fmaf(a, c, -__fmul_rn(b, s));
+    o1 = fmaf(a, s, __fmul_rn(b, c));
+}

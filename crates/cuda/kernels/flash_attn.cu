@@ -449,7 +449,6 @@ struct FdFuse {
     const float* kn;       // of k, or null
     const float* factors;  // RoPE frequency divisors [n_rot / 2], or null
     const int* rpos;       // each launch row's RoPE position
-    long long cnt_off;     // bytes from a K cache's start to its merge counters (int per blockIdx.y)
     int q_stride;          // floats from one query head to the next in a q row (D, or 2D with a gate)
     int gate_off;          // the gate's offset within a head's stride, or -1
     int n_rot, neox;
@@ -563,21 +562,26 @@ static __device__ __forceinline__ void fa_merge_head(const float* base, int S, i
 // kvh (gb <= GM), positions [s * per, (s + 1) * per) of 0..pos[i] with per = ceil(len / S).
 // S == 1: the normalized result to out; else (max, sum, acc[D]) to part as flash_decode.
 //
+// Splits take at least min_per positions (per = max(ceil(len / S), min_per)), so a short
+// context has few active splits: splits past the end exit at once, and with one active split
+// its block writes the result itself, else the active splits' partials go to fa_merge_active.
+//
 // FUSE (f16 caches; fa_decode_fused_*): q is the projection output as it comes (heads fz.q_stride
 // apart, unnormed, unroped) and the newest position's K/V are not in the cache yet. Each block
 // RMS-norms and rotates its query heads itself; the block whose split holds the newest position
 // also norms and rotates the new K row and stores it and the V row (f16) before it reads the
-// cache (several blocks of one KV head may store the same bytes). With S > 1 the last block of
-// a (row, KV head) to finish — an atomic counter per blockIdx.y after the K cache, reset by
-// that block — merges the partials (fa_merge_head), so the chain rope, store, decode, merge (and
-// for a gate, mul_sigmoid) is one launch.
+// cache (several blocks of one KV head may store the same bytes). The arithmetic is
+// mo_group_rms_norm's (one element per thread), mo_rope_qk's and mo_kv_store2's, and the
+// splits are the non-fused launch's, so fused and separate ops give the same bits. The chain
+// rope, store, decode (and for a gate, mul_sigmoid) is one launch, plus the merge where the
+// context needs splits.
 template <int D, int TYPE, int GM, bool FUSE>
 static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ q, const int* __restrict__ rows,
                                                       const int* __restrict__ pos, const uint8_t* kc,
                                                       const uint8_t* vc, float* __restrict__ out,
                                                       float* __restrict__ part, int n_head, int n_kv_head, int kvh,
                                                       int h0, int gb, long long kpb, long long vpb, float scale,
-                                                      const FdFuse& fz) {
+                                                      int min_per, const FdFuse& fz) {
     using Sh = FdShape<D>;
     constexpr int NP = Sh::NP, LP = Sh::LP, UPR = Sh::UPR, DL = Sh::DL;
     extern __shared__ __align__(16) float fd_smem[];
@@ -590,8 +594,10 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
 
     const int r = rows[i];
     const int len = pos[i] + 1;
-    const int per = (len + S - 1) / S;
+    const int per = max((len + S - 1) / S, min_per);
     const int p_lo = min(len, s * per), p_hi = min(len, p_lo + per);
+    const int s_active = (len + per - 1) / per;  // splits with positions
+    if (s >= s_active) return;                   // fa_merge_active reads only the active ones
     const long long ek = (long long)kvh * D;  // the head's first element in a cache row
     {
         // This split's cached K/V rows (all but the newest, which the kernel before this one
@@ -608,12 +614,14 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         }
     }
     // FUSE: scratch in the rings (free until the first chunk load): cos and sin of the RoPE
-    // pairs [2][D / 2], norm weights of q and k [2][D], the new K head [D], norm factors.
+    // pairs [2][D / 2], norm weights of q and k [2][D], the query heads [FD_MAX_G][D] and the
+    // new K head [D] (each head's values in order), norm factors.
     float* const cs_s = (float*)rings;
     float* const nw_s = cs_s + D;
-    float* const kt_s = nw_s + 2 * D;
+    float* const qf = nw_s + 2 * D;
+    float* const kt_s = qf + FD_MAX_G * D;
     float* const inv_s = kt_s + D;
-    static_assert(4 * D + FD_MAX_G + 1 <= 4 * FD_WARPS * Sh::RING, "fused scratch fits the rings");
+    static_assert((4 + FD_MAX_G) * D + FD_MAX_G + 1 <= 4 * FD_WARPS * Sh::RING, "fused scratch fits the rings");
     if constexpr (FUSE) {
         // positions come from the host and norm weights are weights: before the wait
         const float rp = (float)fz.rpos[i];
@@ -627,7 +635,6 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     pdl_wait();
     pdl_trigger();
     const float qs = scale * 1.44269504088896341f;  // scores in log2 units
-    float* const qf = (float*)q_s;                    // [FD_MAX_G][D]
     if constexpr (FUSE) {
         // The query heads (and, in the split that holds the newest position, its new K head):
         // raw values, per-head RMS norm, RoPE, in shared memory.
@@ -645,9 +652,10 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         __syncthreads();
         for (int g = warp; g < nh; g += FD_WARPS) {
             const float* x = g < gb ? qf + g * D : kt_s;
+            // as block_sum over one thread per element: warp sums, then added in warp order
             float ss = 0.0f;
-            for (int d = lane; d < D; d += 32) ss += x[d] * x[d];
-            ss = warp_sum(ss);
+#pragma unroll
+            for (int w = 0; w < D / 32; w++) ss += warp_sum(x[32 * w + lane] * x[32 * w + lane]);
             const bool normed = g < gb ? fz.qn != nullptr : fz.kn != nullptr;
             if (lane == 0) inv_s[g] = normed ? rsqrtf(ss / D + fz.eps) : 0.0f;
         }
@@ -664,8 +672,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             if (j < half) {
                 const int i0 = fz.neox ? j : 2 * j, i1 = fz.neox ? j + half : 2 * j + 1;
                 const float a = val(i0), b = val(i1), c = cs_s[j], s2 = cs_s[D / 2 + j];
-                x[i0] = a * c - b * s2;
-                x[i1] = a * s2 + b * c;
+                rope_rotate(a, b, c, s2, x[i0], x[i1]);
             } else {
                 const int d = fz.n_rot + (j - half);
                 x[d] = val(d);
@@ -681,8 +688,17 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
                 vd[d] = f32_to_f16(vr0[d]);
             }
         }
-        for (int e = tid; e < FD_MAX_G * D; e += FD_THREADS) qf[e] = e < gb * D ? qf[e] * qs : 0.0f;
-        __syncthreads();  // the stored row is visible to the block's cache loads below
+        // q_s as the non-fused load lays it out: float4 e = (g, hh, u) holds dims 8u + 4hh ..
+        for (int e = tid; e < GM * 2 * UPR; e += FD_THREADS) {
+            const int g = e / (2 * UPR), hh = (e / UPR) % 2, u = e % UPR;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (g < gb) {
+                const float* qg = qf + g * D + 8 * u + 4 * hh;
+                x = make_float4(qg[0] * qs, qg[1] * qs, qg[2] * qs, qg[3] * qs);
+            }
+            q_s[e] = x;
+        }
+        __syncthreads();  // q_s written, the scratch read, the stored row visible to the cache loads
     }
     const int n_chunks = (p_hi - p_lo + NP - 1) / NP;
     uint4* ring = rings + warp * Sh::RING;
@@ -878,7 +894,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
                 a += f * ((const float*)(rings + w * Sh::RING))[g * D + d];
             }
         }
-        if (S == 1) {
+        if (s_active == 1) {
             float o = a / L;
             if constexpr (FUSE) {
                 if (fz.gate_off >= 0) o *= sigmoid_f(q[((long long)r * n_head + h0 + g) * fz.q_stride + fz.gate_off + d]);
@@ -893,27 +909,6 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             }
         }
     }
-    if constexpr (FUSE) {
-        if (S > 1) {
-            // the last of the S blocks of this (row, KV head) merges their partials
-            __shared__ int fd_last;
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                int* cnt = (int*)(kc + fz.cnt_off) + blockIdx.y;
-                fd_last = atomicAdd(cnt, 1) == S - 1;
-                if (fd_last) *cnt = 0;  // every block has counted: ready for the next launch
-            }
-            __syncthreads();
-            if (!fd_last) return;
-            __threadfence();
-            for (int g = 0; g < gb; g++) {
-                const long long h = (long long)r * n_head + h0 + g;
-                fa_merge_head(part + (((long long)i * n_head + h0 + g) * S) * (D + 2), S, D, out + h * D,
-                              fz.gate_off >= 0 ? q + h * fz.q_stride + fz.gate_off : nullptr);
-            }
-        }
-    }
 }
 
 // The block's gb query heads, padded to a body of GM heads: f16 caches (the common case) have
@@ -923,13 +918,14 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
                                                           const int* __restrict__ pos, const uint8_t* kc,
                                                           const uint8_t* vc, float* __restrict__ out,
                                                           float* __restrict__ part, int n_head, int n_kv_head,
-                                                          long long kpb, long long vpb, float scale,
+                                                          long long kpb, long long vpb, float scale, int min_per,
                                                           const FdFuse& fz) {
     const int G = n_head / n_kv_head, n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
     const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
     const int h0 = kvh * G + sub * FD_MAX_G, gb = min(FD_MAX_G, G - sub * FD_MAX_G);
 #define FD_BODY(GM) \
-    flash_decode_d<D, TYPE, GM, FUSE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kvh, h0, gb, kpb, vpb, scale, fz)
+    flash_decode_d<D, TYPE, GM, FUSE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kvh, h0, gb, kpb, vpb, scale, \
+                                      min_per, fz)
     if constexpr (TYPE == FA_F16) {
         if (gb <= 4)
             FD_BODY(4);
@@ -957,10 +953,10 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale,        \
-             const unsigned long long* __restrict__ kvp) {                                                         \
+             const unsigned long long* __restrict__ kvp, int min_per) {                                            \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
         flash_decode_heads<D, TYPE, false>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,    \
-                                           FdFuse{});                                                              \
+                                           min_per, FdFuse{});                                                     \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)
 FA_DECODE_D(fa_decode_d64_q8_0, 64, FA_Q8_0)
@@ -982,17 +978,35 @@ FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
              int n_kv_head, long long kpb, long long vpb, float scale, const unsigned long long* __restrict__ kvp,  \
              const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qn,               \
              const float* __restrict__ kn, const float* __restrict__ factors, const int* __restrict__ rpos,         \
-             long long cnt_off, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale, \
+             int min_per, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale,       \
              float eps) {                                                                                          \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        const FdFuse fz = {k,        v,        qn,   kn,   factors,   rpos,       cnt_off,                         \
-                           q_stride, gate_off, n_rot, neox, freq_base, freq_scale, eps};                           \
+        const FdFuse fz = {k, v, qn, kn, factors, rpos, q_stride, gate_off, n_rot, neox, freq_base, freq_scale, eps}; \
         flash_decode_heads<D, FA_F16, true>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,   \
-                                            fz);                                                                   \
+                                            min_per, fz);                                                          \
     }
 FA_DECODE_FUSED(fa_decode_fused_d64, 64)
 FA_DECODE_FUSED(fa_decode_fused_d128, 128)
 FA_DECODE_FUSED(fa_decode_fused_d256, 256)
+
+// grid (n_rows, n_head), block 128: the merge after an fa_decode_d* / fa_decode_fused_* launch
+// of S > 1 splits. Row i's active splits (as the decode counts them: per = max(ceil(len / S),
+// min_per)) merged into out, times the head's sigmoid gate (gate_off >= 0: q holds it, heads
+// q_stride apart); nothing when one split was active (its block wrote out).
+extern "C" __global__ void __launch_bounds__(128)
+    fa_merge_active(const float* __restrict__ part, const int* __restrict__ rows, const int* __restrict__ pos,
+                   float* __restrict__ out, const float* __restrict__ q, int n_head, int dv, int S, int min_per,
+                   int q_stride, int gate_off) {
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int len = pos[i] + 1;  // host positions: before the wait
+    const int per = max((len + S - 1) / S, min_per), active = (len + per - 1) / per;
+    pdl_wait();
+    pdl_trigger();
+    if (active <= 1) return;
+    const long long hr = (long long)rows[i] * n_head + h;
+    fa_merge_head(part + ((long long)i * n_head + h) * S * (dv + 2), active, dv, out + hr * dv,
+                  gate_off >= 0 ? q + hr * q_stride + gate_off : nullptr);
+}
 
 // grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_* into
 // out (fa_merge_head).

@@ -136,8 +136,7 @@ extern "C" __global__ void mo_rope(float* x, const int* __restrict__ pos, const 
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
         const float a = h[i0], b = h[i1];
-        h[i0] = a * c - b * s;
-        h[i1] = a * s + b * c;
+        rope_rotate(a, b, c, s, h[i0], h[i1]);
     }
 }
 
@@ -585,8 +584,7 @@ extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict_
         const int i0 = neox ? i : 2 * i;
         const int i1 = neox ? i + half : 2 * i + 1;
         const float a = h[i0], b = h[i1];
-        h[i0] = a * c - b * s;
-        h[i1] = a * s + b * c;
+        rope_rotate(a, b, c, s, h[i0], h[i1]);
     }
 }
 

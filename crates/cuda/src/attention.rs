@@ -392,15 +392,17 @@ fn launch_decode_d(
         .push(kv.k_pos_bytes as i64)
         .push(kv.v_pos_bytes as i64)
         .push(p.scale)
-        .push(kv.row_caches);
+        .push(kv.row_caches)
+        .push(min_per(p.head_dim_k));
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
-    // vpb, scale, kvp); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
+    // vpb, scale, kvp, min_per); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
     // the kernel's D and the cache type match it (decode_d_kernel),
     // cache rows checked against the shape, positions < n_ctx (caller), part holds
     // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.
     // The kernel waits for the previous one first (PDL).
     unsafe { a.launch(dev.stream(), &f, cfg, pdl::enabled(dev.arch())) }?;
-    launch_merge(dev, rows, n_rows, out, part, splits, p)
+    let out = dev.device_address(out);
+    launch_merge_active(dev, rows, pos, n_rows, out, part, splits, p, None)
 }
 
 /// The fused decode chain's kernel for this shape and cache type (`fa_decode_fused_d*`: K and
@@ -415,12 +417,6 @@ pub fn fused_decode_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'sta
         256 => "fa_decode_fused_d256",
         _ => return None,
     })
-}
-
-/// Blocks of one launch row of the fused chain (`blockIdx.y`: KV heads × query-head groups);
-/// each has a merge counter.
-pub fn fused_decode_blocks_per_row(p: &AttentionParams) -> usize {
-    p.n_kv_head * group(p).div_ceil(DECODE_MAX_G)
 }
 
 /// What the fused decode chain takes beyond a decode launch (flash_attn.cu `FdFuse`); device
@@ -443,16 +439,15 @@ pub struct FusedInputs {
     /// Floats from one query head to the next in a q row, and the gate's offset within them.
     pub q_stride: usize,
     pub gate_offset: Option<usize>,
-    /// Bytes from a K cache's start to its [`fused_decode_blocks_per_row`] merge counters
-    /// (zero between launches; the last block of each row and KV head resets its own).
-    pub counters_offset: usize,
 }
 
 /// The fused decode chain of one new token per launch row (`fa_decode_fused_*`, kernel `name`
 /// from [`fused_decode_kernel`]): per-head norms and RoPE of q and of the new K row, the new
-/// K/V rows stored, split-KV attention and, for `splits > 1`, the merge by the last split block
-/// of each row and KV head: one launch. `q`: `[*, n_head * f.q_stride]`; `rows`, `pos`, `part`
-/// as [`launch_decode`] (positions below `n_ctx`, checked by the caller).
+/// K/V rows stored and split-KV attention in one launch, each split at least one decode split's
+/// worth of positions (a short context has one active split, whose block writes `out` itself);
+/// for `splits > 1` then `fa_merge_active` (a no-op while one split is active). `q`: `[*, n_head *
+/// f.q_stride]`; `rows`, `pos`, `part` as [`launch_decode`] (positions below `n_ctx`, checked by
+/// the caller).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_decode_fused(
     dev: &CudaDevice,
@@ -490,7 +485,7 @@ pub fn launch_decode_fused(
     let cfg = LaunchConfig {
         grid_dim: (
             splits as u32,
-            fused_decode_blocks_per_row(p) as u32,
+            (p.n_kv_head * group(p).div_ceil(DECODE_MAX_G)) as u32,
             n_rows as u32,
         ),
         block_dim: (DECODE_THREADS as u32, 1, 1),
@@ -516,7 +511,7 @@ pub fn launch_decode_fused(
         .push(f.k_norm)
         .push(f.factors)
         .push(f.rope_pos)
-        .push(f.counters_offset as i64)
+        .push(min_per(p.head_dim_k))
         .push(f.q_stride as i32)
         .push(f.gate_offset.map_or(-1, |g| g as i32))
         .push(f.n_rot as i32)
@@ -525,15 +520,80 @@ pub fn launch_decode_fused(
         .push(f.freq_scale)
         .push(f.eps);
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
-    // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, cnt_off, q_stride, gate_off, n_rot,
+    // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
     // neox, freq_base, freq_scale, eps); the caller vouches for the device addresses: q of
     // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
     // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of
     // n_rows, part of partials_len when splits > 1, each cache (kvp: a table of n_rows K, V
-    // pairs of this shape) with zeroed merge counters of blocks_per_row ints at cnt_off;
-    // dk == dv == the kernel's d over an f16 cache (fused_decode_kernel), n_rot even and <= d
-    // (checked). The kernel waits for the previous one first (PDL).
+    // pairs of this shape); dk == dv == the kernel's d over an f16 cache
+    // (fused_decode_kernel), n_rot even and <= d (checked). The kernel waits for the previous
+    // one first (PDL).
     unsafe { a.launch(dev.stream(), &func, cfg, pdl::enabled(dev.arch())) }?;
+    launch_merge_active(
+        dev,
+        rows,
+        pos,
+        n_rows,
+        out,
+        part,
+        splits,
+        p,
+        Some((q, f.q_stride, f.gate_offset)),
+    )
+}
+
+/// Positions a head-size decode split takes at least (per = max(ceil(len / S), this)): one
+/// decode split's worth, so a short context has few active splits.
+fn min_per(d: usize) -> i32 {
+    (decode_d_tile(d) * tiles_per_split()) as i32
+}
+
+/// For `splits > 1`: merges the active splits of a head-size decode launch (`fa_decode_d*`,
+/// `fa_decode_fused_*`) into `out` (device address), each head times the sigmoid of its gate
+/// when `gate` is `(q, q_stride, Some(offset))` (q's device address, floats per head).
+#[allow(clippy::too_many_arguments)]
+fn launch_merge_active(
+    dev: &CudaDevice,
+    rows: u64,
+    pos: u64,
+    n_rows: usize,
+    out: u64,
+    part: u64,
+    splits: usize,
+    p: &AttentionParams,
+    gate: Option<(u64, usize, Option<usize>)>,
+) -> Result<()> {
+    if splits <= 1 {
+        return Ok(());
+    }
+    let (q, q_stride, gate_off) = match gate {
+        Some((q, stride, Some(off))) => (q, stride as i32, off as i32),
+        _ => (0, 0, -1),
+    };
+    let merge = dev.function(Program::FlashAttn, "fa_merge_active")?;
+    let cfg = LaunchConfig {
+        grid_dim: (n_rows as u32, p.n_head as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut a = pdl::Args::new();
+    a.push(part)
+        .push(rows)
+        .push(pos)
+        .push(out)
+        .push(q)
+        .push(p.n_head as i32)
+        .push(p.head_dim_v as i32)
+        .push(splits as i32)
+        .push(min_per(p.head_dim_k))
+        .push(q_stride)
+        .push(gate_off);
+    // SAFETY: matches fa_merge_active(part, rows, pos, out, q, n_head, dv, S, min_per,
+    // q_stride, gate_off); part holds the S <= MAX_SPLITS partials per (row, head) the decode
+    // launch before it wrote for its active splits (same S and min_per), rows / pos of n_rows,
+    // out [*, n_head * dv], q (read only with gate_off >= 0) of n_head heads q_stride apart with
+    // the gate inside the stride (the caller checked). Waits for the decode first (PDL).
+    unsafe { a.launch(dev.stream(), &merge, cfg, pdl::enabled(dev.arch())) }?;
     Ok(())
 }
 

@@ -32,14 +32,7 @@ pub struct CudaKvCache {
     /// Bytes of one position's K (resp. V) row.
     k_pos_bytes: usize,
     v_pos_bytes: usize,
-    /// Where the fused decode chain's merge counters start in `k` (after the n_ctx rows,
-    /// [`MERGE_COUNTERS_PER_KV_HEAD`] i32 per KV head, zero between launches).
-    counters_offset: usize,
 }
-
-/// Merge counters per KV head of a cache (the fused decode chain takes up to this many query-
-/// head groups of 8 per KV head: groups up to 64 query heads).
-const MERGE_COUNTERS_PER_KV_HEAD: usize = 8;
 
 impl CudaKvCache {
     pub(super) fn bytes(&self) -> usize {
@@ -144,8 +137,7 @@ impl CudaBackend {
     /// type (ggml block layouts), for tests that compare them with the CPU quantizer.
     pub fn kv_cache_to_host(&self, c: &CudaKvCache) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
         let s = self.dev.stream();
-        let mut k = s.clone_dtoh(&c.k).map_err(dev_err)?;
-        k.truncate(c.n_ctx * c.k_pos_bytes); // not the merge counters
+        let k = s.clone_dtoh(&c.k).map_err(dev_err)?;
         let v = s.clone_dtoh(&c.v).map_err(dev_err)?;
         Ok((k, v))
     }
@@ -189,8 +181,7 @@ impl CudaBackend {
                     bytes: bytes as u128,
                 })
         };
-        let counters_offset = n_ctx.saturating_mul(k_pos_bytes).next_multiple_of(256);
-        let k = alloc(counters_offset.saturating_add(4 * MERGE_COUNTERS_PER_KV_HEAD * n_kv_head))?;
+        let k = alloc(n_ctx.saturating_mul(k_pos_bytes))?;
         let v = alloc(n_ctx.saturating_mul(v_pos_bytes))?;
         Ok(CudaKvCache {
             k,
@@ -202,7 +193,6 @@ impl CudaBackend {
             kv_type,
             k_pos_bytes,
             v_pos_bytes,
-            counters_offset,
         })
     }
 
@@ -216,20 +206,22 @@ impl CudaBackend {
         p: &AttentionParams,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
-        match self.fused_attention_takes(&a, rows, caches, p, out)? {
+        match self.fused_attention_takes(&a, rows, caches, p, out) {
             Some(kernel) => self.timed(
                 || "attention_block".to_string(),
-                || self.attention_block_fused(kernel, a, rows, caches, p, out),
+                || self.attention_block_fused(kernel, a, rows[0], caches[rows[0].seq], p, out),
             ),
             None => backend::attention_block_each(self, a, rows, caches, p, out),
         }
     }
 
     /// The fused decode chain's kernel when it takes this call: the fused paths and flash
-    /// attention on (`REDLINE_FUSED_ATTENTION=0` turns just this off), one row per sequence,
-    /// caches of one n_ctx and row size over f16 with a fused kernel for the head size,
-    /// norms as f32 vectors of one head, RoPE within the head. Shapes only, so every step of
-    /// one recorded key decides alike.
+    /// attention on (`REDLINE_FUSED_ATTENTION=0` turns just this off), one row (one sequence's
+    /// decode step), an f16 cache with a fused kernel for the head size, norms as f32 vectors
+    /// of one head, RoPE within the head. Shapes only, so every step of one recorded key decides
+    /// alike. Several rows (batched decode of several sequences) take the separate ops: on the
+    /// H200 the fused launch measured +0.9 % (32B) and +2.4 % (27B) at one stream but -2.4 % and
+    /// -0.6 % at eight (BENCHMARKS.md, session 12).
     fn fused_attention_takes(
         &self,
         a: &AttnBlock<'_, CudaBackend>,
@@ -237,55 +229,29 @@ impl CudaBackend {
         caches: &[&mut CudaKvCache],
         p: &AttentionParams,
         out: &CudaTensor,
-    ) -> Result<Option<&'static str>, BackendError> {
+    ) -> Option<&'static str> {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let on =
             *ON.get_or_init(|| std::env::var("REDLINE_FUSED_ATTENTION").map_or(true, |v| v != "0"));
-        let n = rows.len();
-        if !on || !self.fused() || !attention::enabled() || n == 0 || p.n_kv_head == 0 {
-            return Ok(None);
-        }
-        let Some(kernel) = attention::fused_decode_kernel(p, KvType::F16) else {
-            return Ok(None);
+        let ([row], true) = (rows, on && self.fused() && attention::enabled()) else {
+            return None;
         };
+        let kernel = attention::fused_decode_kernel(p, KvType::F16)?;
+        let c = caches.get(row.seq)?;
         let d = p.head_dim_k;
-        let by_seq = rows_by_seq(rows, caches.len())?;
-        let used: Vec<&CudaKvCache> = by_seq
-            .iter()
-            .zip(caches)
-            .filter(|(idx, _)| !idx.is_empty())
-            .map(|(_, c)| &**c)
-            .collect();
-        let c0 = used[0];
         let one_head =
             |w: Option<&CudaWeight>| w.is_none_or(|w| w.dense.is_some() && w.rows * w.cols == d);
         let r = a.rope;
-        let takes = by_seq.iter().all(|idx| idx.len() <= 1)
-            && used.iter().all(|c| {
-                (
-                    c.kv_type,
-                    c.n_ctx,
-                    c.k_pos_bytes,
-                    c.v_pos_bytes,
-                    c.n_kv_head,
-                ) == (
-                    KvType::F16,
-                    c0.n_ctx,
-                    c0.k_pos_bytes,
-                    c0.v_pos_bytes,
-                    p.n_kv_head,
-                ) && (c.head_dim_k, c.head_dim_v) == (d, p.head_dim_v)
-            })
-            && attention::fused_decode_blocks_per_row(p)
-                <= MERGE_COUNTERS_PER_KV_HEAD * p.n_kv_head
-            && (a.q.rows, a.q.cols) == (n, p.n_head * a.q_head_stride)
+        let takes = (c.kv_type, c.n_kv_head, c.head_dim_k, c.head_dim_v)
+            == (KvType::F16, p.n_kv_head, d, p.head_dim_v)
+            && (a.q.rows, a.q.cols) == (1, p.n_head * a.q_head_stride)
             && a.q_head_stride >= d
             && a.gate_offset
                 .is_none_or(|g| g >= d && g + d <= a.q_head_stride)
-            && (a.k.rows, a.k.cols) == (n, p.n_kv_head * d)
-            && (a.v.rows, a.v.cols) == (n, p.n_kv_head * d)
-            && (out.rows, out.cols) == (n, p.n_head * d)
-            && a.positions.len() == n
+            && (a.k.rows, a.k.cols) == (1, p.n_kv_head * d)
+            && (a.v.rows, a.v.cols) == (1, p.n_kv_head * d)
+            && (out.rows, out.cols) == (1, p.n_head * d)
+            && a.positions.len() == 1
             && one_head(a.q_norm)
             && one_head(a.k_norm)
             && r.n_rot.is_multiple_of(2)
@@ -293,55 +259,30 @@ impl CudaBackend {
             && r.freq_factors
                 .as_ref()
                 .is_none_or(|f| f.len() >= r.n_rot / 2);
-        Ok(takes.then_some(kernel))
+        takes.then_some(kernel)
     }
 
-    /// One launch of `kernel` for [`Self::attention_block_impl`] (see
+    /// One launch of `kernel` for [`Self::attention_block_impl`]'s one row (see
     /// [`attention::launch_decode_fused`]); splits and partials as [`Self::attend_flash`].
     fn attention_block_fused(
         &self,
         kernel: &'static str,
         a: AttnBlock<'_, CudaBackend>,
-        rows: &[Row],
-        caches: &mut [&mut CudaKvCache],
+        row: Row,
+        cache: &mut CudaKvCache,
         p: &AttentionParams,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
         let stream = self.dev.stream();
-        let n = rows.len();
-        let mut seq_order: Vec<usize> = (0..n).collect();
-        seq_order.sort_by_key(|&i| rows[i].seq);
-        let (mut row_ids, mut pos, mut rope_pos, mut table) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for &i in &seq_order {
-            let c = &*caches[rows[i].seq];
-            if rows[i].pos >= c.n_ctx {
-                return Err(BackendError::PositionOutOfRange {
-                    pos: rows[i].pos,
-                    n_ctx: c.n_ctx,
-                });
-            }
-            row_ids.push(i as i32);
-            pos.push(rows[i].pos as i32);
-            rope_pos.push(a.positions[i] as i32);
-            // two little-endian u64 per launch row, as i32 words
-            for x in [
-                super::step::dev_ptr(&c.k, stream),
-                super::step::dev_ptr(&c.v, stream),
-            ] {
-                table.push(x as u32 as i32);
-                table.push((x >> 32) as u32 as i32);
-            }
+        if row.pos >= cache.n_ctx {
+            return Err(BackendError::PositionOutOfRange {
+                pos: row.pos,
+                n_ctx: cache.n_ctx,
+            });
         }
-        let cache = &*caches[rows[seq_order[0]].seq];
-        let row_ids = self.host_ints(&row_ids)?;
-        let pos = self.host_ints(&pos)?;
-        let rope_pos = self.host_ints(&rope_pos)?;
-        let table = if n > 1 {
-            Some(self.host_ints(&table)?)
-        } else {
-            None
-        };
+        let row_ids = self.host_ints(&[0])?;
+        let pos = self.host_ints(&[row.pos as i32])?;
+        let rope_pos = self.host_ints(&[a.positions[0] as i32])?;
         let factors = match &a.rope.freq_factors {
             Some(f) => Some(self.host_floats(f)?),
             None => None,
@@ -352,10 +293,10 @@ impl CudaBackend {
         let bound = if mode != Mode::Off {
             cache.n_ctx
         } else {
-            rows.iter().map(|r| r.pos + 1).max().unwrap_or(1)
+            row.pos + 1
         };
-        let splits = attention::decode_splits(bound, tile).min((256 / n).max(1));
-        let part_len = attention::partials_len(n, p, splits);
+        let splits = attention::decode_splits(bound, tile).min(256);
+        let part_len = attention::partials_len(1, p, splits);
         // Taken before the replay check: a replayed step must take the same arena blocks.
         let (part_ptr, _part_own) = if part_len == 0 {
             (0u64, None)
@@ -388,7 +329,6 @@ impl CudaBackend {
             freq_scale: a.rope.freq_scale,
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
-            counters_offset: cache.counters_offset,
         };
         let kv = attention::KvRef {
             k: &cache.k,
@@ -396,7 +336,7 @@ impl CudaBackend {
             k_pos_bytes: cache.k_pos_bytes,
             v_pos_bytes: cache.v_pos_bytes,
             kv_type: cache.kv_type,
-            row_caches: table.as_ref().map_or(0, |t| t.ptr),
+            row_caches: 0,
         };
         attention::launch_decode_fused(
             &self.dev,
@@ -404,7 +344,7 @@ impl CudaBackend {
             super::step::dev_ptr(&*a.q.data, stream),
             row_ids.ptr,
             pos.ptr,
-            n,
+            1,
             &kv,
             super::step::dev_ptr(&*out.data, stream),
             part_ptr,
