@@ -104,6 +104,7 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     attention(b)?;
     attention_block(b)?;
     delta_net(b)?;
+    conv1d_qkv(b)?;
     Ok(())
 }
 
@@ -665,6 +666,109 @@ pub fn attention_block_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
         all.extend(got.into_iter().flatten());
     }
     Ok(all)
+}
+
+/// [`Backend::conv1d_qkv`] against naive host code: conv1d with the rolling state, silu, L2
+/// norm of the q and k groups, split into q, k, v. Two sequences: prompts (several rows of one
+/// sequence), decode steps of both together, then of one alone.
+pub fn conv1d_qkv<B: Backend>(b: &B) -> Result<(), String> {
+    conv1d_qkv_outputs(b).map(|_| ())
+}
+
+/// [`conv1d_qkv`], returning every output row it checked.
+pub fn conv1d_qkv_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
+    let (kd, dv, group, d_conv, eps) = (64usize, 128usize, 32usize, 4usize, 1e-6f32);
+    let ch = 2 * kd + dv;
+    let sh = RecurrentShape {
+        d_conv,
+        conv_channels: ch,
+        n_k_heads: kd / group,
+        n_v_heads: dv / group,
+        d_k: group,
+        d_v: group,
+    };
+    let mut g = Lcg(21);
+    let wconv = g.vec(ch * d_conv);
+    let file = gguf_with(&[("conv", ch, d_conv, GgmlType::F32, &wconv)]);
+    let wc = b.load_weight(&file, "conv").map_err(|e| e.to_string())?;
+    let (prompt, steps) = ([5usize, 3], 6usize);
+    let lens = [prompt[0] + steps, prompt[1] + steps / 2];
+    let xs: Vec<Vec<f32>> = lens.iter().map(|&n| g.vec(n * ch)).collect();
+    let want: Vec<Vec<f32>> = xs
+        .iter()
+        .zip(&lens)
+        .map(|(x, &n)| {
+            let mut out = Vec::with_capacity(n * ch);
+            for t in 0..n {
+                let mut row: Vec<f64> = (0..ch)
+                    .map(|c| {
+                        let s: f64 = (0..d_conv)
+                            .map(|j| {
+                                let src = t as i64 - (d_conv as i64 - 1) + j as i64;
+                                if src < 0 {
+                                    0.0
+                                } else {
+                                    wconv[c * d_conv + j] as f64 * x[src as usize * ch + c] as f64
+                                }
+                            })
+                            .sum();
+                        s / (1.0 + (-s).exp())
+                    })
+                    .collect();
+                for grp in row[..2 * kd].chunks_exact_mut(group) {
+                    let ss: f64 = grp.iter().map(|v| v * v).sum();
+                    let sc = 1.0 / (ss + eps as f64).sqrt();
+                    grp.iter_mut().for_each(|v| *v *= sc);
+                }
+                out.extend(row.iter().map(|&v| v as f32));
+            }
+            out
+        })
+        .collect();
+    let mut s0 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+    let mut s1 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+    let mut calls: Vec<Vec<(usize, usize, usize)>> =
+        vec![vec![(0, 0, prompt[0]), (1, 0, prompt[1])]];
+    for t in 0..steps {
+        let mut c = vec![(0, prompt[0] + t, prompt[0] + t + 1)];
+        if t < steps / 2 {
+            c.push((1, prompt[1] + t, prompt[1] + t + 1));
+        }
+        calls.push(c);
+    }
+    let mut got = [Vec::new(), Vec::new()];
+    for call in &calls {
+        let rows: Vec<Row> = call
+            .iter()
+            .flat_map(|&(s, a, e)| (a..e).map(move |pos| Row { seq: s, pos }))
+            .collect();
+        let xb: Vec<f32> = call
+            .iter()
+            .flat_map(|&(s, a, e)| xs[s][a * ch..e * ch].to_vec())
+            .collect();
+        let m = rows.len();
+        let (mut q, mut k, mut v) = (b.zeros(m, kd), b.zeros(m, kd), b.zeros(m, dv));
+        b.conv1d_qkv(
+            &up(b, &xb, m, ch)?,
+            &wc,
+            &rows,
+            &mut [&mut s0, &mut s1],
+            (2 * kd, group, eps),
+            &[0, kd, 2 * kd],
+            &mut [&mut q, &mut k, &mut v],
+        )
+        .map_err(|e| e.to_string())?;
+        let (q, k, v) = (b.download(&q), b.download(&k), b.download(&v));
+        for (r, row) in rows.iter().enumerate() {
+            got[row.seq].extend_from_slice(&q[r * kd..(r + 1) * kd]);
+            got[row.seq].extend_from_slice(&k[r * kd..(r + 1) * kd]);
+            got[row.seq].extend_from_slice(&v[r * dv..(r + 1) * dv]);
+        }
+    }
+    for s in 0..2 {
+        check(&format!("conv1d_qkv seq {s}"), &got[s], &want[s], 1e-5)?;
+    }
+    Ok(got.into_iter().flatten().collect())
 }
 
 /// Token-by-token gated delta rule of one sequence (the documented recurrence), f64 state.

@@ -304,6 +304,23 @@ pub trait Backend: Send + Sync + Sized {
         states: &mut [&mut Self::RecurrentState],
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// Gated DeltaNet's input chain in one call so a device can fuse it (decode steps):
+    /// [`Backend::conv1d`] of `x` into a temporary, [`Backend::silu`], [`Backend::l2_norm`] of
+    /// its first `norm_cols` columns in groups of `group` (eps), then [`Backend::split_cols`]
+    /// into `outs` at `offsets`. Default: [`conv1d_qkv_each`], those ops one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_qkv(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        rows: &[Row],
+        states: &mut [&mut Self::RecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        conv1d_qkv_each(self, x, w, rows, states, norm, offsets, outs)
+    }
     /// Turns the raw projections into the delta-rule gates, in place, both `[n, n_v_heads]`:
     /// `alpha ← softplus(alpha + dt_bias) · a` (log decay, ≤ 0; GGUF `ssm_a` = -exp(A_log)),
     /// `beta ← sigmoid(beta)`.
@@ -404,6 +421,28 @@ pub fn attention_block_each<B: Backend>(
         b.mul_sigmoid(out, g)?;
     }
     Ok(())
+}
+
+/// [`Backend::conv1d_qkv`] as separate ops (the default, and a device's fallback): `norm` is
+/// `(norm_cols, group, eps)`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_qkv_each<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    w: &B::Weight,
+    rows: &[Row],
+    states: &mut [&mut B::RecurrentState],
+    norm: (usize, usize, f32),
+    offsets: &[usize],
+    outs: &mut [&mut B::Tensor],
+) -> Result<(), BackendError> {
+    let (n, ch) = b.shape(x);
+    let mut conv = b.zeros(n, ch);
+    b.conv1d(x, w, rows, states, &mut conv)?;
+    b.silu(&mut conv)?;
+    let (norm_cols, group, eps) = norm;
+    b.l2_norm(&mut conv, 0, norm_cols, group, eps)?;
+    b.split_cols(&conv, offsets, outs)
 }
 
 /// [`Backend::matmul_many`] as separate ops: `matmul` then `add_bias` per weight (the default,

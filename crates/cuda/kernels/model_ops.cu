@@ -422,6 +422,52 @@ extern "C" __global__ void mo_conv1d(const float* __restrict__ x, const float* _
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
 }
 
+// Gated DeltaNet's input chain of a decode step in one launch (CudaBackend::conv1d_qkv): for
+// one row per sequence (rows / state, or runs / tab, as mo_conv1d), mo_conv1d, silu, mo_l2_norm
+// of the channels below norm_cols, and the split: channel c goes to column c - off_j of output
+// j (off_0 = 0 <= off_1 <= off_2, widths w_j). grid (ch / blockDim.x, n_seqs), block = the norm
+// group (a multiple of 32, dividing ch, norm_cols and every output's range): a block's channels
+// are one group of one output. The arithmetic is the separate kernels' (the conv sum in
+// mo_conv1d's order, silu_f, one element per thread into block_sum), so the results are theirs
+// bit for bit. The conv taps are weights: loaded before the wait (REDLINE_PDL).
+extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const float* __restrict__ w,
+                                         const int* __restrict__ rows, float* state, int ch, int d_conv,
+                                         const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
+                                         int norm_cols, float eps, float* o0, float* o1, float* o2, int off1,
+                                         int off2, int w0, int w1, int w2) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
+    const int nw = d_conv - 1;
+    float wt[MO_CONV_MAX];
+    for (int j = 0; j <= nw; j++) wt[j] = w[(long long)c * d_conv + j];
+    pdl_wait();
+    pdl_trigger();
+    if (tab) {
+        const int z = blockIdx.y;
+        rows += runs[z];
+        state = (float*)tab[z];
+    }
+    float win[MO_CONV_MAX];
+    for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
+    const long long r = rows[0];
+    const float xv = x[r * ch + c];
+    float s = wt[nw] * xv;
+    for (int j = 0; j < nw; j++) s += wt[j] * win[j];
+    for (int j = 0; j + 1 < nw; j++) win[j] = win[j + 1];
+    if (nw > 0) win[nw - 1] = xv;
+    for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
+    float v = silu_f(s);
+    if ((int)(blockIdx.x * blockDim.x) < norm_cols) {  // block-uniform: norm_cols % blockDim.x == 0
+        const float ss = block_sum(v * v);
+        v *= rsqrtf(ss + eps);
+    }
+    if (c < off1)
+        o0[r * w0 + c] = v;
+    else if (c < off2)
+        o1[r * w1 + (c - off1)] = v;
+    else
+        o2[r * w2 + (c - off2)] = v;
+}
+
 // grid (n_v_heads), threads over d_v: thread i owns row i of S_h [d_v, d_k].
 // S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q / sqrt(d_k). Value head h reads key head h % n_k_heads.
 extern "C" __global__ void mo_delta_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,

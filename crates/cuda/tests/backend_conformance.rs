@@ -83,6 +83,34 @@ fn conformance_attention_block_fused_and_not() {
     );
 }
 
+/// Gated DeltaNet's conv1d, silu, L2 norm and split in one launch (decode rows) and as
+/// separate ops: both against the naive host code, and the same bits.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_conv1d_qkv_fused_and_not() {
+    let b = gpu();
+    let one = conformance::conv1d_qkv_outputs(&b).unwrap();
+    // the 6 decode steps (both sequences together, then one alone); the prompt call is separate
+    assert_eq!(
+        b.fused_conv1d_qkv_calls(),
+        6,
+        "calls that took the one launch"
+    );
+    b.set_fused(false);
+    let each = conformance::conv1d_qkv_outputs(&b).unwrap();
+    assert_eq!(b.fused_conv1d_qkv_calls(), 6, "fused off: the separate ops");
+    let differ = one
+        .iter()
+        .zip(&each)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        (one.len(), differ),
+        (each.len(), 0),
+        "fused vs separate ops: values that differ"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn conformance_delta_net() {

@@ -121,6 +121,8 @@ pub struct CudaBackend {
     ops: AtomicU64,
     /// `attention_block` calls that took the fused decode chain (tests check it ran).
     fused_attention: AtomicU64,
+    /// `conv1d_qkv` calls that took the one-launch chain.
+    fused_conv: AtomicU64,
 }
 
 /// Host integers on the device for one launch: a staging slot inside a step, else a buffer
@@ -167,6 +169,7 @@ impl CudaBackend {
             fused: AtomicBool::new(std::env::var("REDLINE_FUSED").map_or(true, |v| v != "0")),
             ops: AtomicU64::new(0),
             fused_attention: AtomicU64::new(0),
+            fused_conv: AtomicU64::new(0),
         };
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
@@ -189,6 +192,11 @@ impl CudaBackend {
     pub fn fused_attention_calls(&self) -> u64 {
         self.fused_attention
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `conv1d_qkv` calls so far that took the one-launch chain.
+    pub fn fused_conv1d_qkv_calls(&self) -> u64 {
+        self.fused_conv.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `(captured, replayed)` decode steps so far.
@@ -786,6 +794,20 @@ impl backend::Backend for CudaBackend {
             || "conv1d".to_string(),
             || self.conv1d_impl(x, w, rows, states, out),
         )
+    }
+
+    fn conv1d_qkv(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[backend::Row],
+        states: &mut [&mut CudaRecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        // timed inside: the fallback's ops time themselves
+        self.conv1d_qkv_rec(x, w, rows, states, norm, offsets, outs)
     }
 
     fn delta_rule_gates(

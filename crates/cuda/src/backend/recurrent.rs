@@ -459,6 +459,145 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// [`backend::Backend::conv1d_qkv`]: one `mo_conv1d_qkv` launch where it applies
+    /// ([`Self::conv1d_qkv_takes`]), else the ops one by one.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn conv1d_qkv_rec(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        if !self.conv1d_qkv_takes(x, w, rows, states, norm, offsets, outs)? {
+            return backend::conv1d_qkv_each(self, x, w, rows, states, norm, offsets, outs);
+        }
+        self.timed(
+            || "conv1d_qkv".to_string(),
+            || self.conv1d_qkv_fused(x, w, rows, states, norm, offsets, outs),
+        )
+    }
+
+    /// Whether one launch takes the chain: the fused paths on (`REDLINE_FUSED_CONV=0` turns just
+    /// this off), one row per sequence (a decode
+    /// step), f32 taps of at most `MO_CONV_MAX`, norm groups of 32..=1024 (a multiple of 32)
+    /// that divide the channels, the normed columns and three contiguous outputs covering
+    /// them. Shapes only, so every step of one recorded key decides alike.
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_qkv_takes(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[Row],
+        states: &[&mut CudaRecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &[&mut CudaTensor],
+    ) -> Result<bool, BackendError> {
+        static ON: OnceLock<bool> = OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("REDLINE_FUSED_CONV").map_or(true, |v| v != "0"));
+        let (n, ch) = (rows.len(), x.cols);
+        let (norm_cols, group, _) = norm;
+        if !on || !self.fused() || n == 0 || x.rows != n || ch == 0 {
+            return Ok(false);
+        }
+        let by_seq = rows_by_seq(rows, states.len())?;
+        let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
+        Ok(by_seq.iter().all(|i| i.len() <= 1)
+            && w.dense.is_some()
+            && w.rows == ch
+            && (1..=MAX_D_CONV).contains(&w.cols)
+            && states
+                .iter()
+                .all(|s| (s.shape.conv_channels, s.shape.d_conv) == (ch, w.cols))
+            && group.is_multiple_of(32)
+            && (32..=1024).contains(&group)
+            && ch.is_multiple_of(group)
+            && norm_cols.is_multiple_of(group)
+            && norm_cols <= ch
+            && outs.len() == 3
+            && offsets == [0, widths[0], widths[0] + widths[1]]
+            && widths.iter().sum::<usize>() == ch
+            && widths.iter().all(|w| w.is_multiple_of(group))
+            && outs.iter().all(|o| o.rows == n))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_qkv_fused(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        let (ch, d_conv) = (x.cols, w.cols);
+        let (norm_cols, group, eps) = norm;
+        let stream = self.dev.stream();
+        let by_seq = rows_by_seq(rows, states.len())?;
+        let used: Vec<usize> = (0..by_seq.len())
+            .filter(|&s| !by_seq[s].is_empty())
+            .collect();
+        // the same staging calls in every mode of a step (a replay re-stages them)
+        let (a, _one_rows, _runs) = if used.len() == 1 {
+            let r = self.host_ints(&by_seq[used[0]])?;
+            let a = Runs::One {
+                rows: &r,
+                n_rows: 1,
+                state: dev_ptr(&states[used[0]].conv, stream),
+            }
+            .args();
+            (a, Some(r), None)
+        } else {
+            let runs = self.stage_runs(&by_seq, |s| dev_ptr(&states[s].conv, stream))?;
+            (Runs::Many(&runs).args(), None, Some(runs))
+        };
+        self.fused_conv
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.replaying() {
+            return Ok(());
+        }
+        let wd = w.dense.as_ref().expect("checked by conv1d_qkv_takes");
+        let f = self.function("mo_conv1d_qkv")?;
+        let cfg = LaunchConfig {
+            grid_dim: ((ch / group) as u32, a.n_seqs, 1),
+            block_dim: (group as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut p = pdl::Args::new();
+        p.push(dev_ptr(&x.data, stream))
+            .push(dev_ptr(wd, stream))
+            .push(a.rows)
+            .push(a.state)
+            .push(ch as i32)
+            .push(d_conv as i32)
+            .push(a.runs)
+            .push(a.tab)
+            .push(norm_cols as i32)
+            .push(eps);
+        for o in outs.iter() {
+            p.push(dev_ptr(&o.data, stream));
+        }
+        p.push(offsets[1] as i32)
+            .push(offsets[2] as i32)
+            .push(outs[0].cols as i32)
+            .push(outs[1].cols as i32)
+            .push(outs[2].cols as i32);
+        // SAFETY: matches mo_conv1d_qkv(x, w, rows, state, ch, d_conv, runs, tab, norm_cols,
+        // eps, o0, o1, o2, off1, off2, w0, w1, w2); one row per sequence with its state
+        // [d_conv - 1, ch] (one sequence: rows / state; several: runs / tab), w [ch, d_conv]
+        // with d_conv <= MO_CONV_MAX, the block (the norm group, a multiple of 32) divides ch,
+        // norm_cols and each output's range, outputs contiguous over [0, ch) with their rows
+        // indexed like x's (conv1d_qkv_takes). The kernel reads only the taps before its wait.
+        unsafe { p.launch(stream, &f, cfg, pdl::enabled(self.dev.arch())) }.map_err(dev_err)?;
+        Ok(())
+    }
+
     pub(super) fn delta_rule_gates_rec(
         &self,
         alpha: &mut CudaTensor,

@@ -236,15 +236,19 @@ impl<B: Backend> DeltaNet<B> {
             &mut [&mut qkv, &mut z, &mut beta, &mut g],
         )?;
         b.delta_rule_gates(&mut g, &mut beta, &self.dt_bias, &self.a)?;
-        let mut conv = b.zeros(n, ssm.conv_channels());
-        b.conv1d(&qkv, &self.conv, &batch.rows, states, &mut conv)?;
-        b.silu(&mut conv)?;
-        // transformers' l2norm of q and k: x * rsqrt(sum(x²) + 1e-6), per d_state group; the
-        // q|k columns of the conv output are adjacent, so one call (one launch) norms both
-        b.l2_norm(&mut conv, 0, 2 * kd, ssm.d_state, cfg.rms_eps)?;
-        // conv: [n, q | k | v]
+        // conv1d with the rolling state, silu, then transformers' l2norm of q and k (x *
+        // rsqrt(sum(x²) + 1e-6) per d_state group; the q|k columns of the conv output are
+        // adjacent) and the split of [q | k | v]: one call, which a device may fuse
         let (mut q, mut k, mut v) = (b.zeros(n, kd), b.zeros(n, kd), b.zeros(n, ssm.d_inner));
-        b.split_cols(&conv, &[0, kd, 2 * kd], &mut [&mut q, &mut k, &mut v])?;
+        b.conv1d_qkv(
+            &qkv,
+            &self.conv,
+            &batch.rows,
+            states,
+            (2 * kd, ssm.d_state, cfg.rms_eps),
+            &[0, kd, 2 * kd],
+            &mut [&mut q, &mut k, &mut v],
+        )?;
         let mut o = b.zeros(n, ssm.d_inner);
         b.delta_rule(&q, &k, &v, &g, &beta, &batch.rows, states, &mut o)?;
         b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
