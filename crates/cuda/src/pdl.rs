@@ -14,8 +14,9 @@
 //! weight stream evicts them) and cost a DRAM round trip each (session 8: 32B tg128 +5.9 %,
 //! 27B +7.7 %). Only kernels whose source has the wait may be launched this way: `mvm_*`,
 //! `quantize_q8_1_pdl`, the `mo_*_q8` / `mo_rope_qk` / `mo_matvec_f32_rows` /
-//! `mo_group_rms_norm` / `mo_delta_gates` / `mo_kv_store2` kernels, `dn_conv1d_*`, and the
-//! flash-decode kernels with their merge.
+//! `mo_group_rms_norm` / `mo_delta_gates` / `mo_kv_store2` / `mo_conv1d_qkv` kernels,
+//! `dn_conv1d_*`, and the flash-decode kernels (`fa_decode_d*`, `fa_decode_fused_*`) with
+//! their merges.
 //! Stream capture records the programmatic edges into the decode-step graph (CUDA >= 12.3).
 
 use std::ffi::c_void;
