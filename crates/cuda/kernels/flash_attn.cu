@@ -473,7 +473,7 @@ static __device__ __forceinline__ float2 ld_cg2(const float* p) {
 
 // Merges the S <= FA_MAX_SPLITS partials (max, sum, acc[dv]) of one (row, head) at `base`
 // (row stride dv + 2) into o[0, dv), each value times sigmoid(gate[d]) when gate is not null;
-// called by all 128 threads of a block (fa_merge, and the last split block of a fused decode).
+// called by all 128 threads of a block (fa_merge, fa_merge_active).
 // Splits with sum 0 had no positions: weight 0 (their partials are finite zeros). The sums: for
 // dv <= 256, thread (pair c, group j) of 128 / (dv / 2) groups adds column pair c of splits j,
 // j + groups, ...; its first FM_BATCH loads go out before the (max, sum) reduction, so at depth

@@ -45,8 +45,9 @@ fn conformance_attention() {
     conformance::attention(&gpu()).unwrap();
 }
 
-/// The attention chain fused into one launch (norms, RoPE, K/V store, split decode and the
-/// in-kernel merge, gate) and as separate ops, both against the naive host code.
+/// The attention chain fused into one launch (norms, RoPE, K/V store, split decode, the
+/// gate; the merge where the context needs splits) and as separate ops, both against the naive
+/// host code, and the same bits.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn conformance_attention_block_fused_and_not() {
