@@ -327,22 +327,12 @@ pub fn rope<B: Backend>(b: &B) -> Result<(), String> {
         };
         let mut want = x.clone();
         for (r, &ps) in pos.iter().enumerate() {
-            for h in 0..heads {
-                let head = &mut want[(r * heads + h) * hd..][..hd];
-                for i in 0..n_rot / 2 {
-                    let f = factors.as_ref().map_or(1.0, |f| f[i] as f64);
-                    let theta =
-                        ps as f64 * scale as f64 * 10000f64.powf(-2.0 * i as f64 / n_rot as f64)
-                            / f;
-                    let (a, c) = match mode {
-                        RopeMode::Normal => (2 * i, 2 * i + 1),
-                        _ => (i, i + n_rot / 2),
-                    };
-                    let (x0, x1) = (head[a] as f64, head[c] as f64);
-                    head[a] = (x0 * theta.cos() - x1 * theta.sin()) as f32;
-                    head[c] = (x0 * theta.sin() + x1 * theta.cos()) as f32;
-                }
-            }
+            naive_rope(
+                &mut want[r * heads * hd..(r + 1) * heads * hd],
+                hd,
+                ps as usize,
+                &p,
+            );
         }
         let mut t = up(b, &x, n, heads * hd)?;
         b.rope(&mut t, &pos, hd, &p).map_err(|e| e.to_string())?;
