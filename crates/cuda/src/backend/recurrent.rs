@@ -472,20 +472,20 @@ impl CudaBackend {
         offsets: &[usize],
         outs: &mut [&mut CudaTensor],
     ) -> Result<(), BackendError> {
-        if !self.conv1d_qkv_takes(x, w, rows, states, norm, offsets, outs)? {
+        let Some(by_seq) = self.conv1d_qkv_takes(x, w, rows, states, norm, offsets, outs)? else {
             return backend::conv1d_qkv_each(self, x, w, rows, states, norm, offsets, outs);
-        }
+        };
         self.timed(
             || "conv1d_qkv".to_string(),
-            || self.conv1d_qkv_fused(x, w, rows, states, norm, offsets, outs),
+            || self.conv1d_qkv_fused(x, w, &by_seq, states, norm, offsets, outs),
         )
     }
 
-    /// Whether one launch takes the chain: the fused paths on (`REDLINE_FUSED_CONV=0` turns just
-    /// this off), one row per sequence (a decode
-    /// step), f32 taps of at most `MO_CONV_MAX`, norm groups of 32..=1024 (a multiple of 32)
-    /// that divide the channels, the normed columns and three contiguous outputs covering
-    /// them. Shapes only, so every step of one recorded key decides alike.
+    /// The batch rows by sequence when one launch takes the chain: the fused paths on
+    /// (`REDLINE_FUSED_CONV=0` turns just this off), one row per sequence (a decode step), f32
+    /// taps of at most `MO_CONV_MAX`, norm groups of 32..=1024 (a multiple of 32) that divide
+    /// the channels, the normed columns and three contiguous outputs covering them. Shapes
+    /// only, so every step of one recorded key decides alike.
     #[allow(clippy::too_many_arguments)]
     fn conv1d_qkv_takes(
         &self,
@@ -496,17 +496,17 @@ impl CudaBackend {
         norm: (usize, usize, f32),
         offsets: &[usize],
         outs: &[&mut CudaTensor],
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<Vec<Vec<i32>>>, BackendError> {
         static ON: OnceLock<bool> = OnceLock::new();
         let on = *ON.get_or_init(|| std::env::var("REDLINE_FUSED_CONV").map_or(true, |v| v != "0"));
         let (n, ch) = (rows.len(), x.cols);
         let (norm_cols, group, _) = norm;
         if !on || !self.fused() || n == 0 || x.rows != n || ch == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         let by_seq = rows_by_seq(rows, states.len())?;
         let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
-        Ok(by_seq.iter().all(|i| i.len() <= 1)
+        let takes = by_seq.iter().all(|i| i.len() <= 1)
             && w.dense.is_some()
             && w.rows == ch
             && (1..=MAX_D_CONV).contains(&w.cols)
@@ -522,15 +522,17 @@ impl CudaBackend {
             && offsets == [0, widths[0], widths[0] + widths[1]]
             && widths.iter().sum::<usize>() == ch
             && widths.iter().all(|w| w.is_multiple_of(group))
-            && outs.iter().all(|o| o.rows == n))
+            && outs.iter().all(|o| o.rows == n);
+        Ok(takes.then_some(by_seq))
     }
 
+    /// The `mo_conv1d_qkv` launch; `by_seq`: the batch rows of each sequence (at most one).
     #[allow(clippy::too_many_arguments)]
     fn conv1d_qkv_fused(
         &self,
         x: &CudaTensor,
         w: &CudaWeight,
-        rows: &[Row],
+        by_seq: &[Vec<i32>],
         states: &mut [&mut CudaRecurrentState],
         norm: (usize, usize, f32),
         offsets: &[usize],
@@ -539,7 +541,6 @@ impl CudaBackend {
         let (ch, d_conv) = (x.cols, w.cols);
         let (norm_cols, group, eps) = norm;
         let stream = self.dev.stream();
-        let by_seq = rows_by_seq(rows, states.len())?;
         let used: Vec<usize> = (0..by_seq.len())
             .filter(|&s| !by_seq[s].is_empty())
             .collect();
@@ -554,7 +555,7 @@ impl CudaBackend {
             .args();
             (a, Some(r), None)
         } else {
-            let runs = self.stage_runs(&by_seq, |s| dev_ptr(&states[s].conv, stream))?;
+            let runs = self.stage_runs(by_seq, |s| dev_ptr(&states[s].conv, stream))?;
             (Runs::Many(&runs).args(), None, Some(runs))
         };
         self.fused_conv

@@ -38,6 +38,32 @@ impl CudaKvCache {
     pub(super) fn bytes(&self) -> usize {
         self.n_ctx * (self.k_pos_bytes + self.v_pos_bytes)
     }
+
+    /// The cache as the attention kernels read it (`row_caches`: see [`attention::KvRef`]).
+    fn kv_ref(&self, row_caches: u64) -> attention::KvRef<'_> {
+        attention::KvRef {
+            k: &self.k,
+            v: &self.v,
+            k_pos_bytes: self.k_pos_bytes,
+            v_pos_bytes: self.v_pos_bytes,
+            kv_type: self.kv_type,
+            row_caches,
+        }
+    }
+}
+
+/// Splits of a flash decode launch of `n_rows` rows: inside a step from the largest `n_ctx`
+/// (a recorded launch fits every length), else from the longest row; at most 256 row-splits
+/// per launch so the partials stay bounded.
+fn flash_decode_splits(
+    mode: Mode,
+    max_ctx: usize,
+    max_len: usize,
+    tile: usize,
+    n_rows: usize,
+) -> usize {
+    let bound = if mode != Mode::Off { max_ctx } else { max_len };
+    attention::decode_splits(bound, tile).min((256 / n_rows.max(1)).max(1))
 }
 
 pub use super::recurrent::CudaRecurrentState;
@@ -196,6 +222,19 @@ impl CudaBackend {
         })
     }
 
+    /// Device f32 for `len` split partials (0: none): the step arena's shared scratch inside a
+    /// step, else a buffer of its own (returned, to live until the launches are queued).
+    fn split_partials(&self, len: usize) -> Result<(u64, Option<CudaSlice<f32>>), BackendError> {
+        if len == 0 {
+            Ok((0, None))
+        } else if self.mode() == Mode::Off {
+            let own = self.alloc_f32(len)?;
+            Ok((super::step::dev_ptr(&own, self.dev.stream()), Some(own)))
+        } else {
+            Ok((self.step_ctl().shared_scratch(len)?, None))
+        }
+    }
+
     /// [`backend::Backend::attention_block`]: one fused launch where it applies
     /// ([`Self::fused_attention_takes`]), else the ops one by one.
     pub(super) fn attention_block_impl(
@@ -290,22 +329,10 @@ impl CudaBackend {
         let mode = self.mode();
         let tile = attention::decode_tile_for(p, KvType::F16)
             .ok_or_else(|| shape_err("attention_block", format!("no decode tile for {p:?}")))?;
-        let bound = if mode != Mode::Off {
-            cache.n_ctx
-        } else {
-            row.pos + 1
-        };
-        let splits = attention::decode_splits(bound, tile).min(256);
+        let splits = flash_decode_splits(mode, cache.n_ctx, row.pos + 1, tile, 1);
         let part_len = attention::partials_len(1, p, splits);
         // Taken before the replay check: a replayed step must take the same arena blocks.
-        let (part_ptr, _part_own) = if part_len == 0 {
-            (0u64, None)
-        } else if mode == Mode::Off {
-            let own = self.alloc_f32(part_len)?;
-            (super::step::dev_ptr(&own, stream), Some(own))
-        } else {
-            (self.step_ctl().shared_scratch(part_len)?, None)
-        };
+        let (part_ptr, _part_own) = self.split_partials(part_len)?;
         self.fused_attention
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if mode == Mode::Replay {
@@ -330,14 +357,7 @@ impl CudaBackend {
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
         };
-        let kv = attention::KvRef {
-            k: &cache.k,
-            v: &cache.v,
-            k_pos_bytes: cache.k_pos_bytes,
-            v_pos_bytes: cache.v_pos_bytes,
-            kv_type: cache.kv_type,
-            row_caches: 0,
-        };
+        let kv = cache.kv_ref(0);
         attention::launch_decode_fused(
             &self.dev,
             kernel,
@@ -535,35 +555,16 @@ impl CudaBackend {
         let splits = if prefill {
             1
         } else {
-            let bound = if mode != Mode::Off {
-                rows.max_ctx
-            } else {
-                rows.max_len
-            };
-            attention::decode_splits(bound, tile).min((256 / n_rows).max(1))
+            flash_decode_splits(mode, rows.max_ctx, rows.max_len, tile, n_rows)
         };
         let part_len = attention::partials_len(n_rows, p, splits);
         // Taken before the replay check: a replayed step must take the same arena blocks.
-        let (part_ptr, _part_own) = if part_len == 0 {
-            (0u64, None)
-        } else if mode == Mode::Off {
-            let own = self.alloc_f32(part_len)?;
-            (super::step::dev_ptr(&own, self.dev.stream()), Some(own))
-        } else {
-            (self.step_ctl().shared_scratch(part_len)?, None)
-        };
+        let (part_ptr, _part_own) = self.split_partials(part_len)?;
         if mode == Mode::Replay {
             return Ok(());
         }
         self.store_kv_rows_to(k, v, cache, row_ids, pos, n_rows, table)?;
-        let kv = attention::KvRef {
-            k: &cache.k,
-            v: &cache.v,
-            k_pos_bytes: cache.k_pos_bytes,
-            v_pos_bytes: cache.v_pos_bytes,
-            kv_type: cache.kv_type,
-            row_caches: table,
-        };
+        let kv = cache.kv_ref(table);
         if prefill {
             attention::launch_prefill(
                 &self.dev,
@@ -682,14 +683,7 @@ impl CudaBackend {
             0
         };
         // Taken before the replay check: a replayed step must take the same arena blocks.
-        let (part_ptr, _part_own) = if part_len == 0 {
-            (0u64, None)
-        } else if mode == Mode::Off {
-            let own = self.alloc_f32(part_len)?;
-            (super::step::dev_ptr(&own, self.dev.stream()), Some(own))
-        } else {
-            (self.step_ctl().shared_scratch(part_len)?, None)
-        };
+        let (part_ptr, _part_own) = self.split_partials(part_len)?;
         if mode == Mode::Replay {
             return Ok(());
         }
