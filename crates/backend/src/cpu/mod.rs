@@ -6,6 +6,7 @@
 //! obviously-correct reference beside every fast path.
 
 pub mod attention;
+pub mod bandwidth;
 pub mod delta_net;
 pub mod elementwise;
 pub mod matmul;

@@ -89,7 +89,8 @@ struct TestResult {
     n_tokens: usize,
     /// tokens/s of each repetition.
     rates: Vec<f64>,
-    /// Decode tests on the GPU: bytes read per token and the share of the roofline.
+    /// Decode tests: bytes read per token and the share of the roofline (the read bandwidth
+    /// measured on the device, or on the host with the bench's threads).
     roofline: Option<(f64, f64)>,
 }
 
@@ -115,10 +116,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     if let Some(bw) = placed.bandwidth_gbs {
-        eprintln!(
-            "read bandwidth: {bw:.0} GB/s measured on {}",
-            placed.device_name
-        );
+        let on = match &placed.model {
+            LoadedModel::Cpu(_) => format!("cpu with {} threads", rayon_threads(&args.model)),
+            _ => placed.device_name.clone(),
+        };
+        eprintln!("read bandwidth: {bw:.0} GB/s measured on {on}");
     }
     let results = match &placed.model {
         LoadedModel::Cpu(m) => bench_on(&args, m, &placed, n_ctx)?,

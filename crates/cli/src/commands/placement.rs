@@ -380,7 +380,7 @@ pub fn load_placed(
         if pargs.n_gpu_layers.is_some_and(|n| n > 0) || pargs.vram_limit.is_some() {
             log.warn("-ngl / --vram-limit do nothing on the CPU");
         }
-        return load_cpu(file, &mem, &fit_req, &load_opts, log);
+        return load_cpu(file, &mem, &fit_req, &load_opts, req.measure_bandwidth, log);
     };
 
     let ctx = dev.context().clone();
@@ -507,7 +507,7 @@ pub fn load_placed(
                 "not even the output head fits on the GPU: running every layer on the CPU"
             });
             drop(dev);
-            return load_cpu(file, &mem, &fit_req, &load_opts, log);
+            return load_cpu(file, &mem, &fit_req, &load_opts, req.measure_bandwidth, log);
         }
         let n_layer = mem.n_layer;
         // The MTP block (planned first on the GPU with --mtp) is not one of -ngl's layers:
@@ -619,6 +619,7 @@ fn load_cpu(
     mem: &ModelMemory,
     fit_req: &FitRequest,
     load_opts: &LoadOptions,
+    measure_bandwidth: bool,
     log: LogTo,
 ) -> anyhow::Result<Placed> {
     let n_ctx = wanted_ctx(mem, fit_req);
@@ -641,7 +642,10 @@ fn load_cpu(
         n_ctx: plan.n_ctx,
         plan,
         device_name: "cpu".into(),
-        bandwidth_gbs: None,
+        bandwidth_gbs: measure_bandwidth.then(|| {
+            // 256 MiB: several times any last-level cache, ~10 ms per pass.
+            backend::cpu::bandwidth::measure_read_bandwidth(load_opts.n_threads, 256 << 20, 7)
+        }),
         gpu: None,
     })
 }
