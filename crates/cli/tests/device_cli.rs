@@ -68,7 +68,9 @@ fn bench_json_on_the_cpu_with_depth() {
     assert_eq!(v["n_gpu_layers"], 0);
     assert_eq!(v["n_layers"], 6);
     // The host's read bandwidth, measured with the bench's 2 threads: the CPU roofline.
-    let bw = v["read_bandwidth_gbs"].as_f64().expect("a measured bandwidth");
+    let bw = v["read_bandwidth_gbs"]
+        .as_f64()
+        .expect("a measured bandwidth");
     assert!(bw.is_finite() && bw > 0.0, "{bw}");
     let tests = v["tests"].as_array().unwrap();
     let names: Vec<&str> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();

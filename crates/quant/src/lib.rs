@@ -16,6 +16,7 @@ pub mod dot;
 pub mod matvec;
 pub mod packed;
 pub mod team;
+pub mod vmath;
 
 pub use activation::{activation_row_bytes, quantize_activations, vec_dot_type};
 pub use dot::{vec_dot, Isa};

@@ -1,8 +1,11 @@
 //! Row-wise and element-wise ops: norms, activations, residual adds, column copies.
 //!
 //! These are memory-bound and simple enough that the straightforward loop is both the
-//! reference and the implementation.
+//! reference and the implementation, except the activations (silu, sigmoid), whose `exp`
+//! has a vector path in `quant::vmath` (the reference backend keeps libm's).
 
+use quant::vmath;
+use quant::Isa;
 use rayon::prelude::*;
 
 use super::{check_shape, shape_err, CpuTensor};
@@ -97,29 +100,34 @@ pub fn l2_norm(
     Ok(())
 }
 
-/// `out = silu(gate) * up`.
-pub fn swiglu(gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) -> Result<(), BackendError> {
+/// `out = silu(gate) * up`; `isa` picks the vector path (`quant::vmath`) or the scalar loop.
+pub fn swiglu(
+    isa: Isa,
+    gate: &CpuTensor,
+    up: &CpuTensor,
+    out: &mut CpuTensor,
+) -> Result<(), BackendError> {
     check_shape("swiglu", up, gate.rows, gate.cols)?;
     check_shape("swiglu", out, gate.rows, gate.cols)?;
-    out.data
-        .iter_mut()
-        .zip(gate.data.iter().zip(&up.data))
-        .for_each(|(o, (&g, &u))| *o = silu(g) * u);
+    vmath::silu_mul_with(isa, &gate.data, &up.data, &mut out.data);
     Ok(())
 }
 
+/// `x = silu(x)`.
+pub fn silu_in_place(isa: Isa, x: &mut CpuTensor) {
+    vmath::silu_in_place_with(isa, &mut x.data);
+}
+
 /// `x *= sigmoid(gate)`.
-pub fn mul_sigmoid(x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), BackendError> {
+pub fn mul_sigmoid(isa: Isa, x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), BackendError> {
     check_shape("mul_sigmoid", gate, x.rows, x.cols)?;
-    x.data
-        .iter_mut()
-        .zip(&gate.data)
-        .for_each(|(a, &g)| *a *= sigmoid(g));
+    vmath::mul_sigmoid_with(isa, &mut x.data, &gate.data);
     Ok(())
 }
 
 /// `x = rms_norm(x) * w * silu(z)` over groups of `w.len()`.
 pub fn gated_rms_norm(
+    isa: Isa,
     x: &mut CpuTensor,
     w: &[f32],
     z: &CpuTensor,
@@ -127,14 +135,17 @@ pub fn gated_rms_norm(
 ) -> Result<(), BackendError> {
     check_groups("gated_rms_norm", x.cols, w.len())?;
     check_shape("gated_rms_norm", z, x.rows, x.cols)?;
+    let mut gate = vec![0.0f32; w.len()];
     for (g, zg) in x
         .data
         .chunks_exact_mut(w.len())
         .zip(z.data.chunks_exact(w.len()))
     {
         let s = rms_scale(g, eps);
-        for ((a, &b), &zz) in g.iter_mut().zip(w).zip(zg) {
-            *a = *a * s * b * silu(zz);
+        gate.copy_from_slice(zg);
+        vmath::silu_in_place_with(isa, &mut gate);
+        for ((a, &b), &sz) in g.iter_mut().zip(w).zip(&gate) {
+            *a = *a * s * b * sz;
         }
     }
     Ok(())

@@ -162,6 +162,16 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
+    /// The instruction-set path of the element-wise activations: the scalar libm loop for
+    /// the reference backend, else the fastest this CPU has.
+    fn isa(&self) -> quant::Isa {
+        if self.reference {
+            quant::Isa::Scalar
+        } else {
+            quant::dot::best_isa()
+        }
+    }
+
     /// `w` repacked for the interleaved kernels (packing it now if this is its first use),
     /// or `None` where there is no packed kernel for it.
     fn packed<'w>(&self, w: &'w CpuWeight) -> Option<&'w quant::PackedMatrix> {
@@ -378,16 +388,16 @@ impl Backend for CpuBackend {
         up: &CpuTensor,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        elementwise::swiglu(gate, up, out)
+        elementwise::swiglu(self.isa(), gate, up, out)
     }
 
     fn silu(&self, x: &mut CpuTensor) -> Result<(), BackendError> {
-        x.data.iter_mut().for_each(|v| *v = elementwise::silu(*v));
+        elementwise::silu_in_place(self.isa(), x);
         Ok(())
     }
 
     fn mul_sigmoid(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<(), BackendError> {
-        elementwise::mul_sigmoid(x, gate)
+        elementwise::mul_sigmoid(self.isa(), x, gate)
     }
 
     fn gated_rms_norm(
@@ -397,7 +407,7 @@ impl Backend for CpuBackend {
         z: &CpuTensor,
         eps: f32,
     ) -> Result<(), BackendError> {
-        elementwise::gated_rms_norm(x, w.values("gated_rms_norm")?, z, eps)
+        elementwise::gated_rms_norm(self.isa(), x, w.values("gated_rms_norm")?, z, eps)
     }
 
     fn copy_cols(
