@@ -222,10 +222,14 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             match result {
                 Ok(mut logits) => {
                     let n_vocab = model.n_vocab();
+                    let mut presampled =
+                        presample(&mut slots, &plan, &drafts, &verify, &mut logits, n_vocab);
                     let mut row = 0;
                     // Verify passes to settle: (slot, tokens kept).
                     let mut settle: Vec<(usize, usize)> = Vec::new();
-                    for ((p, d), &is_verify) in plan.iter().zip(&drafts).zip(&verify) {
+                    for (i, ((p, d), &is_verify)) in
+                        plan.iter().zip(&drafts).zip(&verify).enumerate()
+                    {
                         let slot = &mut slots[p.slot];
                         let n_rows = if is_verify { 1 + d.len() } else { 1 };
                         let rows = &mut logits[row * n_vocab..(row + n_rows) * n_vocab];
@@ -244,7 +248,10 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                                     a.pending = None;
                                 }
                                 slot.cached.push(t);
-                                on_logits(slot, row_logits, &config, clock, &mut tally);
+                                match presampled[i].take() {
+                                    Some(x) => on_sampled(slot, x, &config, clock, &mut tally),
+                                    None => on_logits(slot, row_logits, &config, clock, &mut tally),
+                                }
                             }
                             RowKind::Prefill { from, to } => {
                                 let Some(a) = slot.active.as_mut() else {
@@ -256,7 +263,12 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                                     if let Some(state) = slot.state.as_mut() {
                                         model.checkpoint(state);
                                     }
-                                    on_logits(slot, row_logits, &config, clock, &mut tally);
+                                    match presampled[i].take() {
+                                        Some(x) => on_sampled(slot, x, &config, clock, &mut tally),
+                                        None => {
+                                            on_logits(slot, row_logits, &config, clock, &mut tally)
+                                        }
+                                    }
                                 }
                             }
                         }
@@ -440,11 +452,35 @@ pub(super) fn on_logits<S>(
     let Some(a) = slot.active.as_mut() else {
         return;
     };
+    let x = sample_row(a, logits);
+    on_sampled(slot, x, config, clock, tally);
+}
+
+/// A token drawn for a slot (`None`: the constraint allows nothing) and its log-probability
+/// when the request asked for them.
+pub(super) type Sampled = (Option<u32>, Option<TokenLogprob>);
+
+/// Draws a request's next token from its logits ([n_vocab], masked in place by its
+/// constraint). Touches only the request's own sampler and constraint, so several slots'
+/// rows can be sampled at once.
+fn sample_row(a: &mut Active, logits: &mut [f32]) -> Sampled {
     let logprob_of = a.request.logprobs.map(|n| (logits.to_vec(), n));
     let token = a
         .sampler
         .sample(logits, a.request.constraint.as_deref_mut());
-    let Some(token) = token else {
+    let logprob = token.and_then(|t| logprob_of.map(|(raw, n)| token_logprob(&raw, t, n)));
+    (token, logprob)
+}
+
+/// Sends a slot's drawn token ([`sample_row`]) and decides whether to go on.
+fn on_sampled<S>(
+    slot: &mut Slot<S>,
+    x: Sampled,
+    config: &SchedulerConfig,
+    clock: u64,
+    tally: &mut Tally,
+) {
+    let (Some(token), logprob) = x else {
         return fail(
             slot,
             "no token is allowed at this point (constraint dead end)".into(),
@@ -452,8 +488,73 @@ pub(super) fn on_logits<S>(
             tally,
         );
     };
-    let logprob = logprob_of.map(|(raw, n)| token_logprob(&raw, token, n));
     emit(slot, token, logprob, config, clock, tally);
+}
+
+/// Whether a step's rows may be sampled on several threads (`REDLINE_PARALLEL_SAMPLING=0`:
+/// one after another, for A/B measurements).
+fn parallel_sampling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_PARALLEL_SAMPLING").as_deref() != Ok("0"))
+}
+
+/// Vocabularies from this size up sample a step's rows on several threads.
+const PARALLEL_SAMPLING_VOCAB: usize = 8192;
+
+/// Draws the next token of every plain row of a step that ends in a sample (a decode row, or
+/// the last chunk of a prompt) at once, one rayon task per slot, before the step's results
+/// are applied in plan order: with a 152k vocabulary one row costs ~0.05–0.4 ms of host time
+/// (argmax, or the candidate path with penalties and top-p), which at 8–32 slots would
+/// otherwise leave the GPU idle for several milliseconds per step. Returns one entry per
+/// plan row (`None`: sample it in order, as verify rows and small vocabularies are).
+fn presample<S: Send>(
+    slots: &mut [Slot<S>],
+    plan: &[PlannedRow],
+    drafts: &[Vec<crate::speculative::Draft>],
+    verify: &[bool],
+    logits: &mut [f32],
+    n_vocab: usize,
+) -> Vec<Option<Sampled>> {
+    use rayon::prelude::*;
+    let mut out: Vec<Option<Sampled>> = vec![None; plan.len()];
+    if n_vocab < PARALLEL_SAMPLING_VOCAB || !parallel_sampling() {
+        return out;
+    }
+    // (plan row, request, its logits row); plan rows are in slot order, one per slot.
+    let mut jobs: Vec<(usize, &mut Active, &mut [f32])> = Vec::with_capacity(plan.len());
+    let mut rest = logits;
+    let mut slot_iter = slots.iter_mut().enumerate();
+    for (i, ((p, d), &is_verify)) in plan.iter().zip(drafts).zip(verify).enumerate() {
+        let n_rows = if is_verify { 1 + d.len() } else { 1 };
+        let Some((rows, tail)) = rest.split_at_mut_checked(n_rows * n_vocab) else {
+            break;
+        };
+        rest = tail;
+        let Some(slot) = slot_iter.find_map(|(j, s)| (j == p.slot).then_some(s)) else {
+            break;
+        };
+        let ends_in_sample = match p.kind {
+            RowKind::Decode(_) => !is_verify,
+            RowKind::Prefill { to, .. } => slot
+                .active
+                .as_ref()
+                .is_some_and(|a| to == a.request.prompt.len()),
+        };
+        if let (true, Some(a)) = (ends_in_sample, slot.active.as_mut()) {
+            jobs.push((i, a, rows));
+        }
+    }
+    if jobs.len() < 2 {
+        return out;
+    }
+    let drawn: Vec<(usize, Sampled)> = jobs
+        .into_par_iter()
+        .map(|(i, a, row)| (i, sample_row(a, row)))
+        .collect();
+    for (i, x) in drawn {
+        out[i] = Some(x);
+    }
+    out
 }
 
 /// Records a decided token of a slot (penalty window, constraint, counters), sends it unless

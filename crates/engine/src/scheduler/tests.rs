@@ -436,3 +436,95 @@ fn several_waiting_prompts_share_one_chunk_budget_per_step() {
         assert!(prompt_tokens <= 8, "{st:?}");
     }
 }
+
+#[test]
+fn large_vocabulary_rows_sampled_together_give_the_same_tokens_as_alone() {
+    // 10 000 tokens: over PARALLEL_SAMPLING_VOCAB, so a step's rows are drawn on several
+    // threads; each request must still see exactly its own logits, sampler and constraint.
+    let model = Arc::new(FakeModel::new(10_000, Duration::from_millis(1)));
+    let seeded = |prompt: Vec<u32>| {
+        let mut r = request(prompt, 12);
+        r.sampling = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            presence_penalty: 0.5,
+            seed: Some(7),
+            ..Default::default()
+        };
+        r.logprobs = Some(2);
+        r
+    };
+    let collect_logprobs = |mut rx: GenerationStream| {
+        let mut out = Vec::new();
+        while let Some(GenerationEvent::Token { id, logprob }) = rx.blocking_recv() {
+            out.push((id, logprob.map(|l| l.logprob)));
+        }
+        out
+    };
+    // Alone: one slot, so every step samples one row, in order.
+    let alone = start(&model, 1, 64);
+    let want = collect_logprobs(alone.submit(seeded(vec![5, 6, 7])).unwrap());
+    drop(alone);
+    assert_eq!(want.len(), 12);
+    assert!(want.iter().all(|(_, lp)| lp.is_some()));
+
+    let s = start(&model, 4, 64);
+    let greedy_prompts = [vec![1u32, 2, 3], vec![9, 8]];
+    let g: Vec<_> = greedy_prompts
+        .iter()
+        .map(|p| s.submit(request(p.clone(), 12)).unwrap())
+        .collect();
+    let sampled = s.submit(seeded(vec![5, 6, 7])).unwrap();
+    let mut c = request(vec![4, 4], 20);
+    c.constraint = Some(Box::new(EvenOnly(0)));
+    let constrained = s.submit(c).unwrap();
+    for (p, rx) in greedy_prompts.iter().zip(g) {
+        assert_eq!(collect(rx).0, reference(&model, p, 12, &[]));
+    }
+    assert_eq!(collect_logprobs(sampled), want);
+    let (even, _) = collect(constrained);
+    assert_eq!(even.len(), 3);
+    assert!(even.iter().all(|t| t % 2 == 0), "{even:?}");
+    assert!(
+        model.max_batch.load(Ordering::SeqCst) >= 3,
+        "the rows were not in one step"
+    );
+}
+
+/// Host time per scheduler step at 8 slots on a Qwen-sized vocabulary (the fake model's own
+/// logits included): `cargo test -p engine --release --lib -- --ignored step_host_time
+/// --nocapture`, once with `REDLINE_PARALLEL_SAMPLING=0`.
+#[test]
+#[ignore = "timing"]
+fn step_host_time_at_8_slots() {
+    for (name, temperature, presence) in [
+        ("greedy", 0.0, 0.0),
+        ("t0.7 top-p 0.8 presence 0.5", 0.7, 0.5),
+    ] {
+        let model = Arc::new(FakeModel::new(152_064, Duration::ZERO));
+        let s = start(&model, 8, 256);
+        let t0 = Instant::now();
+        let streams: Vec<_> = (0..8u32)
+            .map(|i| {
+                let mut r = request(vec![i + 1, 2, 3], 64);
+                r.sampling = SamplingParams {
+                    temperature,
+                    top_p: 0.8,
+                    presence_penalty: presence,
+                    seed: Some(i as u64),
+                    ..Default::default()
+                };
+                s.submit(r).unwrap()
+            })
+            .collect();
+        for rx in streams {
+            collect(rx);
+        }
+        let steps = model.steps.lock().unwrap().len();
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "{name}: {steps} steps, {:.3} ms per step",
+            secs * 1e3 / steps as f64
+        );
+    }
+}
