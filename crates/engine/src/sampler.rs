@@ -133,37 +133,48 @@ impl Sampler {
     /// banned (`-inf`); if every logit is banned, returns the argmax of the raw logits (0 when
     /// empty) rather than panicking.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.sample_with(logits, true)
+    }
+
+    /// [`Sampler::sample`]; `shortcuts` false takes the long way (a candidate per token, then
+    /// bias, penalties and the chain over all of them), which the shortcuts must match.
+    fn sample_with(&mut self, logits: &[f32], shortcuts: bool) -> u32 {
         let plain = self.config.logit_bias.is_empty() && !self.config.has_penalties();
+        let greedy = self.config.temperature <= 0.0;
+        let k = self.config.top_k;
         let mut cands = std::mem::take(&mut self.candidates);
         cands.clear();
-        if plain && self.config.temperature <= 0.0 {
-            // Greedy on untouched logits: the same argmax without a candidate per token (a
-            // 152k vocabulary costs ~0.2 ms per token and sequence the long way).
-            self.candidates = cands;
-            return argmax_logits(logits).unwrap_or_else(|| argmax_raw(logits));
-        }
-        if plain && self.config.top_k > 0 && self.config.top_k < logits.len() {
-            // Top-k straight from the logits: the same k candidates, sorted as `top_k` leaves
-            // them, without building and partially sorting one per token.
-            top_k_of_logits(logits, self.config.top_k, &mut cands);
+        if shortcuts && (greedy || (k > 0 && k < logits.len())) {
+            // Top-k straight from the logits: the same k candidates (1 for greedy: the
+            // argmax), sorted as `top_k` leaves them, without building and partially sorting
+            // one per token. Bias and penalties touch only the biased ids and those in the
+            // penalty window: their final logits replace the raw ones on the way. A 152k
+            // vocabulary (session 13, this VM): top-k 40 with a presence penalty 35 µs per
+            // token against 430 the long way; greedy 26 against 130.
+            let overlay = if plain {
+                Vec::new()
+            } else {
+                self.overlay(logits)
+            };
+            top_k_of_logits(logits, if greedy { 1 } else { k }, &overlay, &mut cands);
         } else {
             cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
                 id: i as u32,
                 logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
             }));
+            apply_logit_bias(&mut cands, &self.config.logit_bias);
+            if self.config.has_penalties() {
+                let counts = count_tokens(&self.window);
+                apply_penalties(
+                    &mut cands,
+                    &counts,
+                    self.config.repeat_penalty,
+                    self.config.presence_penalty,
+                    self.config.frequency_penalty,
+                );
+            }
         }
-        apply_logit_bias(&mut cands, &self.config.logit_bias);
-        if self.config.has_penalties() {
-            let counts = count_tokens(&self.window);
-            apply_penalties(
-                &mut cands,
-                &counts,
-                self.config.repeat_penalty,
-                self.config.presence_penalty,
-                self.config.frequency_penalty,
-            );
-        }
-        let id = if self.config.temperature <= 0.0 {
+        let id = if greedy {
             argmax(&cands)
         } else {
             top_k(&mut cands, self.config.top_k);
@@ -175,6 +186,55 @@ impl Sampler {
         };
         self.candidates = cands;
         id.unwrap_or_else(|| argmax_raw(logits))
+    }
+
+    /// The final logits (bias, then penalties, as the long way applies them) of the ids that
+    /// bias or penalties touch, sorted by id; NaN logits read as `-inf` first.
+    fn overlay(&self, logits: &[f32]) -> Vec<(u32, f32)> {
+        let n = logits.len();
+        let penalties = self.config.has_penalties();
+        let mut ids: Vec<u32> = self.config.logit_bias.iter().map(|b| b.0).collect();
+        if penalties {
+            ids.extend(self.window.iter().copied());
+        }
+        ids.retain(|&id| (id as usize) < n);
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out: Vec<(u32, f32)> = ids
+            .iter()
+            .map(|&id| {
+                let l = logits[id as usize];
+                (id, if l.is_nan() { f32::NEG_INFINITY } else { l })
+            })
+            .collect();
+        for &(id, b) in &self.config.logit_bias {
+            if let Ok(i) = out.binary_search_by_key(&id, |e| e.0) {
+                out[i].1 += b;
+            }
+        }
+        if penalties {
+            let (repeat, presence, frequency) = (
+                self.config.repeat_penalty,
+                self.config.presence_penalty,
+                self.config.frequency_penalty,
+            );
+            for (id, count) in count_tokens(&self.window) {
+                let Ok(i) = out.binary_search_by_key(&id, |e| e.0) else {
+                    continue;
+                };
+                let l = &mut out[i].1;
+                if count == 0 {
+                    continue;
+                }
+                if *l <= 0.0 {
+                    *l *= repeat;
+                } else {
+                    *l /= repeat;
+                }
+                *l -= count as f32 * frequency + presence;
+            }
+        }
+        out
     }
 
     /// The distribution [`Sampler::sample`] draws from for `logits` (same transforms, same
@@ -281,34 +341,11 @@ pub fn argmax(cands: &[Candidate]) -> Option<u32> {
     best.map(|c| c.id)
 }
 
-/// [`argmax`] of the candidates one per logit (NaN read as `-inf`): the first of the highest
-/// logits above `-inf`, `None` when there is none.
-fn argmax_logits(logits: &[f32]) -> Option<u32> {
-    // The largest logit first, 16 independent lanes (vectorized), then its first index. NaN
-    // and -inf never compare greater, so they are skipped as `argmax` skips -inf.
-    let keep = |a: f32, b: f32| if b > a { b } else { a };
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let chunks = logits.chunks_exact(16);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &l) in lanes.iter_mut().zip(c) {
-            *m = keep(*m, l);
-        }
-    }
-    let max = tail
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |a, &b| keep(a, b));
-    if max == f32::NEG_INFINITY {
-        return None;
-    }
-    logits.iter().position(|&l| l == max).map(|i| i as u32)
-}
-
 /// The `k` candidates [`top_k`] keeps of one candidate per logit (NaN read as `-inf`), in its
 /// order (logit highest first, ties by lower id), into `out`: a bounded min-heap over the
 /// logits instead of a candidate per token. 0 < k < logits.len().
-fn top_k_of_logits(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
+/// `overlay` (sorted by id) replaces the logits of its ids (taken as they are).
+fn top_k_of_logits(logits: &[f32], k: usize, overlay: &[(u32, f32)], out: &mut Vec<Candidate>) {
     use std::cmp::Ordering;
     use std::collections::BinaryHeap;
     /// Ordered so that the heap's top is the candidate `top_k` would drop first.
@@ -332,24 +369,48 @@ fn top_k_of_logits(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
     // Once the heap is full: the logit of its top, below which a candidate cannot get in (one
     // float compare for almost every token).
     let mut floor = f32::NEG_INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
-        if heap.len() == k && l < floor {
+    let mut next = 0;
+    for (c, chunk) in logits.chunks(16).enumerate() {
+        let base = 16 * c;
+        // Once the heap is full, a run of 16 logits all below a finite floor (and no overlay
+        // id among them) is passed over after one branch-free compare of all 16: most of a
+        // 152k vocabulary. (NaN compares false, as its -inf would be below the floor.)
+        if heap.len() == k
+            && floor > f32::NEG_INFINITY
+            && overlay
+                .get(next)
+                .is_none_or(|&(id, _)| id as usize >= base + chunk.len())
+            && chunk.iter().fold(0u32, |a, &x| a | (x >= floor) as u32) == 0
+        {
             continue;
         }
-        let c = Candidate {
-            id: i as u32,
-            logit: l,
-        };
-        if heap.len() < k {
-            heap.push(Worst(c));
-        } else if let Some(mut top) = heap.peek_mut() {
-            if Worst(c).cmp(&top) == Ordering::Less {
-                *top = Worst(c);
+        for (j, &l) in chunk.iter().enumerate() {
+            let i = base + j;
+            let l = match overlay.get(next) {
+                Some(&(id, v)) if id as usize == i => {
+                    next += 1;
+                    v
+                }
+                _ if l.is_nan() => f32::NEG_INFINITY,
+                _ => l,
+            };
+            if heap.len() == k && l < floor {
+                continue;
             }
-        }
-        if heap.len() == k {
-            floor = heap.peek().map_or(f32::NEG_INFINITY, |w| w.0.logit);
+            let c = Candidate {
+                id: i as u32,
+                logit: l,
+            };
+            if heap.len() < k {
+                heap.push(Worst(c));
+            } else if let Some(mut top) = heap.peek_mut() {
+                if Worst(c).cmp(&top) == Ordering::Less {
+                    *top = Worst(c);
+                }
+            }
+            if heap.len() == k {
+                floor = heap.peek().map_or(f32::NEG_INFINITY, |w| w.0.logit);
+            }
         }
     }
     out.extend(heap.into_iter().map(|w| w.0));
@@ -570,7 +631,13 @@ mod tests {
                     logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
                 })
                 .collect();
-            assert_eq!(argmax_logits(&logits), argmax(&slow), "{logits:?}");
+            let mut top1 = Vec::new();
+            top_k_of_logits(&logits, 1, &[], &mut top1);
+            let top1 = top1
+                .first()
+                .filter(|c| c.logit != f32::NEG_INFINITY)
+                .map(|c| c.id);
+            assert_eq!(top1, argmax(&slow), "{logits:?}");
             for k in [1usize, 2, 5, 40] {
                 if k >= n {
                     continue;
@@ -578,27 +645,72 @@ mod tests {
                 let mut want = slow.clone();
                 top_k(&mut want, k);
                 let mut got = Vec::new();
-                top_k_of_logits(&logits, k, &mut got);
+                top_k_of_logits(&logits, k, &[], &mut got);
                 assert_eq!(ids(&got), ids(&want), "k {k}: {logits:?}");
             }
         }
-        // whole draws: the same tokens for the same seed as with a bias that changes nothing
+        // whole draws: the same tokens for the same seed as the long way
         for temperature in [0.0f32, 0.8] {
             let cfg = SamplerConfig {
                 temperature,
                 seed: 11,
                 ..SamplerConfig::default()
             };
-            let slow_cfg = SamplerConfig {
-                logit_bias: vec![(0, 0.0)],
-                ..cfg.clone()
-            };
-            let (mut fast, mut slow) = (Sampler::new(cfg), Sampler::new(slow_cfg));
+            let (mut fast, mut slow) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
             for _ in 0..200 {
                 let logits: Vec<f32> = (0..500).map(|_| rng.random_range(-4.0f32..4.0)).collect();
-                assert_eq!(fast.sample(&logits), slow.sample(&logits));
+                assert_eq!(fast.sample(&logits), slow.sample_with(&logits, false));
             }
         }
+    }
+
+    #[test]
+    fn bias_and_penalty_shortcut_draws_what_the_long_way_draws() {
+        // Bias and penalties (the overlay into the top-k heap) against a candidate per token:
+        // greedy and sampled, penalty windows with repeats, ids out of range, logits with NaN,
+        // -inf and ties (steps of 0.25), over many draws with the same seed.
+        let mut rng = StdRng::seed_from_u64(29);
+        let mut checked = 0;
+        for case in 0..60 {
+            let n = [50usize, 300, 2000][case % 3];
+            let cfg = SamplerConfig {
+                temperature: [0.0f32, 0.7, 1.3][(case + case / 3) % 3],
+                top_k: [1usize, 5, 40, 0][(case / 2) % 4],
+                top_p: [1.0f32, 0.9, 0.5][case % 3],
+                min_p: [0.0f32, 0.05][case % 2],
+                repeat_penalty: [1.0f32, 1.1, 1.5][(case / 3) % 3],
+                presence_penalty: [0.0f32, 0.5, -0.7][(case / 5) % 3],
+                frequency_penalty: [0.0f32, 0.3][(case / 7) % 2],
+                logit_bias: match case % 4 {
+                    0 => vec![],
+                    1 => vec![(3, 2.5), (7, -100.0)],
+                    2 => vec![(3, 1.0), (3, 1.0), (n as u32 + 5, 9.0)],
+                    _ => vec![(0, 0.0)],
+                },
+                penalty_last_n: Some([4usize, 64][case % 2]),
+                seed: case as u64,
+            };
+            let (mut fast, mut slow) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+            for step in 0..40 {
+                let logits: Vec<f32> = (0..n)
+                    .map(|i| match (i + step) % 97 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        _ => (rng.random_range(-16i32..16) as f32) * 0.25,
+                    })
+                    .collect();
+                let (a, b) = (fast.sample(&logits), slow.sample_with(&logits, false));
+                assert_eq!(a, b, "case {case} step {step}");
+                fast.accept(a);
+                slow.accept(b);
+                // and some tokens from "the prompt", possibly out of range
+                let extra = rng.random_range(0..n as u32 + 3);
+                fast.accept(extra);
+                slow.accept(extra);
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 60 * 40);
     }
 
     /// Time per `sample` on a Qwen-sized vocabulary, shortcut against the candidate path
@@ -611,22 +723,31 @@ mod tests {
             .map(|_| rng.random_range(-8.0f32..8.0))
             .collect();
         for temperature in [0.0f32, 0.8] {
-            for bias in [false, true] {
-                let cfg = SamplerConfig {
-                    temperature,
-                    logit_bias: if bias { vec![(0, 0.0)] } else { vec![] },
-                    ..SamplerConfig::default()
-                };
-                let mut s = Sampler::new(cfg);
-                let t = std::time::Instant::now();
-                for _ in 0..200 {
-                    std::hint::black_box(s.sample(&logits));
+            for presence in [0.0f32, 0.5] {
+                for shortcuts in [true, false] {
+                    let cfg = SamplerConfig {
+                        temperature,
+                        presence_penalty: presence,
+                        ..SamplerConfig::default()
+                    };
+                    let mut s = Sampler::new(cfg);
+                    for t in 0..64 {
+                        s.accept(t * 37);
+                    }
+                    let t = std::time::Instant::now();
+                    for _ in 0..200 {
+                        std::hint::black_box(s.sample_with(&logits, shortcuts));
+                    }
+                    eprintln!(
+                        "temperature {temperature} presence {presence} {}: {:.1} µs per sample",
+                        if shortcuts {
+                            "shortcut"
+                        } else {
+                            "candidate path"
+                        },
+                        t.elapsed().as_secs_f64() * 1e6 / 200.0
+                    );
                 }
-                eprintln!(
-                    "temperature {temperature} {}: {:.1} µs per sample",
-                    if bias { "candidate path" } else { "shortcut" },
-                    t.elapsed().as_secs_f64() * 1e6 / 200.0
-                );
             }
         }
     }
