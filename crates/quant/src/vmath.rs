@@ -1,5 +1,7 @@
 //! Element-wise activation functions over f32 slices — `silu(gate) · up` (SwiGLU), `silu`,
-//! `x · sigmoid(gate)` — with an AVX2 path (8 lanes) chosen once at run time.
+//! `x · sigmoid(gate)` — and the three loops of one attention head over cached keys and
+//! values (scaled dot products, `exp(s − max)` with its sum, the weighted sum of value rows),
+//! with an AVX2 path (8 lanes) chosen once at run time.
 //!
 //! Why: one decode token of a Qwen2.5-1.5B runs SwiGLU over 28 × 8960 values; with libm's
 //! scalar `expf` and a division per value that was ~1.5 % of all decode samples (perf,
@@ -77,6 +79,76 @@ pub fn mul_sigmoid_with(isa: Isa, x: &mut [f32], gate: &[f32]) {
     }
 }
 
+/// `out[j] = scale · (q · keys[j])` for the rows `keys[j]` of `[out.len()][q.len()]`: one
+/// query head's attention scores over a run of cached keys.
+///
+/// # Panics
+/// If `keys.len() != out.len() * q.len()`.
+pub fn scaled_dots(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    scaled_dots_with(best_isa(), q, keys, scale, out);
+}
+
+/// [`scaled_dots`] on the path `isa`.
+pub fn scaled_dots_with(isa: Isa, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    assert_eq!(keys.len(), out.len() * q.len(), "scaled_dots shapes");
+    #[cfg(target_arch = "x86_64")]
+    if uses_avx2(isa) && !q.is_empty() {
+        // SAFETY: AVX2 + FMA present; shapes asserted.
+        unsafe { avx2::scaled_dots(q, keys, scale, out) };
+        return;
+    }
+    let _ = isa;
+    for (o, k) in out.iter_mut().zip(keys.chunks_exact(q.len().max(1))) {
+        *o = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+    }
+}
+
+/// `s[j] = e^(s[j] − max)` in place; returns their sum (a softmax's numerators and
+/// denominator).
+pub fn exp_shifted(s: &mut [f32], max: f32) -> f32 {
+    exp_shifted_with(best_isa(), s, max)
+}
+
+/// [`exp_shifted`] on the path `isa`.
+pub fn exp_shifted_with(isa: Isa, s: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if uses_avx2(isa) {
+        // SAFETY: AVX2 + FMA present.
+        return unsafe { avx2::exp_shifted(s, max) };
+    }
+    let _ = isa;
+    let mut sum = 0.0f32;
+    for v in s {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// `out += Σ_j w[j] · vals[j]` for the rows `vals[j]` of `[w.len()][out.len()]`: one head's
+/// attention output over a run of cached values.
+///
+/// # Panics
+/// If `vals.len() != w.len() * out.len()`.
+pub fn weighted_sum(w: &[f32], vals: &[f32], out: &mut [f32]) {
+    weighted_sum_with(best_isa(), w, vals, out);
+}
+
+/// [`weighted_sum`] on the path `isa`.
+pub fn weighted_sum_with(isa: Isa, w: &[f32], vals: &[f32], out: &mut [f32]) {
+    assert_eq!(vals.len(), w.len() * out.len(), "weighted_sum shapes");
+    #[cfg(target_arch = "x86_64")]
+    if uses_avx2(isa) && !out.is_empty() {
+        // SAFETY: AVX2 + FMA present; shapes asserted.
+        unsafe { avx2::weighted_sum(w, vals, out) };
+        return;
+    }
+    let _ = isa;
+    for (&wj, v) in w.iter().zip(vals.chunks_exact(out.len().max(1))) {
+        out.iter_mut().zip(v).for_each(|(a, b)| *a += wj * b);
+    }
+}
+
 /// The scalar silu (libm's `expf`).
 #[inline]
 pub fn silu(x: f32) -> f32 {
@@ -137,6 +209,119 @@ mod avx2 {
         // SAFETY: same target features.
         let e = unsafe { exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)) };
         _mm256_div_ps(x, _mm256_add_ps(one, e))
+    }
+
+    /// Sum of the 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// # Safety
+    /// AVX2 + FMA present; `keys.len() == out.len() * q.len()`, `q` not empty.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scaled_dots(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+        let d = q.len();
+        let d8 = d / 8 * 8;
+        for (o, k) in out.iter_mut().zip(keys.chunks_exact(d)) {
+            // two accumulators: a 128-wide row is 16 FMAs in two chains of 8
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            // SAFETY (loads): i + 8 (or + 16) <= d8 <= d = q.len() = k.len().
+            unsafe {
+                while i + 16 <= d8 {
+                    a0 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(q.as_ptr().add(i)),
+                        _mm256_loadu_ps(k.as_ptr().add(i)),
+                        a0,
+                    );
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(q.as_ptr().add(i + 8)),
+                        _mm256_loadu_ps(k.as_ptr().add(i + 8)),
+                        a1,
+                    );
+                    i += 16;
+                }
+                if i < d8 {
+                    a0 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(q.as_ptr().add(i)),
+                        _mm256_loadu_ps(k.as_ptr().add(i)),
+                        a0,
+                    );
+                }
+            }
+            // SAFETY: same target features.
+            let mut dot = unsafe { hsum8(_mm256_add_ps(a0, a1)) };
+            for j in d8..d {
+                dot += q[j] * k[j];
+            }
+            *o = dot * scale;
+        }
+    }
+
+    /// # Safety
+    /// AVX2 + FMA present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_shifted(s: &mut [f32], max: f32) -> f32 {
+        let n8 = s.len() / 8 * 8;
+        let m = _mm256_set1_ps(max);
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= n8 <= s.len().
+            unsafe {
+                let p = s.as_mut_ptr().add(i);
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), m));
+                _mm256_storeu_ps(p, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+        }
+        // SAFETY: same target features.
+        let mut sum = unsafe { hsum8(acc) };
+        for v in &mut s[n8..] {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        sum
+    }
+
+    /// # Safety
+    /// AVX2 + FMA present; `vals.len() == w.len() * out.len()`, `out` not empty.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_sum(w: &[f32], vals: &[f32], out: &mut [f32]) {
+        let d = out.len();
+        let mut c = 0;
+        // 32 columns at a time in 4 registers, over every row; then 8 at a time.
+        while c < d / 8 * 8 {
+            let width = if c + 32 <= d { 4 } else { 1 };
+            // SAFETY (all loads and stores): c + 8 · width <= d, and row j's columns
+            // c.. lie inside vals[j d .. (j + 1) d].
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for (a, r) in acc.iter_mut().zip(0..width) {
+                    *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * r));
+                }
+                for (j, &wj) in w.iter().enumerate() {
+                    let b = _mm256_set1_ps(wj);
+                    let row = vals.as_ptr().add(j * d + c);
+                    for (a, r) in acc.iter_mut().zip(0..width) {
+                        *a = _mm256_fmadd_ps(b, _mm256_loadu_ps(row.add(8 * r)), *a);
+                    }
+                }
+                for (a, r) in acc.iter().zip(0..width) {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a);
+                }
+            }
+            c += 8 * width;
+        }
+        for (j, &wj) in w.iter().enumerate() {
+            for i in c..d {
+                out[i] += wj * vals[j * d + i];
+            }
+        }
     }
 
     /// # Safety
@@ -254,6 +439,64 @@ mod tests {
             }
             // a few ulp: the polynomial's error plus two roundings
             assert!(worst < 5e-7, "{isa:?}: worst relative error {worst:e}");
+        }
+    }
+
+    #[test]
+    fn attention_helpers_match_f64_on_every_path() {
+        let mut seed = 5u64;
+        let mut r = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for (d, n) in [
+            (128usize, 37usize),
+            (64, 8),
+            (8, 5),
+            (80, 3),
+            (13, 1),
+            (256, 20),
+        ] {
+            let q: Vec<f32> = (0..d).map(|_| r()).collect();
+            let keys: Vec<f32> = (0..n * d).map(|_| r()).collect();
+            let w: Vec<f32> = (0..n).map(|_| r().abs()).collect();
+            let start: Vec<f32> = (0..d).map(|_| r()).collect();
+            for isa in Isa::all_available() {
+                let mut s = vec![0.0f32; n];
+                scaled_dots_with(isa, &q, &keys, 0.125, &mut s);
+                for (j, &got) in s.iter().enumerate() {
+                    let want: f64 = q
+                        .iter()
+                        .zip(&keys[j * d..(j + 1) * d])
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * 0.125;
+                    assert!(
+                        (got as f64 - want).abs() < 1e-5,
+                        "{isa:?} d {d}: {got} vs {want}"
+                    );
+                }
+                let max = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let mut e = s.clone();
+                let sum = exp_shifted_with(isa, &mut e, max);
+                let want_sum: f64 = s.iter().map(|&x| ((x - max) as f64).exp()).sum();
+                assert!(((sum as f64 - want_sum) / want_sum).abs() < 1e-6, "{isa:?}");
+                for (x, y) in s.iter().zip(&e) {
+                    let want = ((x - max) as f64).exp();
+                    assert!((*y as f64 - want).abs() <= 1e-6 * want, "{isa:?}");
+                }
+                let mut out = start.clone();
+                weighted_sum_with(isa, &w, &keys, &mut out);
+                for (i, &got) in out.iter().enumerate() {
+                    let want = start[i] as f64
+                        + (0..n)
+                            .map(|j| w[j] as f64 * keys[j * d + i] as f64)
+                            .sum::<f64>();
+                    assert!((got as f64 - want).abs() < 1e-5, "{isa:?} d {d} col {i}");
+                }
+            }
         }
     }
 
