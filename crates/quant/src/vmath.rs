@@ -149,6 +149,33 @@ pub fn weighted_sum_with(isa: Isa, w: &[f32], vals: &[f32], out: &mut [f32]) {
     }
 }
 
+/// [`weighted_sum`] for several heads over the same value rows in one pass: head `h` adds
+/// `Σ_j w[h n + j] · vals[j]` to `out[h d .. (h + 1) d]` (`n = vals.len() / d` rows,
+/// `d = out.len() / n_heads`). Each row of `vals` is read once per column strip for all
+/// heads instead of once per head.
+///
+/// # Panics
+/// If the lengths do not fit these shapes.
+pub fn weighted_sum_heads(n_heads: usize, w: &[f32], vals: &[f32], out: &mut [f32]) {
+    weighted_sum_heads_with(best_isa(), n_heads, w, vals, out);
+}
+
+/// [`weighted_sum_heads`] on the path `isa`.
+pub fn weighted_sum_heads_with(isa: Isa, n_heads: usize, w: &[f32], vals: &[f32], out: &mut [f32]) {
+    assert!(n_heads > 0 && out.len().is_multiple_of(n_heads) && w.len().is_multiple_of(n_heads));
+    let (d, n) = (out.len() / n_heads, w.len() / n_heads);
+    assert_eq!(vals.len(), n * d, "weighted_sum_heads shapes");
+    #[cfg(target_arch = "x86_64")]
+    if uses_avx2(isa) && d >= 16 {
+        // SAFETY: AVX2 + FMA present; shapes asserted.
+        unsafe { avx2::weighted_sum_heads(n_heads, w, vals, out) };
+        return;
+    }
+    for (wh, oh) in w.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(d.max(1))) {
+        weighted_sum_with(isa, wh, vals, oh);
+    }
+}
+
 /// The scalar silu (libm's `expf`).
 #[inline]
 pub fn silu(x: f32) -> f32 {
@@ -325,6 +352,56 @@ mod avx2 {
     }
 
     /// # Safety
+    /// AVX2 + FMA present; `out.len() = n_heads d`, `w.len() = n_heads n`,
+    /// `vals.len() = n d`, d >= 16.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_sum_heads(n_heads: usize, w: &[f32], vals: &[f32], out: &mut [f32]) {
+        const HB: usize = 6; // heads per pass: 12 accumulators + 2 value registers
+        let d = out.len() / n_heads;
+        let n = w.len() / n_heads;
+        let d16 = d / 16 * 16;
+        for h0 in (0..n_heads).step_by(HB) {
+            let nh = HB.min(n_heads - h0);
+            for c in (0..d16).step_by(16) {
+                // SAFETY (loads, stores): head h0 + h's columns c..c + 16 lie in its d, row
+                // j's in vals[j d ..], weights w[(h0 + h) n + j] with j < n.
+                unsafe {
+                    let mut acc = [[_mm256_setzero_ps(); 2]; HB];
+                    for (h, a) in acc.iter_mut().enumerate().take(nh) {
+                        let o = out.as_ptr().add((h0 + h) * d + c);
+                        *a = [_mm256_loadu_ps(o), _mm256_loadu_ps(o.add(8))];
+                    }
+                    for j in 0..n {
+                        let row = vals.as_ptr().add(j * d + c);
+                        let (v0, v1) = (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)));
+                        for (h, a) in acc.iter_mut().enumerate().take(nh) {
+                            let b = _mm256_broadcast_ss(&*w.as_ptr().add((h0 + h) * n + j));
+                            a[0] = _mm256_fmadd_ps(b, v0, a[0]);
+                            a[1] = _mm256_fmadd_ps(b, v1, a[1]);
+                        }
+                    }
+                    for (h, a) in acc.iter().enumerate().take(nh) {
+                        let o = out.as_mut_ptr().add((h0 + h) * d + c);
+                        _mm256_storeu_ps(o, a[0]);
+                        _mm256_storeu_ps(o.add(8), a[1]);
+                    }
+                }
+            }
+        }
+        // columns past the last full strip
+        if d16 < d {
+            for h in 0..n_heads {
+                for j in 0..n {
+                    let wj = w[h * n + j];
+                    for i in d16..d {
+                        out[h * d + i] += wj * vals[j * d + i];
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
     /// AVX2 + FMA present; `gate`, `up` and `out` of equal length.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
@@ -486,6 +563,24 @@ mod tests {
                 for (x, y) in s.iter().zip(&e) {
                     let want = ((x - max) as f64).exp();
                     assert!((*y as f64 - want).abs() <= 1e-6 * want, "{isa:?}");
+                }
+                // several heads at once: head h's weights are w scaled by h + 1
+                for n_heads in [1usize, 5, 7] {
+                    let wh: Vec<f32> = (0..n_heads)
+                        .flat_map(|h| w.iter().map(move |x| x * (h + 1) as f32))
+                        .collect();
+                    let mut outs: Vec<f32> = (0..n_heads).flat_map(|_| start.clone()).collect();
+                    weighted_sum_heads_with(isa, n_heads, &wh, &keys, &mut outs);
+                    for h in 0..n_heads {
+                        for i in 0..d {
+                            let want = start[i] as f64
+                                + (0..n)
+                                    .map(|j| wh[h * n + j] as f64 * keys[j * d + i] as f64)
+                                    .sum::<f64>();
+                            let got = outs[h * d + i] as f64;
+                            assert!((got - want).abs() < 1e-4, "{isa:?} heads {n_heads} d {d}");
+                        }
+                    }
                 }
                 let mut out = start.clone();
                 weighted_sum_with(isa, &w, &keys, &mut out);
