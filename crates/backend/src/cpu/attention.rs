@@ -425,6 +425,7 @@ mod tests {
             (KvType::Q8_0, 2e-2, None),
             (KvType::Q4_0, 0.15, None),
             (KvType::F32, 1e-5, Some(&team)),
+            (KvType::F16, 2e-3, Some(&team)),
             (KvType::Q8_0, 2e-2, Some(&team)),
         ] {
             let mut cache = CpuKvCache::new(16, 2, 32, 64, ty).unwrap();
