@@ -158,21 +158,7 @@ impl Sampler {
             };
             top_k_of_logits(logits, if greedy { 1 } else { k }, &overlay, &mut cands);
         } else {
-            cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
-                id: i as u32,
-                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
-            }));
-            apply_logit_bias(&mut cands, &self.config.logit_bias);
-            if self.config.has_penalties() {
-                let counts = count_tokens(&self.window);
-                apply_penalties(
-                    &mut cands,
-                    &counts,
-                    self.config.repeat_penalty,
-                    self.config.presence_penalty,
-                    self.config.frequency_penalty,
-                );
-            }
+            self.all_candidates(logits, &mut cands);
         }
         let id = if greedy {
             argmax(&cands)
@@ -186,6 +172,26 @@ impl Sampler {
         };
         self.candidates = cands;
         id.unwrap_or_else(|| argmax_raw(logits))
+    }
+
+    /// One candidate per logit (NaN read as `-inf`), indexed by id, with the bias and the
+    /// penalties applied: the long way's start.
+    fn all_candidates(&self, logits: &[f32], cands: &mut Vec<Candidate>) {
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+            id: i as u32,
+            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+        }));
+        apply_logit_bias(cands, &self.config.logit_bias);
+        if self.config.has_penalties() {
+            let counts = count_tokens(&self.window);
+            apply_penalties(
+                cands,
+                &counts,
+                self.config.repeat_penalty,
+                self.config.presence_penalty,
+                self.config.frequency_penalty,
+            );
+        }
     }
 
     /// The final logits (bias, then penalties, as the long way applies them) of the ids that
@@ -222,16 +228,7 @@ impl Sampler {
                 let Ok(i) = out.binary_search_by_key(&id, |e| e.0) else {
                     continue;
                 };
-                let l = &mut out[i].1;
-                if count == 0 {
-                    continue;
-                }
-                if *l <= 0.0 {
-                    *l *= repeat;
-                } else {
-                    *l /= repeat;
-                }
-                *l -= count as f32 * frequency + presence;
+                out[i].1 = penalized(out[i].1, count, repeat, presence, frequency);
             }
         }
         out
@@ -244,21 +241,7 @@ impl Sampler {
     pub fn probabilities(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
         let mut cands = std::mem::take(&mut self.candidates);
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
-            id: i as u32,
-            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
-        }));
-        apply_logit_bias(&mut cands, &self.config.logit_bias);
-        if self.config.has_penalties() {
-            let counts = count_tokens(&self.window);
-            apply_penalties(
-                &mut cands,
-                &counts,
-                self.config.repeat_penalty,
-                self.config.presence_penalty,
-                self.config.frequency_penalty,
-            );
-        }
+        self.all_candidates(logits, &mut cands);
         let probs = if self.config.temperature <= 0.0 {
             argmax(&cands).map(|id| vec![(id, 1.0)]).unwrap_or_default()
         } else {
@@ -314,16 +297,21 @@ pub fn apply_penalties(
         let Some(c) = cands.get_mut(id as usize) else {
             continue;
         };
-        if count == 0 {
-            continue;
-        }
-        if c.logit <= 0.0 {
-            c.logit *= repeat;
-        } else {
-            c.logit /= repeat;
-        }
-        c.logit -= count as f32 * frequency + presence;
+        c.logit = penalized(c.logit, count, repeat, presence, frequency);
     }
+}
+
+/// One logit after the penalties for a token seen `count` times (unchanged for 0).
+fn penalized(logit: f32, count: u32, repeat: f32, presence: f32, frequency: f32) -> f32 {
+    if count == 0 {
+        return logit;
+    }
+    let l = if logit <= 0.0 {
+        logit * repeat
+    } else {
+        logit / repeat
+    };
+    l - (count as f32 * frequency + presence)
 }
 
 /// Id of the highest logit; the lowest id wins a tie. `None` if every logit is `-inf`.

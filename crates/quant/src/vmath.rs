@@ -125,32 +125,8 @@ pub fn exp_shifted_with(isa: Isa, s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-/// `out += Σ_j w[j] · vals[j]` for the rows `vals[j]` of `[w.len()][out.len()]`: one head's
-/// attention output over a run of cached values.
-///
-/// # Panics
-/// If `vals.len() != w.len() * out.len()`.
-pub fn weighted_sum(w: &[f32], vals: &[f32], out: &mut [f32]) {
-    weighted_sum_with(best_isa(), w, vals, out);
-}
-
-/// [`weighted_sum`] on the path `isa`.
-pub fn weighted_sum_with(isa: Isa, w: &[f32], vals: &[f32], out: &mut [f32]) {
-    assert_eq!(vals.len(), w.len() * out.len(), "weighted_sum shapes");
-    #[cfg(target_arch = "x86_64")]
-    if uses_avx2(isa) && !out.is_empty() {
-        // SAFETY: AVX2 + FMA present; shapes asserted.
-        unsafe { avx2::weighted_sum(w, vals, out) };
-        return;
-    }
-    let _ = isa;
-    for (&wj, v) in w.iter().zip(vals.chunks_exact(out.len().max(1))) {
-        out.iter_mut().zip(v).for_each(|(a, b)| *a += wj * b);
-    }
-}
-
-/// [`weighted_sum`] for several heads over the same value rows in one pass: head `h` adds
-/// `Σ_j w[h n + j] · vals[j]` to `out[h d .. (h + 1) d]` (`n = vals.len() / d` rows,
+/// Attention outputs of several heads over the same cached value rows, in one pass: head `h`
+/// adds `Σ_j w[h n + j] · vals[j]` to `out[h d .. (h + 1) d]` (`n = vals.len() / d` rows,
 /// `d = out.len() / n_heads`). Each row of `vals` is read once per column strip for all
 /// heads instead of once per head.
 ///
@@ -171,8 +147,11 @@ pub fn weighted_sum_heads_with(isa: Isa, n_heads: usize, w: &[f32], vals: &[f32]
         unsafe { avx2::weighted_sum_heads(n_heads, w, vals, out) };
         return;
     }
+    let _ = isa;
     for (wh, oh) in w.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(d.max(1))) {
-        weighted_sum_with(isa, wh, vals, oh);
+        for (&wj, v) in wh.iter().zip(vals.chunks_exact(d.max(1))) {
+            oh.iter_mut().zip(v).for_each(|(a, b)| *a += wj * b);
+        }
     }
 }
 
@@ -313,42 +292,6 @@ mod avx2 {
             sum += *v;
         }
         sum
-    }
-
-    /// # Safety
-    /// AVX2 + FMA present; `vals.len() == w.len() * out.len()`, `out` not empty.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_sum(w: &[f32], vals: &[f32], out: &mut [f32]) {
-        let d = out.len();
-        let mut c = 0;
-        // 32 columns at a time in 4 registers, over every row; then 8 at a time.
-        while c < d / 8 * 8 {
-            let width = if c + 32 <= d { 4 } else { 1 };
-            // SAFETY (all loads and stores): c + 8 · width <= d, and row j's columns
-            // c.. lie inside vals[j d .. (j + 1) d].
-            unsafe {
-                let mut acc = [_mm256_setzero_ps(); 4];
-                for (a, r) in acc.iter_mut().zip(0..width) {
-                    *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * r));
-                }
-                for (j, &wj) in w.iter().enumerate() {
-                    let b = _mm256_set1_ps(wj);
-                    let row = vals.as_ptr().add(j * d + c);
-                    for (a, r) in acc.iter_mut().zip(0..width) {
-                        *a = _mm256_fmadd_ps(b, _mm256_loadu_ps(row.add(8 * r)), *a);
-                    }
-                }
-                for (a, r) in acc.iter().zip(0..width) {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a);
-                }
-            }
-            c += 8 * width;
-        }
-        for (j, &wj) in w.iter().enumerate() {
-            for i in c..d {
-                out[i] += wj * vals[j * d + i];
-            }
-        }
     }
 
     /// # Safety
@@ -583,7 +526,7 @@ mod tests {
                     }
                 }
                 let mut out = start.clone();
-                weighted_sum_with(isa, &w, &keys, &mut out);
+                weighted_sum_heads_with(isa, 1, &w, &keys, &mut out);
                 for (i, &got) in out.iter().enumerate() {
                     let want = start[i] as f64
                         + (0..n)

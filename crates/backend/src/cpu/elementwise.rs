@@ -12,11 +12,6 @@ use super::{check_shape, shape_err, CpuTensor};
 use crate::{BackendError, ColumnCopy};
 
 #[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-#[inline]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
