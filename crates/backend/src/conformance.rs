@@ -105,6 +105,7 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     attention_block(b)?;
     delta_net(b)?;
     conv1d_qkv(b)?;
+    delta_tail(b)?;
     Ok(())
 }
 
@@ -1003,4 +1004,201 @@ pub fn delta_net<B: Backend>(b: &B) -> Result<(), String> {
         check(&format!("delta_rule seq {s}"), &got[s], &want[s], 1e-5)?;
     }
     Ok(())
+}
+
+/// The tail of a Gated DeltaNet layer, checked against naive f64 code: `delta_rule_gated` on the
+/// raw gate projections, Qwen3.5's gated group norm, then the out-projection added to the
+/// residual (`matmul_add`, a Q8_0 weight).
+pub fn delta_tail<B: Backend>(b: &B) -> Result<(), String> {
+    delta_tail_outputs(b).map(|_| ())
+}
+
+/// [`delta_tail`]'s outputs, every call's normed rows then its residual rows, for comparing
+/// two paths of one backend bit for bit. Two sequences: a prompt of 40 and one of 3 rows in one
+/// call (the first long enough for a chunked form), two steps of both, two of the first alone.
+pub fn delta_tail_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
+    let mut g = Lcg(11);
+    let sh = RecurrentShape {
+        d_conv: 4,
+        conv_channels: 0,
+        n_k_heads: 2,
+        n_v_heads: 4,
+        d_k: 32,
+        d_v: 32,
+    };
+    let (hk, hv, dk, dv) = (sh.n_k_heads, sh.n_v_heads, sh.d_k, sh.d_v);
+    let (kd, inner, e, eps) = (hk * dk, hv * dv, 48usize, 1e-6f32);
+    let dtb = g.vec(hv);
+    let a: Vec<f32> = g.vec(hv).iter().map(|x| -(x.abs() + 0.1)).collect();
+    let normw: Vec<f32> = g.vec(dv).iter().map(|x| 1.0 + 0.5 * x).collect();
+    let wout = g.vec(e * inner);
+    let file = gguf_with(&[
+        ("dt", 1, hv, GgmlType::F32, &dtb),
+        ("a", 1, hv, GgmlType::F32, &a),
+        ("norm", 1, dv, GgmlType::F32, &normw),
+        ("out", e, inner, GgmlType::Q8_0, &wout),
+    ]);
+    let load = |name: &str| b.load_weight(&file, name).map_err(|e| e.to_string());
+    let (dt_w, a_w, norm_w, out_w) = (load("dt")?, load("a")?, load("norm")?, load("out")?);
+    let wdeq = dequantized(GgmlType::Q8_0, &wout, inner);
+
+    // per sequence and token: q, k (L2-normed per head), v, raw alpha and beta, z, residual x
+    struct Seq {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        al: Vec<f32>,
+        be: Vec<f32>,
+        z: Vec<f32>,
+        x: Vec<f32>,
+    }
+    let calls: [&[(usize, usize)]; 5] = [
+        &[(0, 40), (1, 3)],
+        &[(0, 1), (1, 1)],
+        &[(0, 1), (1, 1)],
+        &[(0, 1)],
+        &[(0, 1)],
+    ];
+    let lens = [44usize, 5];
+    let seqs: Vec<Seq> = lens
+        .iter()
+        .map(|&n| {
+            let mut unit = |w: usize| {
+                let mut v = g.vec(n * w);
+                for c in v.chunks_exact_mut(dk) {
+                    let s = c.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    c.iter_mut().for_each(|x| *x /= s);
+                }
+                v
+            };
+            let (q, k) = (unit(kd), unit(kd));
+            Seq {
+                q,
+                k,
+                v: g.vec(n * inner),
+                al: g.vec(n * hv),
+                be: g.vec(n * hv),
+                z: g.vec(n * inner),
+                x: g.vec(n * e),
+            }
+        })
+        .collect();
+
+    // naive: the gates, the rule over each whole sequence, the gated norm, the projection
+    let want: Vec<(Vec<f32>, Vec<f32>)> = seqs
+        .iter()
+        .zip(&lens)
+        .map(|(s, &n)| {
+            let gg: Vec<f32> = (0..n * hv)
+                .map(|i| {
+                    let x = (s.al[i] + dtb[i % hv]) as f64;
+                    ((1.0 + x.exp()).ln() * a[i % hv] as f64) as f32
+                })
+                .collect();
+            let bb: Vec<f32> =
+                s.be.iter()
+                    .map(|&x| (1.0 / (1.0 + (-(x as f64)).exp())) as f32)
+                    .collect();
+            let mut st = vec![0.0f64; hv * dv * dk];
+            let o = naive_delta_rule(&sh, &s.q, &s.k, &s.v, &gg, &bb, n, &mut st);
+            let mut normed = vec![0.0f32; n * inner];
+            for (gi, (og, ng)) in o
+                .chunks_exact(dv)
+                .zip(normed.chunks_exact_mut(dv))
+                .enumerate()
+            {
+                let ms = og.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / dv as f64;
+                let r = 1.0 / (ms + eps as f64).sqrt();
+                for (j, y) in ng.iter_mut().enumerate() {
+                    let zv = s.z[gi * dv + j] as f64;
+                    *y = (og[j] as f64 * r * normw[j] as f64 * zv / (1.0 + (-zv).exp())) as f32;
+                }
+            }
+            let mut x = s.x.clone();
+            for t in 0..n {
+                for (r, xv) in x[t * e..(t + 1) * e].iter_mut().enumerate() {
+                    let dot: f64 = wdeq[r * inner..(r + 1) * inner]
+                        .iter()
+                        .zip(&normed[t * inner..(t + 1) * inner])
+                        .map(|(w, y)| *w as f64 * *y as f64)
+                        .sum();
+                    *xv = (*xv as f64 + dot) as f32;
+                }
+            }
+            (normed, x)
+        })
+        .collect();
+
+    let mut states = Vec::new();
+    for _ in 0..2 {
+        states.push(b.new_recurrent_state(&sh).map_err(|e| e.to_string())?);
+    }
+    let mut done = [0usize; 2];
+    let mut got = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    let mut outputs = Vec::new();
+    for call in calls {
+        let mut rows = Vec::new();
+        let cat = |f: &dyn Fn(&Seq) -> &Vec<f32>, w: usize| -> Vec<f32> {
+            call.iter()
+                .flat_map(|&(s, n)| f(&seqs[s])[done[s] * w..(done[s] + n) * w].to_vec())
+                .collect()
+        };
+        let m: usize = call.iter().map(|&(_, n)| n).sum();
+        let q = up(b, &cat(&|s| &s.q, kd), m, kd)?;
+        let k = up(b, &cat(&|s| &s.k, kd), m, kd)?;
+        let v = up(b, &cat(&|s| &s.v, inner), m, inner)?;
+        let mut al = up(b, &cat(&|s| &s.al, hv), m, hv)?;
+        let mut be = up(b, &cat(&|s| &s.be, hv), m, hv)?;
+        let z = up(b, &cat(&|s| &s.z, inner), m, inner)?;
+        let mut x = up(b, &cat(&|s| &s.x, e), m, e)?;
+        for &(s, n) in call {
+            rows.extend((done[s]..done[s] + n).map(|pos| Row { seq: s, pos }));
+        }
+        let mut o = b.zeros(m, inner);
+        let mut st: Vec<&mut B::RecurrentState> = states.iter_mut().collect();
+        b.delta_rule_gated(
+            &q,
+            &k,
+            &v,
+            &mut al,
+            &mut be,
+            (&dt_w, &a_w),
+            &rows,
+            &mut st,
+            &mut o,
+        )
+        .map_err(|e| e.to_string())?;
+        b.gated_rms_norm(&mut o, &norm_w, &z, eps)
+            .map_err(|e| e.to_string())?;
+        b.matmul_add(&out_w, &o, &mut x)
+            .map_err(|e| e.to_string())?;
+        let (on, xn) = (b.download(&o), b.download(&x));
+        for (r, row) in rows.iter().enumerate() {
+            got[row.seq]
+                .0
+                .extend_from_slice(&on[r * inner..(r + 1) * inner]);
+            got[row.seq].1.extend_from_slice(&xn[r * e..(r + 1) * e]);
+        }
+        outputs.extend_from_slice(&on);
+        outputs.extend_from_slice(&xn);
+        for &(s, n) in call {
+            done[s] += n;
+        }
+    }
+    for s in 0..2 {
+        check(
+            &format!("delta tail norm, seq {s}"),
+            &got[s].0,
+            &want[s].0,
+            1e-4,
+        )?;
+        // the product quantizes its activations (q8) on some backends
+        check(
+            &format!("delta tail residual, seq {s}"),
+            &got[s].1,
+            &want[s].1,
+            1e-2,
+        )?;
+    }
+    Ok(outputs)
 }

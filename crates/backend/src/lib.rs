@@ -349,6 +349,25 @@ pub trait Backend: Send + Sync + Sized {
         states: &mut [&mut Self::RecurrentState],
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// [`Backend::delta_rule_gates`] with `gates = (dt_bias, a)`, then [`Backend::delta_rule`]:
+    /// `alpha` and `beta` are the raw projections (their contents afterwards are unspecified).
+    /// One call, which a device may fuse.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule_gated(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        alpha: &mut Self::Tensor,
+        beta: &mut Self::Tensor,
+        gates: (&Self::Weight, &Self::Weight),
+        rows: &[Row],
+        states: &mut [&mut Self::RecurrentState],
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        self.delta_rule_gates(alpha, beta, gates.0, gates.1)?;
+        self.delta_rule(q, k, v, alpha, beta, rows, states, out)
+    }
 }
 
 /// The inputs of [`Backend::attention_block`]: one attention layer's projections of `n` rows.

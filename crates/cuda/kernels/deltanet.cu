@@ -87,11 +87,18 @@ extern "C" __global__ void dn_conv1d_state(const float* __restrict__ x, const in
 // tab null: one sequence, its rows[0 .. n_rows) and `state`. Else the runs of several
 // sequences in one launch: sequence z = blockIdx.z owns rows[runs[z] .. runs[z + 1]) and the
 // state at tab[z] (state and n_rows unused).
+// dt_bias null: g is the log decay and beta the sigmoid already (`mo_delta_gates` ran). Else g
+// and beta are the raw projections and the gates are computed here (a_gate = GGUF `ssm_a`):
+// one launch fewer per Gated DeltaNet layer.
+// The state is loaded before the wait (REDLINE_PDL): only this kernel writes it, in earlier
+// steps or calls, and those have finished; rows, runs and tab come from the host. So its
+// ~3 MB per Qwen3.5-27B layer stream in while the kernels before this one drain.
 extern "C" __global__ void __launch_bounds__(32 * DN_REC_WARPS)
 dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
              const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ rows,
              int n_rows, float* state, float* __restrict__ out, int n_k_heads, int n_v_heads, int d_k,
-             int d_v, const int* __restrict__ runs, const unsigned long long* __restrict__ tab) {
+             int d_v, const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
+             const float* __restrict__ dt_bias, const float* __restrict__ a_gate) {
     if (tab) {
         const int z = blockIdx.z;
         rows += runs[z];
@@ -103,6 +110,8 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
     const int lane = threadIdx.x;
     const int j0 = (blockIdx.y * DN_REC_WARPS + threadIdx.y) * DN_REC_ROWS;
     if (j0 >= d_v) return;
+    // raw gates (dt_bias set): this head's gate weights, read-only, before the wait too
+    const float dtb = dt_bias ? dt_bias[h] : 0.0f, ag = dt_bias ? a_gate[h] : 0.0f;
     const float qscale = rsqrtf((float)d_k);
     float s[DN_REC_ROWS][DN_REC_K];
 #pragma unroll
@@ -113,6 +122,8 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
             s[r][e] = (j0 + r < d_v && col < d_k) ? state[((long long)h * d_v + j0 + r) * d_k + col] : 0.0f;
         }
     }
+    pdl_wait();
+    pdl_trigger();
     const long long qk_stride = (long long)n_k_heads * d_k;
     const long long v_stride = (long long)n_v_heads * d_v;
     for (int t = 0; t < n_rows; t++) {
@@ -124,8 +135,15 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
             kk[e] = col < d_k ? k[row * qk_stride + (long long)kh * d_k + col] : 0.0f;
             qq[e] = col < d_k ? q[row * qk_stride + (long long)kh * d_k + col] : 0.0f;
         }
-        const float decay = expf(g[row * n_v_heads + h]);
-        const float b = beta[row * n_v_heads + h];
+        float lg = g[row * n_v_heads + h], b = beta[row * n_v_heads + h];
+        if (dt_bias) {
+            // mo_delta_gates' expressions, in the same order: the same bits as the two launches
+            const float x = lg + dtb;
+            const float sp = x > 20.0f ? x : log1pf(expf(x));
+            lg = sp * ag;
+            b = sigmoid_f(b);
+        }
+        const float decay = expf(lg);
 #pragma unroll
         for (int r = 0; r < DN_REC_ROWS; r++) {
             float kv = 0.0f;

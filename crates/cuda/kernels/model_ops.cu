@@ -593,6 +593,27 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
     }
 }
 
+// mo_group_rms_norm (with or without the gate z) plus the q8_1 copy of out, for groups of a
+// multiple of 32 values and blockDim.x == group (the block size the separate kernel gets for
+// such groups, so the squares are added in the same order): the same values and the same
+// quantization as mo_group_rms_norm then quantize_q8_1, bit for bit. Rows are groups back to
+// back, so unit (flat index) / 32 is the row's unit. out may alias x.
+extern "C" __global__ void mo_group_rms_norm_q8(const float* x, const float* __restrict__ w,
+                                                const float* __restrict__ z, float* out, int8_t* __restrict__ xq,
+                                                float* __restrict__ xds, int group, float eps) {
+    const float w0 = w[threadIdx.x];
+    pdl_wait();
+    pdl_trigger();
+    const long long i = (long long)blockIdx.x * group + threadIdx.x;
+    const float xv = x[i];
+    const float ss = block_sum(xv * xv);
+    const float s = rsqrtf(ss / group + eps);
+    float v = xv * s * w0;
+    if (z) v *= silu_f(z[i]);
+    out[i] = v;
+    q8_1_unit(v, xq, xds, i, i / 32);
+}
+
 // mo_swiglu plus the q8_1 copy of out; n a multiple of 32 (rows are back to back, so unit
 // i / 32 of the flat index is unit (i % cols) / 32 of row i / cols when cols % 32 == 0).
 extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float* __restrict__ u, float* out,

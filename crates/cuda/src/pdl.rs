@@ -15,8 +15,8 @@
 //! 27B +7.7 %). Only kernels whose source has the wait may be launched this way: `mvm_*`,
 //! `quantize_q8_1_pdl`, the `mo_*_q8` / `mo_rope_qk` / `mo_matvec_f32_rows` /
 //! `mo_group_rms_norm` / `mo_delta_gates` / `mo_kv_store2` / `mo_conv1d_qkv` kernels,
-//! `dn_conv1d_*`, and the flash-decode kernels (`fa_decode_d*`, `fa_decode_fused_*`) with
-//! their merges.
+//! `dn_conv1d_*`, `dn_recurrent` (it loads its recurrent state before the wait), and the
+//! flash-decode kernels (`fa_decode_d*`, `fa_decode_fused_*`) with their merges.
 //! Stream capture records the programmatic edges into the decode-step graph (CUDA >= 12.3).
 
 use std::ffi::c_void;

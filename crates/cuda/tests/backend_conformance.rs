@@ -3,7 +3,7 @@
 //! the clean-error check runs.
 
 use backend::conformance;
-use cuda::backend::CudaBackend;
+use cuda::backend::{CudaBackend, StagedFusions};
 use cuda::CudaOptions;
 
 #[test]
@@ -109,6 +109,37 @@ fn conformance_conv1d_qkv_fused_and_not() {
         (one.len(), differ),
         (each.len(), 0),
         "fused vs separate ops: values that differ"
+    );
+}
+
+/// The staged fusions of a Gated DeltaNet layer's tail (`StagedFusions`: the gates inside
+/// `dn_recurrent`, the gated norm writing the out-projection's q8_1 copy, `dn_recurrent` under
+/// PDL) and the separate launches: both against the naive host code, and the same bits.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_delta_tail_staged_and_not() {
+    let b = gpu();
+    b.set_staged(StagedFusions::default());
+    let each = conformance::delta_tail_outputs(&b).unwrap();
+    assert_eq!((b.fused_gates_calls(), b.norm_q8_calls()), (0, 0));
+    b.set_staged(StagedFusions::ALL);
+    let one = conformance::delta_tail_outputs(&b).unwrap();
+    // the 4 decode calls (the prompt call has a chunked run: separate gates); the norm for
+    // every call of at most 8 rows
+    assert_eq!(
+        (b.fused_gates_calls(), b.norm_q8_calls()),
+        (4, 4),
+        "calls that took the staged paths"
+    );
+    let differ = one
+        .iter()
+        .zip(&each)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        (one.len(), differ),
+        (each.len(), 0),
+        "staged vs separate launches: values that differ"
     );
 }
 

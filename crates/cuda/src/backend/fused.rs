@@ -542,6 +542,67 @@ impl CudaBackend {
         })
     }
 
+    /// `gated_rms_norm` in place that also writes the q8_1 copy of `x` (the staged
+    /// `norm_q8` fusion: the out-projection after it then skips its quantize launch);
+    /// `Ok(false)` when the case is not taken (the caller runs the plain kernel).
+    pub(super) fn group_norm_q8_impl(
+        &self,
+        w: &CudaWeight,
+        z: &CudaTensor,
+        eps: f32,
+        x: &mut CudaTensor,
+    ) -> Result<bool, BackendError> {
+        let group = w.rows * w.cols;
+        let Some(wv) = w.dense.as_ref() else {
+            return Ok(false);
+        };
+        let (rows, cols) = (x.rows, x.cols);
+        // the separate kernel's block for such groups is `group` threads: the same sum order
+        if group == 0
+            || !group.is_multiple_of(32)
+            || group > 1024
+            || !cols.is_multiple_of(group)
+            || (z.rows, z.cols) != (rows, cols)
+            || !(1..=MAX_FUSED_TOKENS).contains(&rows)
+        {
+            return Ok(false);
+        }
+        let f = self.function("mo_group_rms_norm_q8")?;
+        let seq = self.ops.load(Ordering::Relaxed);
+        let stream = self.dev.stream();
+        let ptr = dev_ptr(&*x.data, stream);
+        self.with_q8(rows, cols, |s, holds| {
+            let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
+            let cfg = LaunchConfig {
+                grid_dim: ((rows * cols / group) as u32, 1, 1),
+                block_dim: (group as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut a = pdl::Args::new();
+            a.push(ptr)
+                .push(dev_ptr(wv, stream))
+                .push(dev_ptr(&*z.data, stream))
+                .push(ptr)
+                .push(self.dev.device_address(xq))
+                .push(self.dev.device_address(xds))
+                .push(group as i32)
+                .push(eps);
+            // SAFETY: matches mo_group_rms_norm_q8(x, w, z, out, xq, xds, group, eps); x (in
+            // place) and z hold rows * cols values, w group, the scratch rows * cols int8 and
+            // rows * cols / 16 f32 (buffers_for checked); one block of `group` threads (a
+            // multiple of 32, <= 1024) per group. With PDL it reads only w before its wait.
+            unsafe { a.launch(stream, &f, cfg, self.pdl()) }.map_err(dev_err)?;
+            *holds = Some(Holds {
+                ptr,
+                rows,
+                cols,
+                seq,
+            });
+            self.norm_q8.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        })
+    }
+
     /// `swiglu` that also writes the q8_1 copy of `out`; `Ok(false)` when not taken.
     pub(super) fn swiglu_q8_impl(
         &self,

@@ -123,6 +123,56 @@ pub struct CudaBackend {
     fused_attention: AtomicU64,
     /// `conv1d_qkv` calls that took the one-launch chain.
     fused_conv: AtomicU64,
+    /// [`StagedFusions`] as bits (see [`StagedFusions::bits`]).
+    staged: std::sync::atomic::AtomicU8,
+    /// `delta_rule_gated` calls that computed the gates inside `dn_recurrent`.
+    fused_gates: AtomicU64,
+    /// `gated_rms_norm` calls that also wrote the q8_1 copy.
+    norm_q8: AtomicU64,
+}
+
+/// Decode-step fusions written without a card to measure them on (session 14): each is off
+/// until an A/B on the device shows it pays, and its GPU test shows the same bits as the
+/// separate launches. `REDLINE_DN_PDL=1`: `dn_recurrent` launched with PDL, its recurrent state
+/// loaded before the wait. `REDLINE_FUSED_GATES=1`: the delta-rule gates computed inside
+/// `dn_recurrent` (no `mo_delta_gates` launch). `REDLINE_FUSED_NORM_Q8=1`: Qwen3.5's gated
+/// group norm also writes the q8_1 copy the out-projection reads (no quantize launch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StagedFusions {
+    pub dn_pdl: bool,
+    pub gates: bool,
+    pub norm_q8: bool,
+}
+
+impl StagedFusions {
+    /// Every staged fusion on.
+    pub const ALL: StagedFusions = StagedFusions {
+        dn_pdl: true,
+        gates: true,
+        norm_q8: true,
+    };
+
+    /// The process default: each on only when its variable is `1`.
+    pub fn from_env() -> StagedFusions {
+        let on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+        StagedFusions {
+            dn_pdl: on("REDLINE_DN_PDL"),
+            gates: on("REDLINE_FUSED_GATES"),
+            norm_q8: on("REDLINE_FUSED_NORM_Q8"),
+        }
+    }
+
+    fn bits(self) -> u8 {
+        self.dn_pdl as u8 | (self.gates as u8) << 1 | (self.norm_q8 as u8) << 2
+    }
+
+    fn from_bits(b: u8) -> StagedFusions {
+        StagedFusions {
+            dn_pdl: b & 1 != 0,
+            gates: b & 2 != 0,
+            norm_q8: b & 4 != 0,
+        }
+    }
 }
 
 /// Host integers on the device for one launch: a staging slot inside a step, else a buffer
@@ -170,6 +220,9 @@ impl CudaBackend {
             ops: AtomicU64::new(0),
             fused_attention: AtomicU64::new(0),
             fused_conv: AtomicU64::new(0),
+            staged: std::sync::atomic::AtomicU8::new(StagedFusions::from_env().bits()),
+            fused_gates: AtomicU64::new(0),
+            norm_q8: AtomicU64::new(0),
         };
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
@@ -197,6 +250,30 @@ impl CudaBackend {
     /// `conv1d_qkv` calls so far that took the one-launch chain.
     pub fn fused_conv1d_qkv_calls(&self) -> u64 {
         self.fused_conv.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `delta_rule_gated` calls so far that computed the gates inside the rule's kernel.
+    pub fn fused_gates_calls(&self) -> u64 {
+        self.fused_gates.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `gated_rms_norm` calls so far that also wrote the q8_1 copy.
+    pub fn norm_q8_calls(&self) -> u64 {
+        self.norm_q8.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The staged fusions in use.
+    pub fn staged(&self) -> StagedFusions {
+        StagedFusions::from_bits(self.staged.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Turns the staged fusions on or off; recorded steps are dropped (their op sequence
+    /// changes).
+    pub fn set_staged(&self, s: StagedFusions) {
+        self.staged
+            .store(s.bits(), std::sync::atomic::Ordering::Relaxed);
+        self.step_ctl().forget_graphs();
+        self.forget_q8();
     }
 
     /// `(captured, replayed)` decode steps so far.
@@ -675,7 +752,12 @@ impl backend::Backend for CudaBackend {
         skip_in_replay!(self);
         self.timed(
             || "gated_rms_norm".to_string(),
-            || self.rms_norm_impl(None, w, Some(z), eps, x),
+            || {
+                if self.fused() && self.staged().norm_q8 && self.group_norm_q8_impl(w, z, eps, x)? {
+                    return Ok(());
+                }
+                self.rms_norm_impl(None, w, Some(z), eps, x)
+            },
         )
     }
 
@@ -839,5 +921,21 @@ impl backend::Backend for CudaBackend {
             || "delta_rule".to_string(),
             || self.delta_rule_impl(q, k, v, g, beta, rows, states, out),
         )
+    }
+
+    fn delta_rule_gated(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        gates: (&CudaWeight, &CudaWeight),
+        rows: &[backend::Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        // timed inside: the fallback's ops time themselves
+        self.delta_rule_gated_rec(q, k, v, alpha, beta, gates, rows, states, out)
     }
 }

@@ -210,6 +210,17 @@ fn check_cols(
     Ok(())
 }
 
+/// A delta-rule gate weight (dt_bias or a): a dense vector of one value per value head.
+fn gate_vector(w: &CudaWeight, h: usize) -> Result<&CudaSlice<f32>, BackendError> {
+    match &w.dense {
+        Some(d) if w.rows * w.cols == h => Ok(d),
+        _ => Err(shape_err(
+            "delta_rule_gates",
+            format!("weight [{}, {}] for {h} heads", w.rows, w.cols),
+        )),
+    }
+}
+
 fn blocks_1d(n: usize, threads: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(threads) as u32, 1, 1),
@@ -616,16 +627,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        fn vec_of(w: &CudaWeight, h: usize) -> Result<&CudaSlice<f32>, BackendError> {
-            match &w.dense {
-                Some(d) if w.rows * w.cols == h => Ok(d),
-                _ => Err(shape_err(
-                    "delta_rule_gates",
-                    format!("weight [{}, {}] for {h} heads", w.rows, w.cols),
-                )),
-            }
-        }
-        let (dt, av) = (vec_of(dt_bias, h)?, vec_of(a, h)?);
+        let (dt, av) = (gate_vector(dt_bias, h)?, gate_vector(a, h)?);
         let n = alpha.rows * h;
         if n == 0 {
             return Ok(());
@@ -660,6 +662,73 @@ impl CudaBackend {
         out: &mut CudaTensor,
         form: DeltaRuleForm,
     ) -> Result<(), BackendError> {
+        let io = (q, k, v, g, beta);
+        self.delta_rule_run(io, (0, 0), rows, states, out, form)
+    }
+
+    /// Whether a sequence's run of `n` rows takes the chunked form.
+    fn chunked_run(&self, sh: &RecurrentShape, n: usize, form: DeltaRuleForm) -> bool {
+        self.mode() == Mode::Off
+            && sh.d_k <= CHUNKED_MAX_DK
+            && match form {
+                DeltaRuleForm::Chunked => true,
+                DeltaRuleForm::Auto => n >= CHUNKED_MIN_RUN,
+                DeltaRuleForm::Legacy | DeltaRuleForm::Recurrent => false,
+            }
+    }
+
+    /// The token-by-token kernel of a shape and form.
+    fn recurrent_kernel(sh: &RecurrentShape, form: DeltaRuleForm) -> &'static str {
+        if form == DeltaRuleForm::Legacy || sh.d_k > RECURRENT_MAX_DK {
+            "mo_delta_rule"
+        } else {
+            "dn_recurrent"
+        }
+    }
+
+    /// Whether every run of a `delta_rule_gated` call goes to `dn_recurrent`, which can
+    /// compute the gates itself.
+    fn gates_fusable(
+        &self,
+        rows: &[Row],
+        states: &[&mut CudaRecurrentState],
+        form: DeltaRuleForm,
+    ) -> bool {
+        let Some(sh) = states.first().map(|s| s.shape) else {
+            return false;
+        };
+        if Self::recurrent_kernel(&sh, form) != "dn_recurrent" {
+            return false;
+        }
+        let mut counts = vec![0usize; states.len()];
+        for r in rows {
+            match counts.get_mut(r.seq) {
+                Some(c) => *c += 1,
+                None => return false,
+            }
+        }
+        counts
+            .iter()
+            .all(|&n| n == 0 || !self.chunked_run(&sh, n, form))
+    }
+
+    /// The delta rule; with `gates` set (dt_bias and a), g and beta are the raw projections,
+    /// and every run must take `dn_recurrent` ([`CudaBackend::gates_fusable`]).
+    fn delta_rule_run(
+        &self,
+        (q, k, v, g, beta): (
+            &CudaTensor,
+            &CudaTensor,
+            &CudaTensor,
+            &CudaTensor,
+            &CudaTensor,
+        ),
+        gates: (u64, u64),
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+        form: DeltaRuleForm,
+    ) -> Result<(), BackendError> {
         let n = rows.len();
         let Some(sh) = states.first().map(|s| s.shape) else {
             return if n == 0 {
@@ -684,24 +753,20 @@ impl CudaBackend {
             g,
             beta,
             sh,
+            gates,
         };
         let by_seq = rows_by_seq(rows, states.len())?;
-        let outside_step = self.mode() == Mode::Off;
-        let chunked_for = |n: usize| {
-            outside_step
-                && sh.d_k <= CHUNKED_MAX_DK
-                && match form {
-                    DeltaRuleForm::Chunked => true,
-                    DeltaRuleForm::Auto => n >= CHUNKED_MIN_RUN,
-                    DeltaRuleForm::Legacy | DeltaRuleForm::Recurrent => false,
-                }
-        };
-        let kernel = if form == DeltaRuleForm::Legacy || sh.d_k > RECURRENT_MAX_DK {
-            "mo_delta_rule"
-        } else {
-            "dn_recurrent"
-        };
+        let chunked_for = |n: usize| self.chunked_run(&sh, n, form);
+        let kernel = Self::recurrent_kernel(&sh, form);
         let used: Vec<&Vec<i32>> = by_seq.iter().filter(|i| !i.is_empty()).collect();
+        if gates != (0, 0)
+            && (kernel != "dn_recurrent" || used.iter().any(|i| chunked_for(i.len())))
+        {
+            return Err(shape_err(
+                "delta_rule",
+                "raw gates need dn_recurrent for every run".into(),
+            ));
+        }
         if kernel == "dn_recurrent"
             && sh.n_v_heads > 0
             && sh.d_v > 0
@@ -738,6 +803,57 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// `Backend::delta_rule_gated`: with the staged gate fusion on ([`StagedFusions`]) and
+    /// every run on `dn_recurrent`, one launch computes the gates and the rule; else
+    /// `mo_delta_gates` then the rule.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn delta_rule_gated_rec(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        (dt_bias, a): (&CudaWeight, &CudaWeight),
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let (form, _) = configured_forms();
+        if self.staged().gates && self.gates_fusable(rows, states, form) {
+            let h = alpha.cols;
+            if (beta.rows, beta.cols) != (alpha.rows, h) {
+                return Err(shape_err(
+                    "delta_rule_gated",
+                    format!(
+                        "alpha [{}, {h}], beta [{}, {}]",
+                        alpha.rows, beta.rows, beta.cols
+                    ),
+                ));
+            }
+            let (dt, av) = (gate_vector(dt_bias, h)?, gate_vector(a, h)?);
+            let stream = self.dev.stream();
+            let gates = (dev_ptr(dt, stream), dev_ptr(av, stream));
+            let io = (q, k, v, &*alpha, &*beta);
+            self.fused_gates
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return self.timed(
+                || "delta_rule_gated".to_string(),
+                || self.delta_rule_run(io, gates, rows, states, out, form),
+            );
+        }
+        if !self.replaying() {
+            self.timed(
+                || "delta_rule_gates".to_string(),
+                || self.delta_rule_gates_rec(alpha, beta, dt_bias, a),
+            )?;
+        }
+        self.timed(
+            || "delta_rule".to_string(),
+            || self.delta_rule_with(q, k, v, alpha, beta, rows, states, out, form),
+        )
     }
 
     /// Token by token: `mo_delta_rule` (one sequence) or `dn_recurrent` (one sequence, or with
@@ -785,6 +901,32 @@ impl CudaBackend {
             sh.d_k as i32,
             sh.d_v as i32,
         ];
+        if !legacy {
+            let stream = self.dev.stream();
+            let mut p = pdl::Args::new();
+            for t in [io.q, io.k, io.v, io.g, io.beta] {
+                p.push(dev_ptr(&t.data, stream));
+            }
+            p.push(a.rows)
+                .push(a.n_rows)
+                .push(a.state)
+                .push(dev_ptr(&out.data, stream));
+            for &i in &ints[1..] {
+                p.push(i);
+            }
+            p.push(a.runs).push(a.tab).push(io.gates.0).push(io.gates.1);
+            let on = self.staged().dn_pdl && pdl::enabled(self.dev.arch());
+            // SAFETY: matches dn_recurrent(q, k, v, g, beta, rows, n_rows, state, out,
+            // n_k_heads, n_v_heads, d_k, d_v, runs, tab, dt_bias, a_gate) (RunArgs: one
+            // sequence's rows and state, or the per-sequence runs and state table; gates 0 or
+            // two vectors of n_v_heads values); every tensor's shape checked by the caller,
+            // every state holds n_v_heads * d_v * d_k values, d_k <= 256. Before its wait the
+            // kernel reads only the state (written by no kernel still running: only this
+            // kernel writes it, and copies of it are full dependencies), the gate weights and
+            // the host-staged rows / runs / table.
+            unsafe { p.launch(stream, &f, cfg, on) }.map_err(dev_err)?;
+            return Ok(());
+        }
         let mut b = self.dev.stream().launch_builder(&f);
         b.arg(&*io.q.data)
             .arg(&*io.k.data)
@@ -798,14 +940,9 @@ impl CudaBackend {
         for i in &ints[1..] {
             b.arg(i);
         }
-        if !legacy {
-            b.arg(&a.runs).arg(&a.tab);
-        }
         // SAFETY: matches mo_delta_rule(q, k, v, g, beta, rows, n_rows, state, out, n_k_heads,
-        // n_v_heads, d_k, d_v) (one sequence: no table, checked above) / dn_recurrent(..,
-        // d_v, runs, tab) (RunArgs: one sequence's rows and state, or the per-sequence runs and
-        // state table); every tensor's shape checked by the caller, every state holds
-        // n_v_heads * d_v * d_k values, d_k <= 256 for dn_recurrent.
+        // n_v_heads, d_k, d_v) (one sequence: no table, checked above); every tensor's shape
+        // checked by the caller, every state holds n_v_heads * d_v * d_k values.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
@@ -933,4 +1070,7 @@ struct DeltaIo<'a> {
     g: &'a CudaTensor,
     beta: &'a CudaTensor,
     sh: RecurrentShape,
+    /// Device addresses of dt_bias and a when g and beta are the raw projections and
+    /// `dn_recurrent` computes the gates (0, 0: g and beta are the gates).
+    gates: (u64, u64),
 }

@@ -235,7 +235,6 @@ impl<B: Backend> DeltaNet<B> {
             h,
             &mut [&mut qkv, &mut z, &mut beta, &mut g],
         )?;
-        b.delta_rule_gates(&mut g, &mut beta, &self.dt_bias, &self.a)?;
         // conv1d with the rolling state, silu, then transformers' l2norm of q and k (x *
         // rsqrt(sum(x²) + 1e-6) per d_state group; the q|k columns of the conv output are
         // adjacent) and the split of [q | k | v]: one call, which a device may fuse
@@ -250,7 +249,18 @@ impl<B: Backend> DeltaNet<B> {
             &mut [&mut q, &mut k, &mut v],
         )?;
         let mut o = b.zeros(n, ssm.d_inner);
-        b.delta_rule(&q, &k, &v, &g, &beta, &batch.rows, states, &mut o)?;
+        // the gates (softplus decay, sigmoid beta) and the rule: one call, which a device may fuse
+        b.delta_rule_gated(
+            &q,
+            &k,
+            &v,
+            &mut g,
+            &mut beta,
+            (&self.dt_bias, &self.a),
+            &batch.rows,
+            states,
+            &mut o,
+        )?;
         b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
         b.matmul_add(&self.out, &o, x)?;
         Ok(())
