@@ -505,6 +505,13 @@ pub fn attention_block<B: Backend>(b: &B) -> Result<(), String> {
 /// [`attention_block`], returning every output row it checked (for comparing two paths of one
 /// backend bit for bit).
 pub fn attention_block_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
+    attention_block_with_products(b).map(|(o, _)| o)
+}
+
+/// [`attention_block_outputs`] and, after each call, the call's output through an
+/// o-projection (`matmul_add` of a Q8_0 weight onto zeros, as a layer's residual add), checked
+/// against f64 products of the same output rows: every output row, then every product row.
+pub fn attention_block_with_products<B: Backend>(b: &B) -> Result<(Vec<f32>, Vec<f32>), String> {
     let (n_head, n_kv, d) = (6usize, 2usize, 64usize);
     let p = AttentionParams {
         n_head,
@@ -536,9 +543,15 @@ pub fn attention_block_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     ]);
     let load = |n: &str| b.load_weight(&wfile, n).map_err(|e| e.to_string());
     let (qn_w, kn_w) = (load("qn")?, load("kn")?);
+    let (n_o, w_in) = (40usize, n_head * d);
+    let wo = g.vec(n_o * w_in);
+    let ofile = gguf_with(&[("wo", n_o, w_in, gguf::GgmlType::Q8_0, &wo)]);
+    let wo_w = b.load_weight(&ofile, "wo").map_err(|e| e.to_string())?;
+    let wo_deq = dequantized(gguf::GgmlType::Q8_0, &wo, w_in);
     // sequence 0: prompt of 60 then 80 single steps; sequence 1: prompt of 9, steps alongside
     let (prompt, steps) = ([60usize, 9], 80usize);
     let mut all = Vec::new();
+    let mut products = Vec::new();
     for gated in [true, false] {
         let rope = if gated { &gated_rope } else { &plain_rope };
         let stride = if gated { 2 * d } else { d };
@@ -632,11 +645,34 @@ pub fn attention_block_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
                 &mut out,
             )
             .map_err(|e| e.to_string())?;
+            let mut proj = b.zeros(m, n_o);
+            b.matmul_add(&wo_w, &out, &mut proj)
+                .map_err(|e| e.to_string())?;
             let o = b.download(&out);
             let w = n_head * d;
             for (r, row) in rows.iter().enumerate() {
                 got[row.seq].extend_from_slice(&o[r * w..(r + 1) * w]);
             }
+            let pr = b.download(&proj);
+            let want_pr: Vec<f32> = o
+                .chunks_exact(w_in)
+                .flat_map(|orow| {
+                    wo_deq.chunks_exact(w_in).map(move |wrow| {
+                        wrow.iter()
+                            .zip(orow)
+                            .map(|(a, x)| *a as f64 * *x as f64)
+                            .sum::<f64>() as f32
+                    })
+                })
+                .collect();
+            // the product may quantize its activations (q8)
+            check(
+                &format!("attention_block gated {gated} o-projection, {m} rows"),
+                &pr,
+                &want_pr,
+                1e-2,
+            )?;
+            products.extend_from_slice(&pr);
         }
         for s in 0..2 {
             check(
@@ -656,7 +692,7 @@ pub fn attention_block_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
         }
         all.extend(got.into_iter().flatten());
     }
-    Ok(all)
+    Ok((all, products))
 }
 
 /// [`Backend::conv1d_qkv`] against naive host code: conv1d with the rolling state, silu, L2

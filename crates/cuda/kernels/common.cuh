@@ -104,6 +104,43 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The q8_1 copy a product reads (matvec_quant.cu `quantize_q8_1`: int8 per value, (d, d * sum q)
+// per 32 values), written by the kernel that produced the values. Max and the sum of integer
+// q's are exact in any order, so these give quantize_q8_1's bits.
+// One warp holds 32 consecutive values v (lane i: value 32u + i); writes their q8_1 unit u.
+static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds, long long i, long long u) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (int8_t)q;
+    const float sum = warp_sum((float)q);
+    if ((threadIdx.x & 31) == 0) {
+        xds[2 * u] = d;
+        xds[2 * u + 1] = d * sum;
+    }
+}
+
+// The same for a pair of values per lane: the 16 lanes of a half warp hold the unit's 32 values
+// (lane l: values 2 (l % 16) and 2 (l % 16) + 1 at i, i + 1). Every lane of the warp calls it.
+static __device__ __forceinline__ void q8_1_unit_pairs(float a, float b, int8_t* xq, float* xds, long long i,
+                                                       long long u) {
+    float amax = fmaxf(fabsf(a), fabsf(b));
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const int qa = amax == 0.0f ? 0 : __float2int_rn(a / d);
+    const int qb = amax == 0.0f ? 0 : __float2int_rn(b / d);
+    xq[i] = (int8_t)qa;
+    xq[i + 1] = (int8_t)qb;
+    float sum = (float)qa + (float)qb;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    if ((threadIdx.x & 15) == 0) {
+        xds[2 * u] = d;
+        xds[2 * u + 1] = d * sum;
+    }
+}
+
 // Little-endian loads from 2-byte-aligned memory (every GGUF block is 2-byte aligned).
 static __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) {
     return *(const uint16_t*)p;

@@ -453,6 +453,8 @@ struct FdFuse {
     int gate_off;          // the gate's offset within a head's stride, or -1
     int n_rot, neox;
     float freq_base, freq_scale, eps;
+    int8_t* xq;            // the q8_1 copy of out for the product after (one split writing), or null
+    float* xds;
 };
 
 // f32 loads through L2 (partials other blocks of the same launch wrote).
@@ -478,8 +480,11 @@ static __device__ __forceinline__ float2 ld_cg2(const float* p) {
 // dv <= 256, thread (pair c, group j) of 128 / (dv / 2) groups adds column pair c of splits j,
 // j + groups, ...; its first FM_BATCH loads go out before the (max, sum) reduction, so at depth
 // 4096 (64 splits) a head's merge waits for about one L2 round trip instead of one per 8 splits.
+// xq / xds (or null): the q8_1 copy of o too (common.cuh; o's values sit at xq + i0, its units
+// at xds + 2 (i0 / 32); dv a multiple of 64, so the pair writers are whole warps).
 static __device__ __forceinline__ void fa_merge_head(const float* base, int S, int dv, float* o,
-                                                     const float* gate) {
+                                                     const float* gate, int8_t* xq = nullptr,
+                                                     float* xds = nullptr, long long i0 = 0) {
     __shared__ float w_s[FA_MAX_SPLITS];
     __shared__ float red_s[2][4];
     __shared__ float2 sum_s[128];
@@ -554,6 +559,7 @@ static __device__ __forceinline__ void fa_merge_head(const float* base, int S, i
             r.y *= sigmoid_f(gate[2 * tid + 1]);
         }
         *(float2*)(o + 2 * tid) = r;
+        if (xq) q8_1_unit_pairs(r.x, r.y, xq, xds, i0 + 2 * tid, (i0 + 2 * tid) / 32);
     }
 }
 
@@ -896,10 +902,13 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         }
         if (s_active == 1) {
             float o = a / L;
+            const long long oi = ((long long)r * n_head + h0 + g) * D + d;
             if constexpr (FUSE) {
                 if (fz.gate_off >= 0) o *= sigmoid_f(q[((long long)r * n_head + h0 + g) * fz.q_stride + fz.gate_off + d]);
+                // warp-uniform: gb * D and FD_THREADS are multiples of 32
+                if (fz.xq) q8_1_unit(o, fz.xq, fz.xds, oi, oi / 32);
             }
-            out[((long long)r * n_head + h0 + g) * D + d] = o;
+            out[oi] = o;
         } else {
             float* pp = part + (((long long)i * n_head + h0 + g) * S + s) * (D + 2);
             pp[2 + d] = a;
@@ -979,9 +988,10 @@ FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
              const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qn,               \
              const float* __restrict__ kn, const float* __restrict__ factors, const int* __restrict__ rpos,         \
              int min_per, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale,       \
-             float eps) {                                                                                          \
+             float eps, int8_t* __restrict__ xq, float* __restrict__ xds) {                                        \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        const FdFuse fz = {k, v, qn, kn, factors, rpos, q_stride, gate_off, n_rot, neox, freq_base, freq_scale, eps}; \
+        const FdFuse fz = {k,   v,     qn,   kn,        factors,    rpos, q_stride,                                \
+                           gate_off, n_rot, neox, freq_base, freq_scale, eps,  xq, xds};                          \
         flash_decode_heads<D, FA_F16, true>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,   \
                                             min_per, fz);                                                          \
     }
@@ -992,11 +1002,12 @@ FA_DECODE_FUSED(fa_decode_fused_d256, 256)
 // grid (n_rows, n_head), block 128: the merge after an fa_decode_d* / fa_decode_fused_* launch
 // of S > 1 splits. Row i's active splits (as the decode counts them: per = max(ceil(len / S),
 // min_per)) merged into out, times the head's sigmoid gate (gate_off >= 0: q holds it, heads
-// q_stride apart); nothing when one split was active (its block wrote out).
+// q_stride apart); nothing when one split was active (its block wrote out). xq / xds (or null):
+// out's q8_1 copy too (dv a multiple of 64).
 extern "C" __global__ void __launch_bounds__(128)
     fa_merge_active(const float* __restrict__ part, const int* __restrict__ rows, const int* __restrict__ pos,
                    float* __restrict__ out, const float* __restrict__ q, int n_head, int dv, int S, int min_per,
-                   int q_stride, int gate_off) {
+                   int q_stride, int gate_off, int8_t* __restrict__ xq, float* __restrict__ xds) {
     const int i = blockIdx.x, h = blockIdx.y;
     const int len = pos[i] + 1;  // host positions: before the wait
     const int per = max((len + S - 1) / S, min_per), active = (len + per - 1) / per;
@@ -1005,7 +1016,7 @@ extern "C" __global__ void __launch_bounds__(128)
     if (active <= 1) return;
     const long long hr = (long long)rows[i] * n_head + h;
     fa_merge_head(part + ((long long)i * n_head + h) * S * (dv + 2), active, dv, out + hr * dv,
-                  gate_off >= 0 ? q + hr * q_stride + gate_off : nullptr);
+                  gate_off >= 0 ? q + hr * q_stride + gate_off : nullptr, xq, xds, hr * dv);
 }
 
 // grid (n_rows, n_head), block 128: merges the S <= FA_MAX_SPLITS partials of fa_decode_* into

@@ -521,18 +521,7 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 // copy here saves the matvec's own quantize launch. The values and their quantization are the
 // same as quantize_q8_1 of the f32 output (same expressions), so fused == unfused bit for bit.
 
-// One warp holds 32 consecutive values v (lane i: value 32u + i); writes their q8_1 unit u.
-static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds, long long i, long long u) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[i] = (int8_t)q;
-    const float sum = warp_sum((float)q);
-    if ((threadIdx.x & 31) == 0) {
-        xds[2 * u] = d;
-        xds[2 * u + 1] = d * sum;
-    }
-}
+// (q8_1_unit: common.cuh)
 
 // mo_group_rms_norm with group == cols (one block per row, blockDim a multiple of 32, cols a
 // multiple of 32), no gate, plus the q8_1 copy: xq [n, cols] int8, xds [n, cols/32] float2.

@@ -402,7 +402,7 @@ fn launch_decode_d(
     // The kernel waits for the previous one first (PDL).
     unsafe { a.launch(dev.stream(), &f, cfg, pdl::enabled(dev.arch())) }?;
     let out = dev.device_address(out);
-    launch_merge_active(dev, rows, pos, n_rows, out, part, splits, p, None)
+    launch_merge_active(dev, rows, pos, n_rows, out, part, splits, p, None, (0, 0))
 }
 
 /// The fused decode chain's kernel for this shape and cache type (`fa_decode_fused_d*`: K and
@@ -421,6 +421,7 @@ pub fn fused_decode_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'sta
 
 /// What the fused decode chain takes beyond a decode launch (flash_attn.cu `FdFuse`); device
 /// addresses, 0 for none.
+#[derive(Clone, Copy)]
 pub struct FusedInputs {
     /// `[*, n_kv_head * d]`: each launch row's new K (before norm and RoPE) and V.
     pub k: u64,
@@ -439,6 +440,9 @@ pub struct FusedInputs {
     /// Floats from one query head to the next in a q row, and the gate's offset within them.
     pub q_stride: usize,
     pub gate_offset: Option<usize>,
+    /// Device addresses of a q8_1 copy of out (int8 values, f32 (d, d * sum) per 32) that the
+    /// kernel writing out fills too, for the product after it; (0, 0): none.
+    pub q8: (u64, u64),
 }
 
 /// The fused decode chain of one new token per launch row (`fa_decode_fused_*`, kernel `name`
@@ -472,6 +476,7 @@ pub fn launch_decode_fused(
         || f.q_stride < p.head_dim_k
         || f.gate_offset
             .is_some_and(|g| g < p.head_dim_k || g + p.head_dim_v > f.q_stride)
+        || (f.q8 != (0, 0) && !p.head_dim_v.is_multiple_of(64))
     {
         return Err(CudaError::Shape(format!(
             "fused decode {name}, {splits} splits, n_rot {}, q stride {} for {p:?}",
@@ -518,16 +523,18 @@ pub fn launch_decode_fused(
         .push(i32::from(f.neox))
         .push(f.freq_base)
         .push(f.freq_scale)
-        .push(f.eps);
+        .push(f.eps)
+        .push(f.q8.0)
+        .push(f.q8.1);
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
     // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
-    // neox, freq_base, freq_scale, eps); the caller vouches for the device addresses: q of
+    // neox, freq_base, freq_scale, eps, xq, xds); the caller vouches for the device addresses: q of
     // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
     // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of
     // n_rows, part of partials_len when splits > 1, each cache (kvp: a table of n_rows K, V
     // pairs of this shape); dk == dv == the kernel's d over an f16 cache
-    // (fused_decode_kernel), n_rot even and <= d (checked). The kernel waits for the previous
-    // one first (PDL).
+    // (fused_decode_kernel), n_rot even and <= d (checked), f.q8 0 or n_rows * n_head * d int8
+    // and n_rows * n_head * d / 16 f32. The kernel waits for the previous one first (PDL).
     unsafe { a.launch(dev.stream(), &func, cfg, pdl::enabled(dev.arch())) }?;
     launch_merge_active(
         dev,
@@ -539,6 +546,7 @@ pub fn launch_decode_fused(
         splits,
         p,
         Some((q, f.q_stride, f.gate_offset)),
+        f.q8,
     )
 }
 
@@ -562,6 +570,7 @@ fn launch_merge_active(
     splits: usize,
     p: &AttentionParams,
     gate: Option<(u64, usize, Option<usize>)>,
+    q8: (u64, u64),
 ) -> Result<()> {
     if splits <= 1 {
         return Ok(());
@@ -587,9 +596,11 @@ fn launch_merge_active(
         .push(splits as i32)
         .push(min_per(p.head_dim_k))
         .push(q_stride)
-        .push(gate_off);
+        .push(gate_off)
+        .push(q8.0)
+        .push(q8.1);
     // SAFETY: matches fa_merge_active(part, rows, pos, out, q, n_head, dv, S, min_per,
-    // q_stride, gate_off); part holds the S <= MAX_SPLITS partials per (row, head) the decode
+    // q_stride, gate_off, xq, xds) (q8: 0 or out's q8_1 copy, dv a multiple of 64); part holds the S <= MAX_SPLITS partials per (row, head) the decode
     // launch before it wrote for its active splits (same S and min_per), rows / pos of n_rows,
     // out [*, n_head * dv], q (read only with gate_off >= 0) of n_head heads q_stride apart with
     // the gate inside the stride (the caller checked). Waits for the decode first (PDL).

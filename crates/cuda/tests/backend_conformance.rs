@@ -84,6 +84,41 @@ fn conformance_attention_block_fused_and_not() {
     );
 }
 
+/// The fused attention chain writing the q8_1 copy of its output for the o-projection (the
+/// staged `attn_q8`) and the same chain with the projection's own quantize launch: the same
+/// bits in the outputs and the products, both against host code.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_attention_q8_staged_and_not() {
+    let b = gpu();
+    b.set_staged(StagedFusions::default());
+    let each = conformance::attention_block_with_products(&b).unwrap();
+    assert_eq!(b.attn_q8_calls(), 0);
+    b.set_staged(StagedFusions {
+        attn_q8: true,
+        ..StagedFusions::default()
+    });
+    let one = conformance::attention_block_with_products(&b).unwrap();
+    // every call that took the fused chain (see conformance_attention_block_fused_and_not)
+    assert_eq!(
+        b.attn_q8_calls(),
+        80,
+        "fused calls that wrote the q8_1 copy"
+    );
+    for (what, x, y) in [("outputs", &one.0, &each.0), ("products", &one.1, &each.1)] {
+        let differ = x
+            .iter()
+            .zip(y)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            (x.len(), differ),
+            (y.len(), 0),
+            "{what}: staged vs separate quantize, values that differ"
+        );
+    }
+}
+
 /// Gated DeltaNet's conv1d, silu, L2 norm and split in one launch (decode rows) and as
 /// separate ops: both against the naive host code, and the same bits.
 #[test]

@@ -542,6 +542,31 @@ impl CudaBackend {
         })
     }
 
+    /// Runs `launch` with the device addresses of the q8_1 scratch grown for `out`, for a
+    /// kernel that writes `out` and its q8_1 copy; the scratch then holds `out`'s copy as of
+    /// this op, so a product of `out` right after skips its quantize launch.
+    pub(super) fn with_q8_of(
+        &self,
+        out: &CudaTensor,
+        launch: impl FnOnce((u64, u64)) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let (rows, cols) = (out.rows, out.cols);
+        let seq = self.ops.load(Ordering::Relaxed);
+        let ptr = dev_ptr(&*out.data, self.dev.stream());
+        self.with_q8(rows, cols, |s, holds| {
+            let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
+            let q8 = (self.dev.device_address(xq), self.dev.device_address(xds));
+            launch(q8)?;
+            *holds = Some(Holds {
+                ptr,
+                rows,
+                cols,
+                seq,
+            });
+            Ok(())
+        })
+    }
+
     /// `gated_rms_norm` in place that also writes the q8_1 copy of `x` (the staged
     /// `norm_q8` fusion: the out-projection after it then skips its quantize launch);
     /// `Ok(false)` when the case is not taken (the caller runs the plain kernel).
@@ -568,39 +593,31 @@ impl CudaBackend {
             return Ok(false);
         }
         let f = self.function("mo_group_rms_norm_q8")?;
-        let seq = self.ops.load(Ordering::Relaxed);
         let stream = self.dev.stream();
-        let ptr = dev_ptr(&*x.data, stream);
-        self.with_q8(rows, cols, |s, holds| {
-            let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
+        let xp = dev_ptr(&*x.data, stream);
+        self.with_q8_of(x, |(xq, xds)| {
             let cfg = LaunchConfig {
                 grid_dim: ((rows * cols / group) as u32, 1, 1),
                 block_dim: (group as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut a = pdl::Args::new();
-            a.push(ptr)
+            a.push(xp)
                 .push(dev_ptr(wv, stream))
                 .push(dev_ptr(&*z.data, stream))
-                .push(ptr)
-                .push(self.dev.device_address(xq))
-                .push(self.dev.device_address(xds))
+                .push(xp)
+                .push(xq)
+                .push(xds)
                 .push(group as i32)
                 .push(eps);
             // SAFETY: matches mo_group_rms_norm_q8(x, w, z, out, xq, xds, group, eps); x (in
             // place) and z hold rows * cols values, w group, the scratch rows * cols int8 and
-            // rows * cols / 16 f32 (buffers_for checked); one block of `group` threads (a
-            // multiple of 32, <= 1024) per group. With PDL it reads only w before its wait.
-            unsafe { a.launch(stream, &f, cfg, self.pdl()) }.map_err(dev_err)?;
-            *holds = Some(Holds {
-                ptr,
-                rows,
-                cols,
-                seq,
-            });
-            self.norm_q8.fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        })
+            // rows * cols / 16 f32 (with_q8_of); one block of `group` threads (a multiple of
+            // 32, <= 1024) per group. With PDL it reads only w before its wait.
+            unsafe { a.launch(stream, &f, cfg, self.pdl()) }.map_err(dev_err)
+        })?;
+        self.norm_q8.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// `swiglu` that also writes the q8_1 copy of `out`; `Ok(false)` when not taken.

@@ -129,6 +129,8 @@ pub struct CudaBackend {
     fused_gates: AtomicU64,
     /// `gated_rms_norm` calls that also wrote the q8_1 copy.
     norm_q8: AtomicU64,
+    /// Fused `attention_block` calls that also wrote the q8_1 copy of their output.
+    attn_q8: AtomicU64,
 }
 
 /// Decode-step fusions written without a card to measure them on (session 14): each is off
@@ -137,11 +139,14 @@ pub struct CudaBackend {
 /// loaded before the wait. `REDLINE_FUSED_GATES=1`: the delta-rule gates computed inside
 /// `dn_recurrent` (no `mo_delta_gates` launch). `REDLINE_FUSED_NORM_Q8=1`: Qwen3.5's gated
 /// group norm also writes the q8_1 copy the out-projection reads (no quantize launch).
+/// `REDLINE_FUSED_ATTN_Q8=1`: the fused one-row attention chain writes the q8_1 copy of its
+/// output for the o-projection (no quantize launch; every attention layer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagedFusions {
     pub dn_pdl: bool,
     pub gates: bool,
     pub norm_q8: bool,
+    pub attn_q8: bool,
 }
 
 impl StagedFusions {
@@ -150,6 +155,7 @@ impl StagedFusions {
         dn_pdl: true,
         gates: true,
         norm_q8: true,
+        attn_q8: true,
     };
 
     /// The process default: each on only when its variable is `1`.
@@ -159,11 +165,15 @@ impl StagedFusions {
             dn_pdl: on("REDLINE_DN_PDL"),
             gates: on("REDLINE_FUSED_GATES"),
             norm_q8: on("REDLINE_FUSED_NORM_Q8"),
+            attn_q8: on("REDLINE_FUSED_ATTN_Q8"),
         }
     }
 
     fn bits(self) -> u8 {
-        self.dn_pdl as u8 | (self.gates as u8) << 1 | (self.norm_q8 as u8) << 2
+        self.dn_pdl as u8
+            | (self.gates as u8) << 1
+            | (self.norm_q8 as u8) << 2
+            | (self.attn_q8 as u8) << 3
     }
 
     fn from_bits(b: u8) -> StagedFusions {
@@ -171,6 +181,7 @@ impl StagedFusions {
             dn_pdl: b & 1 != 0,
             gates: b & 2 != 0,
             norm_q8: b & 4 != 0,
+            attn_q8: b & 8 != 0,
         }
     }
 }
@@ -223,6 +234,7 @@ impl CudaBackend {
             staged: std::sync::atomic::AtomicU8::new(StagedFusions::from_env().bits()),
             fused_gates: AtomicU64::new(0),
             norm_q8: AtomicU64::new(0),
+            attn_q8: AtomicU64::new(0),
         };
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
@@ -260,6 +272,11 @@ impl CudaBackend {
     /// `gated_rms_norm` calls so far that also wrote the q8_1 copy.
     pub fn norm_q8_calls(&self) -> u64 {
         self.norm_q8.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Fused `attention_block` calls so far that also wrote the q8_1 copy of their output.
+    pub fn attn_q8_calls(&self) -> u64 {
+        self.attn_q8.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The staged fusions in use.

@@ -356,23 +356,35 @@ impl CudaBackend {
             freq_scale: a.rope.freq_scale,
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
+            q8: (0, 0),
         };
         let kv = cache.kv_ref(0);
-        attention::launch_decode_fused(
-            &self.dev,
-            kernel,
-            super::step::dev_ptr(&*a.q.data, stream),
-            row_ids.ptr,
-            pos.ptr,
-            1,
-            &kv,
-            super::step::dev_ptr(&*out.data, stream),
-            part_ptr,
-            splits,
-            p,
-            &f,
-        )
-        .map_err(dev_err)
+        let out_ptr = super::step::dev_ptr(&*out.data, stream);
+        let launch = |q8: (u64, u64)| {
+            attention::launch_decode_fused(
+                &self.dev,
+                kernel,
+                super::step::dev_ptr(&*a.q.data, stream),
+                row_ids.ptr,
+                pos.ptr,
+                1,
+                &kv,
+                out_ptr,
+                part_ptr,
+                splits,
+                p,
+                &attention::FusedInputs { q8, ..f },
+            )
+            .map_err(dev_err)
+        };
+        if self.staged().attn_q8 && p.head_dim_v.is_multiple_of(64) {
+            // the o-projection after it reads this q8_1 copy (no quantize launch)
+            self.with_q8_of(out, launch)?;
+            self.attn_q8
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
+        }
+        launch((0, 0))
     }
 
     #[allow(clippy::too_many_arguments)]
