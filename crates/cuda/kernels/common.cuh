@@ -120,6 +120,71 @@ static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds
     }
 }
 
+// The q8_K copy the mmv2 products read (mmv.cu `quantize_q8_k`: int8 q per value, dy per 256
+// values, the int16 sum of q per 32), bit for bit: the scale comes from the value of largest
+// magnitude, ties to the lowest index (a total order, so any reduction order finds the same
+// one), then the same expressions. The 256 values of a unit are held one per thread, in order,
+// by 8 consecutive warps: blockDim.x a multiple of 256 and v the value at flat index i (the
+// unit's first value at a thread with tid % 256 == 0). Every thread of the block calls it (it
+// has barriers); ok is uniform over each unit (false: nothing written for that unit).
+static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t* q, float* dy, int16_t* bsum,
+                                                       long long i) {
+    __shared__ float k_am[32], k_mx[32];
+    __shared__ int k_idx[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, e = tid & 255;
+    float am = 0.0f, mx = 0.0f;
+    int idx = 0x7FFFFFFF;
+    if (fabsf(v) > am) {
+        am = fabsf(v);
+        mx = v;
+        idx = e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float am2 = __shfl_xor_sync(FULL_MASK, am, o);
+        const float mx2 = __shfl_xor_sync(FULL_MASK, mx, o);
+        const int idx2 = __shfl_xor_sync(FULL_MASK, idx, o);
+        if (am2 > am || (am2 == am && idx2 < idx)) {
+            am = am2;
+            mx = mx2;
+            idx = idx2;
+        }
+    }
+    if (lane == 0) {
+        k_am[warp] = am;
+        k_mx[warp] = mx;
+        k_idx[warp] = idx;
+    }
+    __syncthreads();
+    const int w0 = warp & ~7;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const float am2 = k_am[w0 + w], mx2 = k_mx[w0 + w];
+        const int idx2 = k_idx[w0 + w];
+        if (am2 > am || (am2 == am && idx2 < idx)) {
+            am = am2;
+            mx = mx2;
+            idx = idx2;
+        }
+    }
+    int qi = 0;
+    float d = 0.0f;
+    if (am > 0.0f) {
+        const float iscale = -127.0f / mx;
+        qi = min(127, __float2int_rn(iscale * v));
+        d = 1.0f / iscale;
+    }
+    int sum = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    if (ok) {
+        q[i] = (int8_t)qi;
+        if (lane == 0) bsum[i / 32] = (int16_t)sum;
+        if (e == 0) dy[i / 256] = d;
+    }
+    __syncthreads();  // the shared arrays are read before a next call rewrites them
+}
+
 // The same for a pair of values per lane: the 16 lanes of a half warp hold the unit's 32 values
 // (lane l: values 2 (l % 16) and 2 (l % 16) + 1 at i, i + 1). Every lane of the warp calls it.
 static __device__ __forceinline__ void q8_1_unit_pairs(float a, float b, int8_t* xq, float* xds, long long i,

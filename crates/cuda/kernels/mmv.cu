@@ -611,6 +611,20 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_k(const float* __r
     if (lane == 0) dy[(long long)tok * (ncols / 256) + sb] = d;
 }
 
+// quantize_q8_1 and quantize_q8_k of the same x in one launch (for a product whose x no kernel
+// quantized yet, taken by mmv2): grid (ncols / 256, n_tokens), block 256, one value per thread.
+// The same bits as the two kernels (common.cuh q8_1_unit, q8_k_unit_block).
+extern "C" __global__ void __launch_bounds__(256)
+    quantize_q8_1_k(const float* __restrict__ x, int8_t* __restrict__ xq, float* __restrict__ xds,
+                    int8_t* __restrict__ q, float* __restrict__ dy, int16_t* __restrict__ bsum, int ncols) {
+    pdl_wait();
+    pdl_trigger();
+    const long long i = (long long)blockIdx.y * ncols + 256LL * blockIdx.x + threadIdx.x;
+    const float v = x[i];
+    q8_1_unit(v, xq, xds, i, i / 32);
+    q8_k_unit_block(v, true, q, dy, bsum, i);
+}
+
 // c + a.h0 * b.b0 + a.h1 * b.b1 (.lo: bytes 0, 1 of b; .hi: bytes 2, 3); a: two int16, b: u8.
 static __device__ __forceinline__ int mv2_dp2a_lo(uint32_t a, uint32_t b, int c) {
     int r;

@@ -529,8 +529,13 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 // H200 (40 dependent global round trips); here each thread loads its (up to RMS_REGS) values
 // once, all loads in flight together, and keeps them in registers for the second pass.
 #define RMS_REGS 8
+// kq non-null (kdy, kbs with it): the q8_K copy too (common.cuh q8_k_unit_block), for rows
+// read by the mmv2 products; needs cols % 256 == 0, blockDim.x % 256 == 0 and cols <=
+// RMS_REGS * blockDim.x (the host checks).
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
-                                          int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps) {
+                                          int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps,
+                                          int8_t* __restrict__ kq, float* __restrict__ kdy,
+                                          int16_t* __restrict__ kbs) {
     const long long base = (long long)blockIdx.x * cols;
     const int bd = blockDim.x;
     if (cols <= RMS_REGS * bd) {
@@ -558,11 +563,14 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         for (int k = 0; k < RMS_REGS; k++) {
             const int i = threadIdx.x + k * bd;
             // warp-uniform: cols and blockDim.x are multiples of 32
+            float o = 0.0f;
             if (i < cols) {
-                const float o = v[k] * s * wr[k];
+                o = v[k] * s * wr[k];
                 out[base + i] = o;
                 q8_1_unit(o, xq, xds, base + i, (base + i) / 32);
             }
+            // block-uniform: every thread runs the same k
+            if (kq && k * bd < cols) q8_k_unit_block(o, i < cols, kq, kdy, kbs, base + i);
         }
         return;
     }
@@ -605,14 +613,19 @@ extern "C" __global__ void mo_group_rms_norm_q8(const float* x, const float* __r
 
 // mo_swiglu plus the q8_1 copy of out; n a multiple of 32 (rows are back to back, so unit
 // i / 32 of the flat index is unit (i % cols) / 32 of row i / cols when cols % 32 == 0).
+// kq non-null: the q8_K copy too (q8_k_unit_block); needs n % 256 == 0 and blockDim.x == 256,
+// so every block's pass covers one whole unit and every thread of a block loops alike.
 extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float* __restrict__ u, float* out,
-                                        int8_t* __restrict__ xq, float* __restrict__ xds, long long n) {
+                                        int8_t* __restrict__ xq, float* __restrict__ xds, long long n,
+                                        int8_t* __restrict__ kq, float* __restrict__ kdy,
+                                        int16_t* __restrict__ kbs) {
     pdl_wait();
     pdl_trigger();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         out[i] = v;
         q8_1_unit(v, xq, xds, i, i / 32);
+        if (kq) q8_k_unit_block(v, true, kq, kdy, kbs, i);
     }
 }
 

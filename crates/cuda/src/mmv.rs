@@ -332,7 +332,50 @@ impl Q8kScratch {
     }
 }
 
+/// Whether x of `n` tokens x `cols` could be read by mmv2 products, so that a kernel producing
+/// it may write its q8_K copy too (the weight formats are not known there: for others the
+/// copy goes unused).
+pub fn q8k_wanted(dev: &CudaDevice, n: usize, cols: usize) -> bool {
+    mmv2_enabled()
+        && dev.arch() >= 80
+        && (MMV2_MIN_TOKENS..=MAX_TOKENS).contains(&n)
+        && cols.is_multiple_of(256)
+}
+
 impl MatvecScratch {
+    /// Device addresses of the q8_K buffers (q, dy, bsum) for a kernel that writes x's q8_K
+    /// copy itself, after the q8_1 copy's [`MatvecScratch::buffers_for`]; then
+    /// [`MatvecScratch::q8k_made`]. Errors if they are too small.
+    pub(crate) fn q8k_buffers_for(
+        &self,
+        dev: &CudaDevice,
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<(u64, u64, u64)> {
+        let k = &self.q8k;
+        let elems = n_tokens * cols;
+        if !cols.is_multiple_of(256)
+            || k.q.len() < elems
+            || k.dy.len() < elems / 256
+            || k.bsum.len() < elems / 32
+        {
+            return Err(CudaError::Shape(format!(
+                "q8_K scratch for {n_tokens}x{cols}"
+            )));
+        }
+        Ok((
+            dev.device_address(&k.q),
+            dev.device_address(&k.dy),
+            dev.device_address(&k.bsum),
+        ))
+    }
+
+    /// The q8_K buffers now hold x (device address `x`) of `n_tokens` x `cols`, written by the
+    /// kernel that wrote its q8_1 copy.
+    pub(crate) fn q8k_made(&mut self, x: u64, n_tokens: usize, cols: usize) {
+        self.q8k.holds = Some((x, n_tokens, cols));
+    }
+
     /// The q8_K buffers (q, dy, bsum; layout at [`Q8kScratch`]) and the (tokens, cols) of
     /// the x they hold, if any. For tests.
     #[allow(clippy::type_complexity)]
@@ -530,6 +573,51 @@ impl CudaDevice {
             unsafe { b.launch(cfg) }?;
         }
         k.holds = Some((self.device_address(x), n_tokens, cols));
+        Ok(())
+    }
+
+    /// [`CudaDevice::quantize_for_matvec`] and [`CudaDevice::quantize_q8_k`] of the same x
+    /// in one launch (kernels/mmv.cu `quantize_q8_1_k`, the same bits); cols % 256 == 0.
+    pub fn quantize_q8_1_and_k(
+        &self,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        cols: usize,
+        s: &mut MatvecScratch,
+    ) -> Result<()> {
+        if x.len() < n_tokens * cols || !cols.is_multiple_of(256) || cols > i32::MAX as usize {
+            return Err(CudaError::Shape(format!(
+                "q8_1 and q8_K of x {n_tokens}x{cols} (x holds {})",
+                x.len()
+            )));
+        }
+        let (xq, xds) = s.buffers_for(n_tokens, cols)?;
+        let (xq, xds) = (self.device_address(xq), self.device_address(xds));
+        let (q, dy, bsum) = s.q8k_buffers_for(self, n_tokens, cols)?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let f = self.function(Program::Mmv, "quantize_q8_1_k")?;
+        let cfg = LaunchConfig {
+            grid_dim: ((cols / 256) as u32, n_tokens as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let xa = self.device_address(x);
+        let mut a = crate::pdl::Args::new();
+        a.push(xa)
+            .push(xq)
+            .push(xds)
+            .push(q)
+            .push(dy)
+            .push(bsum)
+            .push(cols as i32);
+        // SAFETY: matches quantize_q8_1_k(x, xq, xds, q, dy, bsum, ncols); x holds n_tokens *
+        // cols f32, the scratch buffers their shares of it (buffers_for, q8k_buffers_for
+        // checked); one 256-thread block per 256 values. It waits for the previous kernel
+        // before reading x (PDL).
+        unsafe { a.launch(self.stream(), &f, cfg, crate::pdl::enabled(self.arch())) }?;
+        s.q8k_made(xa, n_tokens, cols);
         Ok(())
     }
 

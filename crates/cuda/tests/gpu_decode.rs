@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use backend::{Backend, KvType, Row};
-use cuda::backend::CudaBackend;
+use cuda::backend::{CudaBackend, StagedFusions};
 use cuda::CudaOptions;
 use model::{LoadOptions, ModelOn};
 
@@ -619,6 +619,129 @@ fn fused_matches_unfused_on_synth_q4_k_m_shapes() {
         plan.write(f, 7, |_| {}).unwrap();
         let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
         fused_vs_unfused(name, &path, &prompt, 12);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// The staged decode fusions (`StagedFusions::ALL`: dn_recurrent under PDL, the gates inside
+/// it, the gated norm's and the attention chain's q8_1 copies, the q8_K copies of 3..8 rows)
+/// against the default paths, both fused with graphs, on the synthetic Q4_K_M shapes: one
+/// sequence's steps, 3 sequences batched (mmv2 products), verify passes of 4 rows. Every kernel
+/// of the staged paths does the default's arithmetic, so the logits must be the same bits.
+#[test]
+fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
+    if gpu().is_none() {
+        return;
+    }
+    for (name, layers) in [("qwen2.5-1.5b", 2usize), ("qwen3.5-27b", 4)] {
+        let mut shape = model::synth::Shape::preset(name).expect("synth preset");
+        shape.n_layer = layers;
+        shape.n_vocab = shape.n_vocab.min(32768);
+        let path = std::env::temp_dir().join(format!("redline-staged-{name}-{layers}l.gguf"));
+        let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
+        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        plan.write(f, 7, |_| {}).unwrap();
+        let load = |staged: StagedFusions| {
+            let b = gpu().unwrap();
+            b.set_graphs_enabled(true);
+            b.set_fused(true);
+            b.set_staged(staged);
+            let file = gguf::GgufFile::open(&path).unwrap();
+            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
+        };
+        let (d, s) = (load(StagedFusions::default()), load(StagedFusions::ALL));
+        let same = |what: String, a: &[f32], b: &[f32]| {
+            let differ = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                (a.len(), differ),
+                (b.len(), 0),
+                "{name}: {what}: staged vs default logits that differ"
+            );
+        };
+        let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
+        let mut sd = d.new_state(128, KvType::F16).unwrap();
+        let mut ss = s.new_state(128, KvType::F16).unwrap();
+        let (ld, ls) = (
+            d.forward(&mut sd, &prompt, false).unwrap(),
+            s.forward(&mut ss, &prompt, false).unwrap(),
+        );
+        same("prefill".into(), &ls, &ld);
+        let mut next = argmax(&ld);
+        for step in 0..12 {
+            let ld = d.forward(&mut sd, &[next], false).unwrap();
+            let ls = s.forward(&mut ss, &[next], false).unwrap();
+            same(format!("step {step}"), &ls, &ld);
+            next = argmax(&ld);
+        }
+        let mut bd: Vec<_> = (0..3)
+            .map(|_| d.new_state(128, KvType::F16).unwrap())
+            .collect();
+        let mut bs: Vec<_> = (0..3)
+            .map(|_| s.new_state(128, KvType::F16).unwrap())
+            .collect();
+        for (i, (a, b)) in bd.iter_mut().zip(bs.iter_mut()).enumerate() {
+            let p = &prompt[..prompt.len() - i];
+            d.forward(a, p, false).unwrap();
+            s.forward(b, p, false).unwrap();
+        }
+        let mut bt = vec![prompt[0]; 3];
+        for step in 0..8 {
+            let mut rd: Vec<&mut _> = bd.iter_mut().collect();
+            let mut rs: Vec<&mut _> = bs.iter_mut().collect();
+            let ld = d.forward_batch(&mut rd, &bt).unwrap();
+            let ls = s.forward_batch(&mut rs, &bt).unwrap();
+            same(format!("batched step {step}"), &ls, &ld);
+            let nv = d.config().n_vocab;
+            bt = (0..3).map(|i| argmax(&ld[i * nv..(i + 1) * nv])).collect();
+        }
+        for round in 0..3 {
+            let draft: Vec<u32> = (0..4).map(|j| bt[j % 3]).collect();
+            let base = bd[0].len();
+            bd[0].snapshot();
+            bs[0].snapshot();
+            let ld = d.forward(&mut bd[0], &draft, true).unwrap();
+            let ls = s.forward(&mut bs[0], &draft, true).unwrap();
+            same(format!("verify pass {round}"), &ls, &ld);
+            for st in [&mut bd[0], &mut bs[0]] {
+                st.truncate(base).unwrap();
+                st.drop_snapshot(base);
+            }
+            let ld = d.forward(&mut bd[0], &draft[..1], false).unwrap();
+            let ls = s.forward(&mut bs[0], &draft[..1], false).unwrap();
+            same(format!("step after verify pass {round}"), &ls, &ld);
+        }
+        let (b, bdef) = (s.backend(), d.backend());
+        println!(
+            "{name}: staged calls: gates {}, gated norm q8 {}, attention q8 {}, q8_K {}",
+            b.fused_gates_calls(),
+            b.norm_q8_calls(),
+            b.attn_q8_calls(),
+            b.q8k_calls()
+        );
+        assert_eq!(
+            (
+                bdef.fused_gates_calls(),
+                bdef.norm_q8_calls(),
+                bdef.attn_q8_calls(),
+                bdef.q8k_calls()
+            ),
+            (0, 0, 0, 0),
+            "{name}: the default paths took a staged one"
+        );
+        assert!(
+            b.attn_q8_calls() > 0 && b.q8k_calls() > 0,
+            "{name}: staged paths not taken"
+        );
+        if name.starts_with("qwen3.5") {
+            assert!(
+                b.fused_gates_calls() > 0 && b.norm_q8_calls() > 0,
+                "{name}: DeltaNet staged paths not taken"
+            );
+        }
         let _ = std::fs::remove_file(&path);
     }
 }

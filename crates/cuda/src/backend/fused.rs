@@ -42,6 +42,9 @@ pub(super) struct Holds {
 /// Most matrices of one `mo_matvec_f32_rows` launch (F32_MAX_SEGS in kernels/model_ops.cu).
 const F32_MAX_SEGS: usize = 4;
 
+/// Values per thread of `mo_rms_norm_q8`'s in-register path (RMS_REGS in kernels/model_ops.cu).
+const RMS_REGS: usize = 8;
+
 /// Kernel parameter of `mo_matvec_f32_rows` (struct F32Seg / F32Segs in kernels/model_ops.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -163,20 +166,37 @@ impl CudaBackend {
         f(buf.as_mut().expect("scratch allocated above"), holds)
     }
 
+    /// Whether x's quantization should also make the q8_K copy in the same launch (the staged
+    /// `q8k` fusion): a product of one of `tys` takes the mmv2 kernels for x.
+    fn q8k_with(&self, x: &CudaTensor, tys: &[GgmlType]) -> bool {
+        self.staged().q8k
+            && crate::mmv::q8k_wanted(&self.dev, x.rows, x.cols)
+            && tys
+                .iter()
+                .any(|&ty| crate::mmv::dispatch2(&self.dev, ty, x.rows))
+    }
+
     /// Quantizes x into the scratch unless it already holds x's copy from this op or the one
-    /// before; records that it holds x as of this op.
+    /// before (with `with_k`, the q8_K copy too, in one launch); records that it holds x as of
+    /// this op.
     fn ensure_q8(
         &self,
         x: &CudaTensor,
         s: &mut MatvecScratch,
         holds: &mut Option<Holds>,
+        with_k: bool,
     ) -> Result<(), BackendError> {
         let seq = self.ops.load(Ordering::Relaxed);
         let ptr = dev_ptr(&*x.data, self.dev.stream());
         let fresh = holds.is_some_and(|h| {
             h.ptr == ptr && h.rows == x.rows && h.cols == x.cols && h.seq + 1 >= seq
         });
-        if !fresh {
+        if !fresh && with_k {
+            self.dev
+                .quantize_q8_1_and_k(&x.data, x.rows, x.cols, s)
+                .map_err(dev_err)?;
+            self.q8k.fetch_add(1, Ordering::Relaxed);
+        } else if !fresh {
             self.dev
                 .quantize_for_matvec(&x.data, x.rows, x.cols, s)
                 .map_err(dev_err)?;
@@ -218,8 +238,9 @@ impl CudaBackend {
         if (out.rows, out.cols) != (x.rows, w.rows) {
             return self.matmul_impl(w, x, out); // reports the shape error
         }
+        let with_k = self.q8k_with(x, &[m.ty]);
         self.with_q8(x.rows, x.cols, |s, holds| {
-            self.ensure_q8(x, s, holds)?;
+            self.ensure_q8(x, s, holds, with_k)?;
             if crate::mmq::dispatch(&self.dev, m.ty, x.rows) {
                 return self
                     .dev
@@ -382,8 +403,10 @@ impl CudaBackend {
         outs: &mut [&mut CudaTensor],
     ) -> Result<(), BackendError> {
         let stream = self.dev.stream();
+        let tys: Vec<GgmlType> = segs.iter().map(|(_, m)| m.ty).collect();
+        let with_k = self.q8k_with(x, &tys);
         self.with_q8(x.rows, x.cols, |s, holds| {
-            self.ensure_q8(x, s, holds)?;
+            self.ensure_q8(x, s, holds, with_k)?;
             // group by weight type, in order of first appearance
             let mut types = Vec::new();
             for (_, m) in segs {
@@ -423,8 +446,9 @@ impl CudaBackend {
         match self.fusable(w, x) {
             Some(m) if !self.matmul_add_uses_temp(w, x, out) => {
                 let y = dev_ptr(&*out.data, self.dev.stream());
+                let with_k = self.q8k_with(x, &[m.ty]);
                 self.with_q8(x.rows, x.cols, |s, holds| {
-                    self.ensure_q8(x, s, holds)?;
+                    self.ensure_q8(x, s, holds, with_k)?;
                     let seg = Segment {
                         w: m,
                         y,
@@ -479,67 +503,44 @@ impl CudaBackend {
             return Ok(false);
         }
         let f = self.function("mo_rms_norm_q8")?;
-        let seq = self.ops.load(Ordering::Relaxed);
+        // wide blocks: the row sits in registers (RMS_REGS per thread), loads in flight together
+        let threads = cols.min(1024);
+        let cfg = LaunchConfig {
+            grid_dim: (out.rows as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // the q8_K copy needs whole 256-value units per 8 warps and the row in registers
+        let with_k = self.staged().q8k
+            && crate::mmv::q8k_wanted(&self.dev, out.rows, cols)
+            && threads.is_multiple_of(256)
+            && cols <= RMS_REGS * threads;
         let stream = self.dev.stream();
-        let ptr = dev_ptr(&*out.data, stream);
-        self.with_q8(out.rows, cols, |s, holds| {
-            let (xq, xds) = s.buffers_for(out.rows, cols).map_err(dev_err)?;
-            let cfg = LaunchConfig {
-                grid_dim: (out.rows as u32, 1, 1),
-                // wide blocks: the row sits in registers (RMS_REGS per thread), loads in flight together
-                block_dim: (cols.min(1024) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut cols_i = cols as i32;
-            if self.pdl() {
-                let mut a = [
-                    dev_ptr(&*x.data, stream),
-                    dev_ptr(wv, stream),
-                    dev_ptr(&*out.data, stream),
-                    self.dev.device_address(xq),
-                    self.dev.device_address(xds),
-                ];
-                let mut eps = eps;
-                let [a0, a1, a2, a3, a4] = &mut a;
-                let mut params = [
-                    pdl::arg(a0),
-                    pdl::arg(a1),
-                    pdl::arg(a2),
-                    pdl::arg(a3),
-                    pdl::arg(a4),
-                    pdl::arg(&mut cols_i),
-                    pdl::arg(&mut eps),
-                ];
-                // SAFETY: as below; the kernel waits for the previous one first.
-                unsafe { pdl::launch(stream, &f, cfg, &mut params, true) }.map_err(dev_err)?;
-                *holds = Some(Holds {
-                    ptr,
-                    rows: out.rows,
-                    cols,
-                    seq,
-                });
-                return Ok(true);
-            }
-            let mut b = stream.launch_builder(&f);
-            b.arg(&*x.data)
-                .arg(wv)
-                .arg(&mut *out.data)
-                .arg(xq)
-                .arg(xds)
-                .arg(&cols_i)
-                .arg(&eps);
-            // SAFETY: matches mo_rms_norm_q8(x, w, out, xq, xds, cols, eps); x and out hold
-            // rows * cols values, w cols, the scratch rows * cols int8 and rows * cols / 16
-            // f32 (buffers_for checked); block size a multiple of 32, cols % 32 == 0.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-            *holds = Some(Holds {
-                ptr,
-                rows: out.rows,
-                cols,
-                seq,
-            });
-            Ok(true)
-        })
+        let (px, pw, po) = (
+            dev_ptr(&*x.data, stream),
+            dev_ptr(wv, stream),
+            dev_ptr(&*out.data, stream),
+        );
+        self.with_q8_k_of(out, with_k, |(xq, xds), k| {
+            let mut a = pdl::Args::new();
+            a.push(px)
+                .push(pw)
+                .push(po)
+                .push(xq)
+                .push(xds)
+                .push(cols as i32)
+                .push(eps)
+                .push(k.0)
+                .push(k.1)
+                .push(k.2);
+            // SAFETY: matches mo_rms_norm_q8(x, w, out, xq, xds, cols, eps, kq, kdy, kbs); x and
+            // out hold rows * cols values, w cols, the scratch rows * cols int8 and rows * cols
+            // / 16 f32 (with_q8_k_of), the q8_K buffers 0 or their shares (cols % 256 == 0,
+            // blockDim % 256 == 0, cols <= RMS_REGS * blockDim, checked above); block size a
+            // multiple of 32, cols % 32 == 0. With PDL it reads only w before its wait.
+            unsafe { a.launch(stream, &f, cfg, self.pdl()) }.map_err(dev_err)
+        })?;
+        Ok(true)
     }
 
     /// Runs `launch` with the device addresses of the q8_1 scratch grown for `out`, for a
@@ -550,13 +551,33 @@ impl CudaBackend {
         out: &CudaTensor,
         launch: impl FnOnce((u64, u64)) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
+        self.with_q8_k_of(out, false, |q8, _| launch(q8))
+    }
+
+    /// [`CudaBackend::with_q8_of`], plus the q8_K buffers' device addresses (q, dy, bsum) when
+    /// `with_k` ((0, 0, 0) otherwise), which then hold `out`'s q8_K copy too.
+    fn with_q8_k_of(
+        &self,
+        out: &CudaTensor,
+        with_k: bool,
+        launch: impl FnOnce((u64, u64), (u64, u64, u64)) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         let (rows, cols) = (out.rows, out.cols);
         let seq = self.ops.load(Ordering::Relaxed);
         let ptr = dev_ptr(&*out.data, self.dev.stream());
         self.with_q8(rows, cols, |s, holds| {
             let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
             let q8 = (self.dev.device_address(xq), self.dev.device_address(xds));
-            launch(q8)?;
+            let k = if with_k {
+                s.q8k_buffers_for(&self.dev, rows, cols).map_err(dev_err)?
+            } else {
+                (0, 0, 0)
+            };
+            launch(q8, k)?;
+            if with_k {
+                s.q8k_made(ptr, rows, cols);
+                self.q8k.fetch_add(1, Ordering::Relaxed);
+            }
             *holds = Some(Holds {
                 ptr,
                 rows,
@@ -620,7 +641,8 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// `swiglu` that also writes the q8_1 copy of `out`; `Ok(false)` when not taken.
+    /// `swiglu` that also writes the q8_1 copy of `out` (and with the staged `q8k`, its q8_K
+    /// copy); `Ok(false)` when not taken.
     pub(super) fn swiglu_q8_impl(
         &self,
         gate: &CudaTensor,
@@ -636,60 +658,33 @@ impl CudaBackend {
             return Ok(false);
         }
         let f = self.function("mo_swiglu_q8")?;
-        let seq = self.ops.load(Ordering::Relaxed);
-        let stream = self.dev.stream();
-        let ptr = dev_ptr(&*out.data, stream);
         let n = rows * cols;
-        self.with_q8(rows, cols, |s, holds| {
-            let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
-            let mut n_i = n as i64;
-            if self.pdl() {
-                let mut a = [
-                    dev_ptr(&*gate.data, stream),
-                    dev_ptr(&*up.data, stream),
-                    dev_ptr(&*out.data, stream),
-                    self.dev.device_address(xq),
-                    self.dev.device_address(xds),
-                ];
-                let [a0, a1, a2, a3, a4] = &mut a;
-                let mut params = [
-                    pdl::arg(a0),
-                    pdl::arg(a1),
-                    pdl::arg(a2),
-                    pdl::arg(a3),
-                    pdl::arg(a4),
-                    pdl::arg(&mut n_i),
-                ];
-                // SAFETY: as below; the kernel waits for the previous one first.
-                unsafe { pdl::launch(stream, &f, elems_cfg(n), &mut params, true) }
-                    .map_err(dev_err)?;
-                *holds = Some(Holds {
-                    ptr,
-                    rows,
-                    cols,
-                    seq,
-                });
-                return Ok(true);
-            }
-            let mut b = stream.launch_builder(&f);
-            b.arg(&*gate.data)
-                .arg(&*up.data)
-                .arg(&mut *out.data)
-                .arg(xq)
-                .arg(xds)
-                .arg(&n_i);
-            // SAFETY: matches mo_swiglu_q8(g, u, out, xq, xds, n); all three hold n values,
-            // the scratch n int8 and n / 16 f32; n % 32 == 0 and the grid-stride loop keeps
-            // every warp on 32 consecutive values.
-            unsafe { b.launch(elems_cfg(n)) }.map_err(dev_err)?;
-            *holds = Some(Holds {
-                ptr,
-                rows,
-                cols,
-                seq,
-            });
-            Ok(true)
-        })
+        // elems_cfg: blocks of 256 threads, so each block pass covers one 256-value unit
+        let with_k = self.staged().q8k && crate::mmv::q8k_wanted(&self.dev, rows, cols);
+        let stream = self.dev.stream();
+        let (pg, pu, po) = (
+            dev_ptr(&*gate.data, stream),
+            dev_ptr(&*up.data, stream),
+            dev_ptr(&*out.data, stream),
+        );
+        self.with_q8_k_of(out, with_k, |(xq, xds), k| {
+            let mut a = pdl::Args::new();
+            a.push(pg)
+                .push(pu)
+                .push(po)
+                .push(xq)
+                .push(xds)
+                .push(n as i64)
+                .push(k.0)
+                .push(k.1)
+                .push(k.2);
+            // SAFETY: matches mo_swiglu_q8(g, u, out, xq, xds, n, kq, kdy, kbs); all three
+            // hold n values, the scratch n int8 and n / 16 f32, the q8_K buffers 0 or their
+            // shares (n % 256 == 0 with them); n % 32 == 0, and the grid-stride loop of
+            // 256-thread blocks keeps every warp on 32 consecutive values (every block on 256).
+            unsafe { a.launch(stream, &f, elems_cfg(n), self.pdl()) }.map_err(dev_err)
+        })?;
+        Ok(true)
     }
 
     /// RoPE of q and k in one launch (same checks as `rope_impl` for both).

@@ -131,6 +131,8 @@ pub struct CudaBackend {
     norm_q8: AtomicU64,
     /// Fused `attention_block` calls that also wrote the q8_1 copy of their output.
     attn_q8: AtomicU64,
+    /// Launches that wrote a q8_K copy beside the q8_1 one (the staged `q8k`).
+    q8k: AtomicU64,
 }
 
 /// Decode-step fusions written without a card to measure them on (session 14): each is off
@@ -141,12 +143,17 @@ pub struct CudaBackend {
 /// group norm also writes the q8_1 copy the out-projection reads (no quantize launch).
 /// `REDLINE_FUSED_ATTN_Q8=1`: the fused one-row attention chain writes the q8_1 copy of its
 /// output for the o-projection (no quantize launch; every attention layer).
+/// `REDLINE_FUSED_Q8K=1`: for 3..8 rows (decode streams, verify passes), whose Q4_K / Q6_K
+/// products take the mmv2 kernels on q8_K activations, the norm and SwiGLU kernels write the
+/// q8_K copy too, and an x no kernel quantized gets its q8_1 and q8_K copies in one launch
+/// (up to 4 `quantize_q8_k` / `quantize_q8_1` launches fewer per layer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagedFusions {
     pub dn_pdl: bool,
     pub gates: bool,
     pub norm_q8: bool,
     pub attn_q8: bool,
+    pub q8k: bool,
 }
 
 impl StagedFusions {
@@ -156,6 +163,7 @@ impl StagedFusions {
         gates: true,
         norm_q8: true,
         attn_q8: true,
+        q8k: true,
     };
 
     /// The process default: each on only when its variable is `1`.
@@ -166,6 +174,7 @@ impl StagedFusions {
             gates: on("REDLINE_FUSED_GATES"),
             norm_q8: on("REDLINE_FUSED_NORM_Q8"),
             attn_q8: on("REDLINE_FUSED_ATTN_Q8"),
+            q8k: on("REDLINE_FUSED_Q8K"),
         }
     }
 
@@ -174,6 +183,7 @@ impl StagedFusions {
             | (self.gates as u8) << 1
             | (self.norm_q8 as u8) << 2
             | (self.attn_q8 as u8) << 3
+            | (self.q8k as u8) << 4
     }
 
     fn from_bits(b: u8) -> StagedFusions {
@@ -182,6 +192,7 @@ impl StagedFusions {
             gates: b & 2 != 0,
             norm_q8: b & 4 != 0,
             attn_q8: b & 8 != 0,
+            q8k: b & 16 != 0,
         }
     }
 }
@@ -235,6 +246,7 @@ impl CudaBackend {
             fused_gates: AtomicU64::new(0),
             norm_q8: AtomicU64::new(0),
             attn_q8: AtomicU64::new(0),
+            q8k: AtomicU64::new(0),
         };
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
@@ -277,6 +289,11 @@ impl CudaBackend {
     /// Fused `attention_block` calls so far that also wrote the q8_1 copy of their output.
     pub fn attn_q8_calls(&self) -> u64 {
         self.attn_q8.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Launches so far that wrote a q8_K copy beside the q8_1 one (the staged `q8k`).
+    pub fn q8k_calls(&self) -> u64 {
+        self.q8k.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The staged fusions in use.
