@@ -120,13 +120,34 @@ static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds
     }
 }
 
+// q8_K's choice of scale value (mmv.cu `quantize_q8_k`, the CPU's scan): the value of largest
+// magnitude, ties to the lowest index. (am, mx, idx) = (|value|, value, index), or (0, 0,
+// INT_MAX) for none yet; a total order, so any reduction order picks the same one.
+static __device__ __forceinline__ void q8k_pick(float& am, float& mx, int& idx, float am2, float mx2, int idx2) {
+    if (am2 > am || (am2 == am && idx2 < idx)) {
+        am = am2;
+        mx = mx2;
+        idx = idx2;
+    }
+}
+
+// q8k_pick over the warp: every lane ends with the warp's pick.
+static __device__ __forceinline__ void q8k_pick_warp(float& am, float& mx, int& idx) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float am2 = __shfl_xor_sync(FULL_MASK, am, o);
+        const float mx2 = __shfl_xor_sync(FULL_MASK, mx, o);
+        const int idx2 = __shfl_xor_sync(FULL_MASK, idx, o);
+        q8k_pick(am, mx, idx, am2, mx2, idx2);
+    }
+}
+
 // The q8_K copy the mmv2 products read (mmv.cu `quantize_q8_k`: int8 q per value, dy per 256
-// values, the int16 sum of q per 32), bit for bit: the scale comes from the value of largest
-// magnitude, ties to the lowest index (a total order, so any reduction order finds the same
-// one), then the same expressions. The 256 values of a unit are held one per thread, in order,
-// by 8 consecutive warps: blockDim.x a multiple of 256 and v the value at flat index i (the
-// unit's first value at a thread with tid % 256 == 0). Every thread of the block calls it (it
-// has barriers); ok is uniform over each unit (false: nothing written for that unit).
+// values, the int16 sum of q per 32), bit for bit: the scale from q8k_pick, then the same
+// expressions. The 256 values of a unit are held one per thread, in order, by 8 consecutive
+// warps: blockDim.x a multiple of 256 and v the value at flat index i (the unit's first value
+// at a thread with tid % 256 == 0). Every thread of the block calls it (it has barriers); ok is
+// uniform over each unit (false: nothing written for that unit).
 static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t* q, float* dy, int16_t* bsum,
                                                        long long i) {
     __shared__ float k_am[32], k_mx[32];
@@ -134,22 +155,8 @@ static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t*
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, e = tid & 255;
     float am = 0.0f, mx = 0.0f;
     int idx = 0x7FFFFFFF;
-    if (fabsf(v) > am) {
-        am = fabsf(v);
-        mx = v;
-        idx = e;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float am2 = __shfl_xor_sync(FULL_MASK, am, o);
-        const float mx2 = __shfl_xor_sync(FULL_MASK, mx, o);
-        const int idx2 = __shfl_xor_sync(FULL_MASK, idx, o);
-        if (am2 > am || (am2 == am && idx2 < idx)) {
-            am = am2;
-            mx = mx2;
-            idx = idx2;
-        }
-    }
+    q8k_pick(am, mx, idx, fabsf(v), v, e);
+    q8k_pick_warp(am, mx, idx);
     if (lane == 0) {
         k_am[warp] = am;
         k_mx[warp] = mx;
@@ -158,15 +165,7 @@ static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t*
     __syncthreads();
     const int w0 = warp & ~7;
 #pragma unroll
-    for (int w = 0; w < 8; w++) {
-        const float am2 = k_am[w0 + w], mx2 = k_mx[w0 + w];
-        const int idx2 = k_idx[w0 + w];
-        if (am2 > am || (am2 == am && idx2 < idx)) {
-            am = am2;
-            mx = mx2;
-            idx = idx2;
-        }
-    }
+    for (int w = 0; w < 8; w++) q8k_pick(am, mx, idx, k_am[w0 + w], k_mx[w0 + w], k_idx[w0 + w]);
     int qi = 0;
     float d = 0.0f;
     if (am > 0.0f) {

@@ -573,24 +573,8 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_k(const float* __r
     float am = 0.0f, mx = 0.0f;
     int idx = 0x7FFFFFFF;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        if (fabsf(v[i]) > am) {
-            am = fabsf(v[i]);
-            mx = v[i];
-            idx = 8 * lane + i;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float am2 = __shfl_xor_sync(FULL_MASK, am, o);
-        const float mx2 = __shfl_xor_sync(FULL_MASK, mx, o);
-        const int idx2 = __shfl_xor_sync(FULL_MASK, idx, o);
-        if (am2 > am || (am2 == am && idx2 < idx)) {
-            am = am2;
-            mx = mx2;
-            idx = idx2;
-        }
-    }
+    for (int i = 0; i < 8; i++) q8k_pick(am, mx, idx, fabsf(v[i]), v[i], 8 * lane + i);
+    q8k_pick_warp(am, mx, idx);
     uint32_t w[2] = {0u, 0u};
     int sum = 0;
     float d = 0.0f;

@@ -21,6 +21,26 @@ fn gpu() -> CudaBackend {
     CudaBackend::new(&CudaOptions::default()).expect("a CUDA device (this test is --ignored)")
 }
 
+/// Asserts two paths' outputs are the same bits (same arithmetic in the same order).
+fn assert_same_bits(what: &str, one: &[f32], each: &[f32]) {
+    let differ = one
+        .iter()
+        .zip(each)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let worst = one
+        .iter()
+        .zip(each)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert_eq!(
+        (one.len(), differ),
+        (each.len(), 0),
+        "{what}: {differ} of {} values differ (max |diff| {worst:e})",
+        one.len()
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn conformance_matmul_and_embed() {
@@ -65,23 +85,7 @@ fn conformance_attention_block_fused_and_not() {
         fused,
         "fused off: the separate ops"
     );
-    // same arithmetic in the same order: the same bits
-    let differ = one
-        .iter()
-        .zip(&each)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    let worst = one
-        .iter()
-        .zip(&each)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
-    assert_eq!(
-        (one.len(), differ),
-        (each.len(), 0),
-        "fused vs separate ops: {differ} of {} values differ (max |diff| {worst:e})",
-        one.len()
-    );
+    assert_same_bits("fused vs separate ops", &one, &each);
 }
 
 /// The fused attention chain writing the q8_1 copy of its output for the o-projection (the
@@ -105,18 +109,8 @@ fn conformance_attention_q8_staged_and_not() {
         80,
         "fused calls that wrote the q8_1 copy"
     );
-    for (what, x, y) in [("outputs", &one.0, &each.0), ("products", &one.1, &each.1)] {
-        let differ = x
-            .iter()
-            .zip(y)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            (x.len(), differ),
-            (y.len(), 0),
-            "{what}: staged vs separate quantize, values that differ"
-        );
-    }
+    assert_same_bits("outputs, staged vs separate quantize", &one.0, &each.0);
+    assert_same_bits("products, staged vs separate quantize", &one.1, &each.1);
 }
 
 /// Gated DeltaNet's conv1d, silu, L2 norm and split in one launch (decode rows) and as
@@ -135,16 +129,7 @@ fn conformance_conv1d_qkv_fused_and_not() {
     b.set_fused(false);
     let each = conformance::conv1d_qkv_outputs(&b).unwrap();
     assert_eq!(b.fused_conv1d_qkv_calls(), 6, "fused off: the separate ops");
-    let differ = one
-        .iter()
-        .zip(&each)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    assert_eq!(
-        (one.len(), differ),
-        (each.len(), 0),
-        "fused vs separate ops: values that differ"
-    );
+    assert_same_bits("fused vs separate ops", &one, &each);
 }
 
 /// The staged fusions of a Gated DeltaNet layer's tail (`StagedFusions`: the gates inside
@@ -166,16 +151,7 @@ fn conformance_delta_tail_staged_and_not() {
         (4, 4),
         "calls that took the staged paths"
     );
-    let differ = one
-        .iter()
-        .zip(&each)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    assert_eq!(
-        (one.len(), differ),
-        (each.len(), 0),
-        "staged vs separate launches: values that differ"
-    );
+    assert_same_bits("staged vs separate launches", &one, &each);
 }
 
 #[test]

@@ -609,18 +609,29 @@ fn fused_matches_unfused_on_synth_q4_k_m_shapes() {
     if gpu().is_none() {
         return;
     }
-    for (name, layers) in [("qwen2.5-1.5b", 2usize), ("qwen3.5-27b", 4)] {
-        let mut shape = model::synth::Shape::preset(name).expect("synth preset");
-        shape.n_layer = layers;
-        shape.n_vocab = shape.n_vocab.min(32768);
-        let path = std::env::temp_dir().join(format!("redline-fused-{name}-{layers}l.gguf"));
-        let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
-        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-        plan.write(f, 7, |_| {}).unwrap();
+    for (name, layers) in SYNTH_CUTS {
+        let path = synth_q4_k_m(name, layers, "fused");
         let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
         fused_vs_unfused(name, &path, &prompt, 12);
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// The real layer shapes the fused-path tests run: a synthetic Qwen2.5-1.5B cut to 2 layers and
+/// a Qwen3.5-27B cut to 4 (3 DeltaNet + 1 gated attention).
+const SYNTH_CUTS: [(&str, usize); 2] = [("qwen2.5-1.5b", 2), ("qwen3.5-27b", 4)];
+
+/// Writes the synthetic Q4_K_M file of preset `name` cut to `layers` layers, with a vocabulary
+/// of at most 32k, into the temporary folder (the caller removes it).
+fn synth_q4_k_m(name: &str, layers: usize, tag: &str) -> PathBuf {
+    let mut shape = model::synth::Shape::preset(name).expect("synth preset");
+    shape.n_layer = layers;
+    shape.n_vocab = shape.n_vocab.min(32768);
+    let path = std::env::temp_dir().join(format!("redline-{tag}-{name}-{layers}l.gguf"));
+    let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    plan.write(f, 7, |_| {}).unwrap();
+    path
 }
 
 /// The staged decode fusions (`StagedFusions::ALL`: dn_recurrent under PDL, the gates inside
@@ -633,14 +644,8 @@ fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
     if gpu().is_none() {
         return;
     }
-    for (name, layers) in [("qwen2.5-1.5b", 2usize), ("qwen3.5-27b", 4)] {
-        let mut shape = model::synth::Shape::preset(name).expect("synth preset");
-        shape.n_layer = layers;
-        shape.n_vocab = shape.n_vocab.min(32768);
-        let path = std::env::temp_dir().join(format!("redline-staged-{name}-{layers}l.gguf"));
-        let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
-        let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-        plan.write(f, 7, |_| {}).unwrap();
+    for (name, layers) in SYNTH_CUTS {
+        let path = synth_q4_k_m(name, layers, "staged");
         let load = |staged: StagedFusions| {
             let b = gpu().unwrap();
             b.set_graphs_enabled(true);

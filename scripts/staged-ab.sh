@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Device window for the staged decode fusions (crates/cuda/src/backend/mod.rs StagedFusions; all
+# off by default): their GPU tests, then tg A/Bs on the full-size synthetic models, each variant
+# by its environment variable with the same binary, rounds alternating; per-op profiles with all
+# of them on; the verify-cost table (issue 8). Needs devpk/pack.tar.xz built here with the test binaries:
+#
+#   bash scripts/device-tests.sh && bash scripts/device-pack.sh
+#   run(command="bash scripts/staged-ab.sh", carry=["devpk"], timeout_s=600)  (twice if needed:
+#   STAGE=bench skips the tests; the synthetic files are rewritten on a fresh machine)
+#
+# Prints one line per run (model, variant, the bench table's tok/s and roofline columns);
+# profiles go to $OUT.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+[ -d devbin ] || tar xJf devpk/pack.tar.xz
+export XDG_CACHE_HOME=$PWD/devbin/cache
+R=devbin/redline
+STAGE=${STAGE:-all}
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0))s]"; }
+[ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1; \
+    $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1) &
+SP=$!
+ALL="REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 REDLINE_FUSED_NORM_Q8=1 REDLINE_FUSED_ATTN_Q8=1 REDLINE_FUSED_Q8K=1"
+if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
+    # staged paths against the defaults, bit for bit (they set the fusions themselves)
+    timeout 120 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test |result|differ|panicked" | head -14
+    timeout 200 devbin/t_gpu_decode staged_ fused_ --include-ignored --test-threads 1 --nocapture 2>&1 | grep -E "^test |result|differ|panicked|staged calls" | head -14
+    # the whole suites with every staged fusion on
+    env $ALL timeout 150 devbin/t_gpu_decode --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -8
+    env $ALL timeout 150 devbin/t_gpu_deltanet --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -6
+    env $ALL timeout 150 devbin/t_backend_models --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -6
+    echo "== tests done $(el)"
+fi
+[ "$STAGE" = tests ] && exit 0
+wait $SP
+echo "== synth done $(el)"
+b() { # model variant env... ; then bench args after --
+    local m=$1 v=$2
+    shift 2
+    local e=()
+    while [ "$1" != -- ]; do e+=("$1"); shift; done
+    shift
+    echo "$m $v: $(env "${e[@]}" timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>&1 | grep -E '^\| qwen' | cut -d'|' -f8-)"
+}
+for r in 1 2; do
+    b m27 none -- -n 128 -r 2
+    b m27 dn_pdl REDLINE_DN_PDL=1 -- -n 128 -r 2
+    b m27 +gates REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 -- -n 128 -r 2
+    b m27 +norm_q8 REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 REDLINE_FUSED_NORM_Q8=1 -- -n 128 -r 2
+    b m27 all $ALL -- -n 128 -r 2
+    b m32 none -- -n 128 -r 2
+    b m32 attn_q8 REDLINE_FUSED_ATTN_Q8=1 -- -n 128 -r 2
+    b m27 x8-none -- -n 64 -r 2 --parallel 8
+    b m27 x8-all $ALL -- -n 64 -r 2 --parallel 8
+    b m32 x8-none -- -n 64 -r 2 --parallel 8
+    b m32 x8-q8k REDLINE_FUSED_Q8K=1 -- -n 64 -r 2 --parallel 8
+    b m32 x8-all $ALL -- -n 64 -r 2 --parallel 8
+done
+echo "== A/B done $(el)"
+# issue 8's verify-cost table: passes of k tokens against one decode step, default and staged
+for v in none all; do
+    case $v in none) e=(REDLINE_NONE=1) ;; all) e=($ALL) ;; esac
+    echo "verify m27 $v:"
+    env "${e[@]}" timeout 120 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4,8 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)'
+done
+mkdir -p "${OUT:-/tmp/out}"
+for m in m32 m27; do
+    for p in 1 8; do
+        env $ALL REDLINE_PROFILE_OPS=1 timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 -n 32 -r 1 --parallel $p >"${OUT:-/tmp/out}/prof_${m}_$p.txt" 2>&1
+    done
+done
+echo "== done $(el)"
