@@ -5,8 +5,9 @@
 # of them on; the verify-cost table (issue 8). Needs devpk/pack.tar.xz built here with the test binaries:
 #
 #   bash scripts/device-tests.sh && bash scripts/device-pack.sh
-#   run(command="bash scripts/staged-ab.sh", carry=["devpk"], timeout_s=600)  (twice if needed:
-#   STAGE=bench skips the tests; the synthetic files are rewritten on a fresh machine)
+#   run(command="STAGE=t1 bash scripts/staged-ab.sh", carry=["devpk"]), then STAGE=t2, ab, rest
+#   (each within one call's 600 s; the synthetic files, written during t1, stay in /tmp while
+#   the machine is warm, and are written again on a fresh one)
 #
 # Prints one line per run (model, variant, the bench table's tok/s and roofline columns);
 # profiles go to $OUT.
@@ -18,23 +19,27 @@ R=devbin/redline
 STAGE=${STAGE:-all}
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0))s]"; }
-[ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1; \
-    $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1) &
+[ -e /tmp/synth.done ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
+    $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 && touch /tmp/synth.done) &
 SP=$!
 ALL="REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 REDLINE_FUSED_NORM_Q8=1 REDLINE_FUSED_ATTN_Q8=1 REDLINE_FUSED_Q8K=1"
-if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
-    # staged paths against the defaults, bit for bit (they set the fusions themselves)
-    timeout 120 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test |result|differ|panicked" | head -14
-    timeout 200 devbin/t_gpu_decode staged_ fused_ --include-ignored --test-threads 1 --nocapture 2>&1 | grep -E "^test |result|differ|panicked|staged calls" | head -14
-    # the whole suites with every staged fusion on
-    env $ALL timeout 150 devbin/t_gpu_decode --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -8
+if [ "$STAGE" = all ] || [ "$STAGE" = t1 ]; then
+    # the staged paths against the defaults, bit for bit (these tests set the fusions
+    # themselves), and the default paths (their launches changed too)
+    timeout 150 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test |result|differ|panicked" | head -14
+    timeout 200 devbin/t_gpu_decode --include-ignored --test-threads 1 --nocapture 2>&1 | grep -E "^test .*FAILED|result|differ|panicked|staged calls" | head -14
+    echo "== t1 done $(el)"
+fi
+if [ "$STAGE" = all ] || [ "$STAGE" = t2 ]; then
+    # the suites with every staged fusion on
+    env $ALL timeout 200 devbin/t_gpu_decode --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -8
     env $ALL timeout 150 devbin/t_gpu_deltanet --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -6
     env $ALL timeout 150 devbin/t_backend_models --include-ignored --test-threads 1 2>&1 | grep -E "FAILED|result|panicked" | head -6
-    echo "== tests done $(el)"
+    echo "== t2 done $(el)"
 fi
-[ "$STAGE" = tests ] && exit 0
 wait $SP
 echo "== synth done $(el)"
+case $STAGE in t1 | t2) exit 0 ;; esac
 b() { # model variant env... ; then bench args after --
     local m=$1 v=$2
     shift 2
@@ -43,7 +48,7 @@ b() { # model variant env... ; then bench args after --
     shift
     echo "$m $v: $(env "${e[@]}" timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>&1 | grep -E '^\| qwen' | cut -d'|' -f8-)"
 }
-for r in 1 2; do
+[ "$STAGE" = rest ] || for r in 1 2; do
     b m27 none -- -n 128 -r 2
     b m27 dn_pdl REDLINE_DN_PDL=1 -- -n 128 -r 2
     b m27 +gates REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 -- -n 128 -r 2
@@ -58,6 +63,7 @@ for r in 1 2; do
     b m32 x8-all $ALL -- -n 64 -r 2 --parallel 8
 done
 echo "== A/B done $(el)"
+[ "$STAGE" = ab ] && exit 0
 # issue 8's verify-cost table: passes of k tokens against one decode step, default and staged
 for v in none all; do
     case $v in none) e=(REDLINE_NONE=1) ;; all) e=($ALL) ;; esac
@@ -67,7 +73,7 @@ done
 mkdir -p "${OUT:-/tmp/out}"
 for m in m32 m27; do
     for p in 1 8; do
-        env $ALL REDLINE_PROFILE_OPS=1 timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 -n 32 -r 1 --parallel $p >"${OUT:-/tmp/out}/prof_${m}_$p.txt" 2>&1
+        env $ALL REDLINE_PROFILE_OPS=1 timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 -n 16 -r 1 --parallel $p >"${OUT:-/tmp/out}/prof_${m}_$p.txt" 2>&1
     done
 done
 echo "== done $(el)"
