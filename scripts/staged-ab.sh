@@ -5,7 +5,7 @@
 # of them on; the verify-cost table (issue 8). Needs devpk/pack.tar.xz built here with the test binaries:
 #
 #   bash scripts/device-tests.sh && bash scripts/device-pack.sh
-#   run(command="STAGE=t1 bash scripts/staged-ab.sh", carry=["devpk"]), then STAGE=t2, ab, rest
+#   run(command="STAGE=t1 bash scripts/staged-ab.sh", carry=["devpk"]), then STAGE=t2, ab, rest, serve
 #   (each within one call's 600 s; the synthetic files, written during t1, stay in /tmp while
 #   the machine is warm, and are written again on a fresh one)
 #
@@ -64,6 +64,24 @@ b() { # model variant env... ; then bench args after --
 done
 echo "== A/B done $(el)"
 [ "$STAGE" = ab ] && exit 0
+if [ "$STAGE" = serve ]; then
+    # issue 6's serve rows at 1 and 8 streams (bench-full.sh's stdlib client), default and staged
+    sed -n "/^cat > \"\$DIR\/serve_load.py\" <<'PY'/,/^PY\$/p" scripts/bench-full.sh | sed '1d;$d' >/tmp/serve_load.py
+    for v in none all; do
+        case $v in none) e=(REDLINE_NONE=1) ;; all) e=($ALL) ;; esac
+        env "${e[@]}" $R serve -m /tmp/m32.gguf --device cuda --parallel 8 -c 16384 --port 8093 --shutdown-grace 1 >/tmp/serve_$v.log 2>&1 &
+        pid=$!
+        for _ in $(seq 1 120); do
+            python3 -c "import http.client,sys; c=http.client.HTTPConnection('127.0.0.1',8093,timeout=2); c.request('GET','/health'); sys.exit(0 if c.getresponse().status==200 else 1)" 2>/dev/null && break
+            sleep 0.5
+        done
+        echo "serve m32 $v:"
+        timeout 60 python3 /tmp/serve_load.py 8093 1 16 1 >/dev/null
+        timeout 200 python3 /tmp/serve_load.py 8093 1,8 64 2
+        kill -TERM $pid; sleep 2; kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+    done
+    exit 0
+fi
 # issue 8's verify-cost table: passes of k tokens against one decode step, default and staged
 for v in none all; do
     case $v in none) e=(REDLINE_NONE=1) ;; all) e=($ALL) ;; esac
