@@ -48,7 +48,7 @@ b() { # model variant env... ; then bench args after --
     shift
     echo "$m $v: $(env "${e[@]}" timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>&1 | grep -E '^\| qwen' | cut -d'|' -f8-)"
 }
-[ "$STAGE" = all ] || [ "$STAGE" = ab ] && for r in 1 2; do
+[ "$STAGE" = all ] || [ "$STAGE" = ab ] && for r in ${ROUNDS:-1 2}; do
     b m27 none -- -n 128 -r 2
     b m27 dn_pdl REDLINE_DN_PDL=1 -- -n 128 -r 2
     b m27 +gates REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 -- -n 128 -r 2
