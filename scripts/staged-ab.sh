@@ -22,7 +22,10 @@ el() { echo "[$(($(date +%s) - t0))s]"; }
 [ -e /tmp/synth.done ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
     $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 && touch /tmp/synth.done) &
 SP=$!
-ALL="REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 REDLINE_FUSED_NORM_Q8=1 REDLINE_FUSED_ATTN_Q8=1 REDLINE_FUSED_Q8K=1"
+# every variant sets all five switches (four are on by default since this A/B, q8k off)
+v() { echo "REDLINE_DN_PDL=$1 REDLINE_FUSED_GATES=$2 REDLINE_FUSED_NORM_Q8=$3 REDLINE_FUSED_ATTN_Q8=$4 REDLINE_FUSED_Q8K=$5"; }
+NONE=$(v 0 0 0 0 0)
+ALL=$(v 1 1 1 1 1)
 if [ "$STAGE" = all ] || [ "$STAGE" = t1 ]; then
     # the staged paths against the defaults, bit for bit (these tests set the fusions
     # themselves), and the default paths (their launches changed too)
@@ -49,17 +52,17 @@ b() { # model variant env... ; then bench args after --
     echo "$m $v: $(env "${e[@]}" timeout 90 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>&1 | grep -E '^\| qwen' | cut -d'|' -f8-)"
 }
 [ "$STAGE" = all ] || [ "$STAGE" = ab ] && for r in ${ROUNDS:-1 2}; do
-    b m27 none -- -n 128 -r 2
-    b m27 dn_pdl REDLINE_DN_PDL=1 -- -n 128 -r 2
-    b m27 +gates REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 -- -n 128 -r 2
-    b m27 +norm_q8 REDLINE_DN_PDL=1 REDLINE_FUSED_GATES=1 REDLINE_FUSED_NORM_Q8=1 -- -n 128 -r 2
+    b m27 none $NONE -- -n 128 -r 2
+    b m27 dn_pdl $(v 1 0 0 0 0) -- -n 128 -r 2
+    b m27 +gates $(v 1 1 0 0 0) -- -n 128 -r 2
+    b m27 +norm_q8 $(v 1 1 1 0 0) -- -n 128 -r 2
     b m27 all $ALL -- -n 128 -r 2
-    b m32 none -- -n 128 -r 2
-    b m32 attn_q8 REDLINE_FUSED_ATTN_Q8=1 -- -n 128 -r 2
-    b m27 x8-none -- -n 64 -r 2 --parallel 8
+    b m32 none $NONE -- -n 128 -r 2
+    b m32 attn_q8 $(v 0 0 0 1 0) -- -n 128 -r 2
+    b m27 x8-none $NONE -- -n 64 -r 2 --parallel 8
     b m27 x8-all $ALL -- -n 64 -r 2 --parallel 8
-    b m32 x8-none -- -n 64 -r 2 --parallel 8
-    b m32 x8-q8k REDLINE_FUSED_Q8K=1 -- -n 64 -r 2 --parallel 8
+    b m32 x8-none $NONE -- -n 64 -r 2 --parallel 8
+    b m32 x8-q8k $(v 0 0 0 0 1) -- -n 64 -r 2 --parallel 8
     b m32 x8-all $ALL -- -n 64 -r 2 --parallel 8
 done
 echo "== A/B done $(el)"
@@ -68,7 +71,7 @@ if [ "$STAGE" = serve ]; then
     # issue 6's serve rows at 1 and 8 streams (bench-full.sh's stdlib client), default and staged
     sed -n "/^cat > \"\$DIR\/serve_load.py\" <<'PY'/,/^PY\$/p" scripts/bench-full.sh | sed '1d;$d' >/tmp/serve_load.py
     for v in none all; do
-        case $v in none) e=(REDLINE_NONE=1) ;; all) e=($ALL) ;; esac
+        case $v in none) e=($NONE) ;; all) e=($ALL) ;; esac
         env "${e[@]}" $R serve -m /tmp/m32.gguf --device cuda --parallel 8 -c 16384 --port 8093 --shutdown-grace 1 >/tmp/serve_$v.log 2>&1 &
         pid=$!
         for _ in $(seq 1 120); do
@@ -84,7 +87,7 @@ if [ "$STAGE" = serve ]; then
 fi
 # issue 8's verify-cost table: passes of k tokens against one decode step, default and staged
 for v in none all; do
-    case $v in none) e=(REDLINE_NONE=1) ;; all) e=($ALL) ;; esac
+    case $v in none) e=($NONE) ;; all) e=($ALL) ;; esac
     echo "verify m27 $v:"
     env "${e[@]}" timeout 120 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4,8 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)'
 done

@@ -682,27 +682,41 @@ fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
             same(format!("step {step}"), &ls, &ld);
             next = argmax(&ld);
         }
-        let mut bd: Vec<_> = (0..3)
-            .map(|_| d.new_state(128, KvType::F16).unwrap())
-            .collect();
-        let mut bs: Vec<_> = (0..3)
-            .map(|_| s.new_state(128, KvType::F16).unwrap())
-            .collect();
-        for (i, (a, b)) in bd.iter_mut().zip(bs.iter_mut()).enumerate() {
-            let p = &prompt[..prompt.len() - i];
-            d.forward(a, p, false).unwrap();
-            s.forward(b, p, false).unwrap();
+        // batched steps of 3 and of 8 sequences (the most the q8_K path takes)
+        let mut bt = Vec::new();
+        for n_seq in [3usize, 8] {
+            let mut bd: Vec<_> = (0..n_seq)
+                .map(|_| d.new_state(128, KvType::F16).unwrap())
+                .collect();
+            let mut bs: Vec<_> = (0..n_seq)
+                .map(|_| s.new_state(128, KvType::F16).unwrap())
+                .collect();
+            for (i, (a, b)) in bd.iter_mut().zip(bs.iter_mut()).enumerate() {
+                let p = &prompt[..prompt.len() - i];
+                d.forward(a, p, false).unwrap();
+                s.forward(b, p, false).unwrap();
+            }
+            bt = vec![prompt[0]; n_seq];
+            for step in 0..8 {
+                let mut rd: Vec<&mut _> = bd.iter_mut().collect();
+                let mut rs: Vec<&mut _> = bs.iter_mut().collect();
+                let ld = d.forward_batch(&mut rd, &bt).unwrap();
+                let ls = s.forward_batch(&mut rs, &bt).unwrap();
+                same(
+                    format!("batched step {step} of {n_seq} sequences"),
+                    &ls,
+                    &ld,
+                );
+                let nv = d.config().n_vocab;
+                bt = (0..n_seq)
+                    .map(|i| argmax(&ld[i * nv..(i + 1) * nv]))
+                    .collect();
+            }
         }
-        let mut bt = vec![prompt[0]; 3];
-        for step in 0..8 {
-            let mut rd: Vec<&mut _> = bd.iter_mut().collect();
-            let mut rs: Vec<&mut _> = bs.iter_mut().collect();
-            let ld = d.forward_batch(&mut rd, &bt).unwrap();
-            let ls = s.forward_batch(&mut rs, &bt).unwrap();
-            same(format!("batched step {step}"), &ls, &ld);
-            let nv = d.config().n_vocab;
-            bt = (0..3).map(|i| argmax(&ld[i * nv..(i + 1) * nv])).collect();
-        }
+        let mut bd = [d.new_state(128, KvType::F16).unwrap()];
+        let mut bs = [s.new_state(128, KvType::F16).unwrap()];
+        d.forward(&mut bd[0], &prompt, false).unwrap();
+        s.forward(&mut bs[0], &prompt, false).unwrap();
         for round in 0..3 {
             let draft: Vec<u32> = (0..4).map(|j| bt[j % 3]).collect();
             let base = bd[0].len();

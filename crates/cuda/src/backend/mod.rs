@@ -135,18 +135,20 @@ pub struct CudaBackend {
     q8k: AtomicU64,
 }
 
-/// Decode-step fusions written without a card to measure them on (session 14): each is off
-/// until an A/B on the device shows it pays, and its GPU test shows the same bits as the
-/// separate launches. `REDLINE_DN_PDL=1`: `dn_recurrent` launched with PDL, its recurrent state
-/// loaded before the wait. `REDLINE_FUSED_GATES=1`: the delta-rule gates computed inside
-/// `dn_recurrent` (no `mo_delta_gates` launch). `REDLINE_FUSED_NORM_Q8=1`: Qwen3.5's gated
+/// Decode-step fusions written in session 14 without a card, then measured on the H200
+/// (BENCHMARKS.md); each gives the separate launches' bits (their GPU tests check it).
+/// On by default, `=0` turns one off: `REDLINE_DN_PDL`: `dn_recurrent` launched with PDL, its
+/// recurrent state loaded before the wait. `REDLINE_FUSED_GATES`: the delta-rule gates computed
+/// inside `dn_recurrent` (no `mo_delta_gates` launch). `REDLINE_FUSED_NORM_Q8`: Qwen3.5's gated
 /// group norm also writes the q8_1 copy the out-projection reads (no quantize launch).
-/// `REDLINE_FUSED_ATTN_Q8=1`: the fused one-row attention chain writes the q8_1 copy of its
-/// output for the o-projection (no quantize launch; every attention layer).
-/// `REDLINE_FUSED_Q8K=1`: for 3..8 rows (decode streams, verify passes), whose Q4_K / Q6_K
-/// products take the mmv2 kernels on q8_K activations, the norm and SwiGLU kernels write the
-/// q8_K copy too, and an x no kernel quantized gets its q8_1 and q8_K copies in one launch
-/// (up to 4 `quantize_q8_k` / `quantize_q8_1` launches fewer per layer).
+/// `REDLINE_FUSED_ATTN_Q8`: the fused one-row attention chain writes the q8_1 copy of its
+/// output for the o-projection (no quantize launch; every attention layer). Together: 27B
+/// tg128 +2 %, 32B +0.8 %.
+/// Off by default, `=1` turns it on: `REDLINE_FUSED_Q8K`: for 3..8 rows (decode streams,
+/// verify passes), whose Q4_K / Q6_K products take the mmv2 kernels on q8_K activations, the
+/// norm and SwiGLU kernels write the q8_K copy too, and an x no kernel quantized gets its q8_1
+/// and q8_K copies in one launch. Measured slower (the norm's block-wide q8_K reductions cost
+/// more than the launches they save; 8 streams far slower, not yet understood).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagedFusions {
     pub dn_pdl: bool,
@@ -166,15 +168,17 @@ impl StagedFusions {
         q8k: true,
     };
 
-    /// The process default: each on only when its variable is `1`.
+    /// The process default: the measured wins on unless their variable is `0`, `q8k` only
+    /// when `REDLINE_FUSED_Q8K=1`.
     pub fn from_env() -> StagedFusions {
-        let on = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+        let var = |k: &str| std::env::var(k).ok();
+        let unless_0 = |k: &str| var(k).as_deref() != Some("0");
         StagedFusions {
-            dn_pdl: on("REDLINE_DN_PDL"),
-            gates: on("REDLINE_FUSED_GATES"),
-            norm_q8: on("REDLINE_FUSED_NORM_Q8"),
-            attn_q8: on("REDLINE_FUSED_ATTN_Q8"),
-            q8k: on("REDLINE_FUSED_Q8K"),
+            dn_pdl: unless_0("REDLINE_DN_PDL"),
+            gates: unless_0("REDLINE_FUSED_GATES"),
+            norm_q8: unless_0("REDLINE_FUSED_NORM_Q8"),
+            attn_q8: unless_0("REDLINE_FUSED_ATTN_Q8"),
+            q8k: var("REDLINE_FUSED_Q8K").as_deref() == Some("1"),
         }
     }
 
