@@ -143,7 +143,7 @@ pub struct CudaBackend {
 /// group norm also writes the q8_1 copy the out-projection reads (no quantize launch).
 /// `REDLINE_FUSED_ATTN_Q8`: the fused one-row attention chain writes the q8_1 copy of its
 /// output for the o-projection (no quantize launch; every attention layer). Together: 27B
-/// tg128 +2 %, 32B +0.8 %.
+/// tg128 +2.0–2.4 %, 32B +0.2–0.8 % (three windows).
 /// Off by default, `=1` turns it on: `REDLINE_FUSED_Q8K`: for 3..8 rows (decode streams,
 /// verify passes), whose Q4_K / Q6_K products take the mmv2 kernels on q8_K activations, the
 /// norm and SwiGLU kernels write the q8_K copy too, and an x no kernel quantized gets its q8_1
