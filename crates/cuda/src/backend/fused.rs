@@ -168,12 +168,12 @@ impl CudaBackend {
 
     /// Whether x's quantization should also make the q8_K copy in the same launch (the staged
     /// `q8k` fusion): a product of one of `tys` takes the mmv2 kernels for x.
-    fn q8k_with(&self, x: &CudaTensor, tys: &[GgmlType]) -> bool {
+    fn q8k_with(&self, x: &CudaTensor, tys: impl IntoIterator<Item = GgmlType>) -> bool {
         self.staged().q8k
             && crate::mmv::q8k_wanted(&self.dev, x.rows, x.cols)
             && tys
-                .iter()
-                .any(|&ty| crate::mmv::dispatch2(&self.dev, ty, x.rows))
+                .into_iter()
+                .any(|ty| crate::mmv::dispatch2(&self.dev, ty, x.rows))
     }
 
     /// Quantizes x into the scratch unless it already holds x's copy from this op or the one
@@ -238,7 +238,7 @@ impl CudaBackend {
         if (out.rows, out.cols) != (x.rows, w.rows) {
             return self.matmul_impl(w, x, out); // reports the shape error
         }
-        let with_k = self.q8k_with(x, &[m.ty]);
+        let with_k = self.q8k_with(x, [m.ty]);
         self.with_q8(x.rows, x.cols, |s, holds| {
             self.ensure_q8(x, s, holds, with_k)?;
             if crate::mmq::dispatch(&self.dev, m.ty, x.rows) {
@@ -403,8 +403,7 @@ impl CudaBackend {
         outs: &mut [&mut CudaTensor],
     ) -> Result<(), BackendError> {
         let stream = self.dev.stream();
-        let tys: Vec<GgmlType> = segs.iter().map(|(_, m)| m.ty).collect();
-        let with_k = self.q8k_with(x, &tys);
+        let with_k = self.q8k_with(x, segs.iter().map(|(_, m)| m.ty));
         self.with_q8(x.rows, x.cols, |s, holds| {
             self.ensure_q8(x, s, holds, with_k)?;
             // group by weight type, in order of first appearance
@@ -446,7 +445,7 @@ impl CudaBackend {
         match self.fusable(w, x) {
             Some(m) if !self.matmul_add_uses_temp(w, x, out) => {
                 let y = dev_ptr(&*out.data, self.dev.stream());
-                let with_k = self.q8k_with(x, &[m.ty]);
+                let with_k = self.q8k_with(x, [m.ty]);
                 self.with_q8(x.rows, x.cols, |s, holds| {
                     self.ensure_q8(x, s, holds, with_k)?;
                     let seg = Segment {

@@ -700,16 +700,10 @@ impl CudaBackend {
         if Self::recurrent_kernel(&sh, form) != "dn_recurrent" {
             return false;
         }
-        let mut counts = vec![0usize; states.len()];
-        for r in rows {
-            match counts.get_mut(r.seq) {
-                Some(c) => *c += 1,
-                None => return false,
-            }
-        }
-        counts
-            .iter()
-            .all(|&n| n == 0 || !self.chunked_run(&sh, n, form))
+        rows_by_seq(rows, states.len()).is_ok_and(|by| {
+            by.iter()
+                .all(|i| i.is_empty() || !self.chunked_run(&sh, i.len(), form))
+        })
     }
 
     /// The delta rule; with `gates` set (dt_bias and a), g and beta are the raw projections,
@@ -823,16 +817,8 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let (form, _) = configured_forms();
         if self.staged().gates && self.gates_fusable(rows, states, form) {
+            // alpha's and beta's shapes are checked by delta_rule_run (as g and beta)
             let h = alpha.cols;
-            if (beta.rows, beta.cols) != (alpha.rows, h) {
-                return Err(shape_err(
-                    "delta_rule_gated",
-                    format!(
-                        "alpha [{}, {h}], beta [{}, {}]",
-                        alpha.rows, beta.rows, beta.cols
-                    ),
-                ));
-            }
             let (dt, av) = (gate_vector(dt_bias, h)?, gate_vector(a, h)?);
             let stream = self.dev.stream();
             let gates = (dev_ptr(dt, stream), dev_ptr(av, stream));
