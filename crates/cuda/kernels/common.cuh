@@ -142,14 +142,25 @@ static __device__ __forceinline__ void q8k_pick_warp(float& am, float& mx, int& 
     }
 }
 
+// Where the q8_K copy keeps value `col` of token `tok` (of ntok): token-interleaved per unit,
+// so the 8 tokens' 32 bytes of one unit are 256 contiguous bytes and an mmv2 x load touches 2
+// cache lines instead of one per token. q: [cols / 32][ntok][32] int8; dy (one per 256 values)
+// and bsum (8 int16 per 256 values, the sums of q per 32): [cols / 256][ntok] (x 8 for bsum).
+static __device__ __forceinline__ long long q8k_q_at(int tok, long long col, int ntok) {
+    return ((col >> 5) * ntok + tok) * 32 + (col & 31);
+}
+static __device__ __forceinline__ long long q8k_sb_at(int tok, long long col, int ntok) {
+    return (col >> 8) * ntok + tok;
+}
+
 // The q8_K copy the mmv2 products read (mmv.cu `quantize_q8_k`: int8 q per value, dy per 256
-// values, the int16 sum of q per 32), bit for bit: the scale from q8k_pick, then the same
-// expressions. The 256 values of a unit are held one per thread, in order, by 8 consecutive
-// warps: blockDim.x a multiple of 256 and v the value at flat index i (the unit's first value
-// at a thread with tid % 256 == 0). Every thread of the block calls it (it has barriers); ok is
-// uniform over each unit (false: nothing written for that unit).
+// values, the int16 sum of q per 32; layout above), bit for bit: the scale from q8k_pick, then
+// the same expressions. The 256 values of a unit are held one per thread, in order, by 8
+// consecutive warps: blockDim.x a multiple of 256 and v the value `col` of token `tok` (the
+// unit's first value at a thread with tid % 256 == 0). Every thread of the block calls it (it
+// has barriers); ok is uniform over each unit (false: nothing written for that unit).
 static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t* q, float* dy, int16_t* bsum,
-                                                       long long i) {
+                                                       int tok, long long col, int ntok) {
     __shared__ float k_am[32], k_mx[32];
     __shared__ int k_idx[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, e = tid & 255;
@@ -177,9 +188,9 @@ static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t*
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
     if (ok) {
-        q[i] = (int8_t)qi;
-        if (lane == 0) bsum[i / 32] = (int16_t)sum;
-        if (e == 0) dy[i / 256] = d;
+        q[q8k_q_at(tok, col, ntok)] = (int8_t)qi;
+        if (lane == 0) bsum[8 * q8k_sb_at(tok, col, ntok) + ((col >> 5) & 7)] = (int16_t)sum;
+        if (e == 0) dy[q8k_sb_at(tok, col, ntok)] = d;
     }
     __syncthreads();  // the shared arrays are read before a next call rewrites them
 }

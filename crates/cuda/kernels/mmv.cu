@@ -544,11 +544,14 @@ MMV_KERNEL(q6_k, MvQ6K)
 // mma as a signed byte) takes two m16n8k16 per unit, each C value times its sub-block's scale
 // in int32 (|sum| <= 16 * 128 * 16 * 32 * 127 < 2^31), one float step per super-block.
 //
-// Layout: x8.q [n_tokens, ncols] int8 (same k order as mmv_: a thread's B words of unit U are
-// bytes 32U + 8t .. + 7 of token g; a layout with a thread's 8 units in 64 contiguous bytes,
-// four 16-byte loads per super-block, measured 2-9 % slower on the H200), x8.dy
-// [n_tokens, ncols / 256] f32 (x ~ dy * q), x8.bsum [n_tokens, ncols / 32] int16 (sum of q per
-// unit; 16 bytes per super-block). W, y, segments, warps and fragments as mmv_ (MvQ4K / MvQ6K
+// Layout (common.cuh q8k_q_at, q8k_sb_at): x8.q token-interleaved per 32-value unit,
+// [ncols / 32][n_tokens][32] int8, so a warp's x load of one unit (token g's bytes 8t .. + 7
+// at lane 4g + t, same k order as mmv_) reads the 8 tokens' 256 contiguous bytes, 2 cache lines
+// (with rows of [n_tokens, ncols] it touched one line per token: at 8 tokens those L1
+// wavefronts outnumbered the weights', and time grew with the token count: Q4_K 27648x5120
+// 32.2 -> 38.8 µs, Q6_K 50.6 -> 66.0 from 1 to 8 tokens); x8.dy [ncols / 256][n_tokens] f32
+// (x ~ dy * q), x8.bsum [ncols / 256][n_tokens][8] int16 (sum of q per unit; 16 bytes per
+// super-block and token). W, y, segments, warps and fragments as mmv_ (MvQ4K / MvQ6K
 // loads); one super-block in flight per warp while one computes (two, at ~128 registers, and
 // the Q4_K headers shared by a quad were both slower or equal on the H200).
 
@@ -588,11 +591,12 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_k(const float* __r
         }
         d = 1.0f / iscale;
     }
-    *(MvV2*)(q + row + 8 * lane) = MvV2{w[0], w[1]};
+    const int ntok = gridDim.y;
+    *(MvV2*)(q + q8k_q_at(tok, 256 * sb + 8 * lane, ntok)) = MvV2{w[0], w[1]};
     sum += __shfl_xor_sync(FULL_MASK, sum, 1);
     sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-    if ((lane & 3) == 0) bsum[(long long)tok * (ncols / 32) + 8 * sb + (lane >> 2)] = (int16_t)sum;
-    if (lane == 0) dy[(long long)tok * (ncols / 256) + sb] = d;
+    if ((lane & 3) == 0) bsum[8 * q8k_sb_at(tok, 256 * sb, ntok) + (lane >> 2)] = (int16_t)sum;
+    if (lane == 0) dy[q8k_sb_at(tok, 256 * sb, ntok)] = d;
 }
 
 // quantize_q8_1 and quantize_q8_k of the same x in one launch (for a product whose x no kernel
@@ -603,10 +607,11 @@ extern "C" __global__ void __launch_bounds__(256)
                     int8_t* __restrict__ q, float* __restrict__ dy, int16_t* __restrict__ bsum, int ncols) {
     pdl_wait();
     pdl_trigger();
-    const long long i = (long long)blockIdx.y * ncols + 256LL * blockIdx.x + threadIdx.x;
+    const long long col = 256LL * blockIdx.x + threadIdx.x;
+    const long long i = (long long)blockIdx.y * ncols + col;
     const float v = x[i];
     q8_1_unit(v, xq, xds, i, i / 32);
-    q8_k_unit_block(v, true, q, dy, bsum, i);
+    q8_k_unit_block(v, true, q, dy, bsum, blockIdx.y, col, gridDim.y);
 }
 
 // c + a.h0 * b.b0 + a.h1 * b.b1 (.lo: bytes 0, 1 of b; .hi: bytes 2, 3); a: two int16, b: u8.
@@ -621,29 +626,32 @@ static __device__ __forceinline__ int mv2_dp2a_hi(uint32_t a, uint32_t b, int c)
     return r;
 }
 
-// x of this thread: B words of token g, super-block scales and unit sums of tokens 2t, 2t + 1.
+// x of this thread: B words of token g, super-block scales and unit sums of tokens 2t, 2t + 1
+// (common.cuh q8k_q_at: unit U of token g at q + 32 (U n + g); super-block s's bsum / dy of
+// token k at index s n + k).
 struct Mv2X {
-    const int8_t* q;    // q of token g, + 8t
-    const MvV4* bs0;    // bsum of token 2t: 8 int16 per super-block
+    const int8_t* q;    // q of token g in unit 0, + 8t
+    const MvV4* bs0;    // bsum of token 2t in super-block 0 (8 int16); super-block s: + s n
     const MvV4* bs1;    // ... token 2t + 1
-    const float* dy0;   // dy of token 2t, one per super-block
+    const float* dy0;   // dy of token 2t in super-block 0; super-block s: + s n
     const float* dy1;
+    int n;              // tokens of the launch (the stride between units' token groups)
     int emulate;
 };
 
 // This thread's q8_K x for a launch of n_tokens tokens of ncols (rows past n_tokens read the
 // last token's, as mmv_ does).
 static __device__ __forceinline__ Mv2X mv2_x(const int8_t* __restrict__ q, const float* __restrict__ dy,
-                                             const int16_t* __restrict__ bsum, int n_tokens, int ncols,
-                                             int emulate) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nsb = ncols / 256;
+                                             const int16_t* __restrict__ bsum, int n_tokens, int emulate) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int t0 = min(2 * t, n_tokens - 1), t1 = min(2 * t + 1, n_tokens - 1);
     Mv2X x;
-    x.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
-    x.bs0 = (const MvV4*)(bsum + (long long)t0 * (ncols / 32));
-    x.bs1 = (const MvV4*)(bsum + (long long)t1 * (ncols / 32));
-    x.dy0 = dy + (long long)t0 * nsb;
-    x.dy1 = dy + (long long)t1 * nsb;
+    x.q = q + 32 * min(g, n_tokens - 1) + 8 * t;
+    x.bs0 = (const MvV4*)bsum + t0;
+    x.bs1 = (const MvV4*)bsum + t1;
+    x.dy0 = dy + t0;
+    x.dy1 = dy + t1;
+    x.n = n_tokens;
     x.emulate = emulate;
     return x;
 }
@@ -658,13 +666,14 @@ struct Mv2Q4K {
     // acc (c-fragment order) += super-block s of rows g, g + 8 against tokens 2t, 2t + 1
     static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
         const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
-        const int8_t* xs = x.q + 256 * s;
+        const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
+        const int8_t* xs = x.q + (long long)(8 * s) * us;
         int ai[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int sh = 4 * (u & 1);
             const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
-            const MvV2 xb = *(const MvV2*)(xs + 32 * u);
+            const MvV2 xb = *(const MvV2*)(xs + u * us);
             const MmaI4 c = mv_mma_k32(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
                                       (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
             const int bs = 8 * (u & 3);
@@ -675,8 +684,8 @@ struct Mv2Q4K {
             ai[2] += s8 * c.z;
             ai[3] += s8 * c.w;
         }
-        const MvV4 b0 = x.bs0[s], b1 = x.bs1[s];
-        const float y0 = x.dy0[s], y1 = x.dy1[s];
+        const MvV4 b0 = x.bs0[s * x.n], b1 = x.bs1[s * x.n];
+        const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
         const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mg = f16_to_f32((uint16_t)(f.h[0].x >> 16));
         const float d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), m8 = f16_to_f32((uint16_t)(f.h[1].x >> 16));
         acc[0] += y0 * (dg * (float)ai[0] - mg * (float)mv2_min_dot(b0, k0));
@@ -691,7 +700,8 @@ struct Mv2Q6K {
     static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
         const int t = threadIdx.x & 3;
         // this thread's k16 B words: bytes 16h + 4t of each unit
-        const int8_t* xs = x.q - 4 * t + 256 * s;
+        const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
+        const int8_t* xs = x.q - 4 * t + (long long)(8 * s) * us;
         int ai[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -706,7 +716,7 @@ struct Mv2Q6K {
                     const uint32_t hi = ((f.qh[r][n * 2 + h] >> (2 * k)) & 0x03030303u) << 4;
                     w[r] = sub_bytes_biased(lo | hi, 0x20202020u);
                 }
-                const uint32_t xb = *(const uint32_t*)(xs + 32 * u + 16 * h);
+                const uint32_t xb = *(const uint32_t*)(xs + u * us + 16 * h);
                 c[h] = mv_mma_k16(w[0], w[1], xb, x.emulate);
             }
             // scales sc[8n + 2k + h] of both rows: byte (2k + h) % 4 of word 2n + k / 2
@@ -718,7 +728,7 @@ struct Mv2Q6K {
             ai[2] += s80 * c[0].z + s81 * c[1].z;
             ai[3] += s80 * c[0].w + s81 * c[1].w;
         }
-        const float y0 = x.dy0[s], y1 = x.dy1[s];
+        const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
         const float dg = f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = f16_to_f32((uint16_t)(f.d >> 16));
         acc[0] += (dg * y0) * (float)ai[0];
         acc[1] += (dg * y1) * (float)ai[1];
@@ -736,7 +746,7 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
     const MvTile tl = mv_tile(p);
     const int ncols = p.ncols, nsb = ncols / 256;
     // (pointers only: x is read after the wait in mv_stream)
-    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, ncols, emulate);
+    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { M::compute(f, U0 / 8, x, acc); });
     mv_finish8(tl, acc, n_tokens);
@@ -777,7 +787,7 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
     const int ncols = p.ncols, nsb = ncols / 256;
     // (pointers only: x is read after the wait)
-    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, ncols, emulate);
+    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile)
     const int vi = lane & 15, hf = lane >> 4;
@@ -851,3 +861,113 @@ extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)
               const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {
     mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, emulate);
 }
+
+// ---- mmv2 Q4_K with the weights staged through shared memory (cp.async) ------------------
+//
+// Why: with x token-interleaved, most of mmv2_q4_k's L1 traffic is its weight fragment loads:
+// every 8-byte load of a warp reads 32 bytes from each of 8 rows (8 cache lines for 256
+// bytes), ~80 L1 wavefronts per warp and super-block against ~16 for x. Here each warp copies
+// its super-block of the tile's 16 rows (16 x 144 contiguous-per-row bytes, 144 aligned
+// 16-byte vectors) into shared memory with cp.async.cg (L2 -> shared, no registers, no L1:
+// 32 lanes x 16 bytes of ~4 rows per instruction), NST - 1 super-blocks ahead of the one it
+// computes, then reads the same fragments (MvQ4K::Frag) from shared memory (a header per row,
+// conflict-free; the 8-byte quant words at the minimum 2 wavefronts) and runs Mv2Q4K::compute
+// unchanged. Below sm_80 (no cp.async; never dispatched there, compiled for the tests'
+// emulation) the copy is a plain load and store.
+// Shared memory: dynamic, blockDim.y * NST * 16 rows * 144 bytes.
+#define MV4S_SB 144
+#define MV4S_STAGE (16 * MV4S_SB)
+
+static __device__ __forceinline__ void mv_cp16(uint32_t dst_s, uint8_t* dst, const uint8_t* src) {
+#if __CUDA_ARCH__ >= 800
+    (void)dst;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst_s), "l"(src) : "memory");
+#else
+    (void)dst_s;
+    *(MvV4*)dst = *(const MvV4*)src;
+#endif
+}
+static __device__ __forceinline__ void mv_cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+static __device__ __forceinline__ void mv_cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+template <int NST>
+static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
+                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
+                                                 int n_tokens, int emulate) {
+    extern __shared__ MvV4 mv4s_stage[];  // [blockDim.y][NST][16 rows * 144 bytes]
+    const MvTile tl = mv_tile(p);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
+    const int nsb = p.ncols / 256;
+    // (pointers only: x is read after the wait)
+    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
+
+    // this lane's vectors v = lane + 32 k (k < 5, v < 144) of a super-block's 16 rows: row v / 9,
+    // piece v % 9, as byte offsets from the tile's first row (rows clamped to the last, as mv_tile)
+    const uint8_t* tile = tl.sel.W + (long long)tl.row0 * p.row_bytes;
+    int off[5];
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        const int v = lane + 32 * k, r = v / 9, pc = v - 9 * r;
+        off[k] = v < 144 ? (min(tl.row0 + r, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes + 16 * pc : 0;
+    }
+    uint8_t* wbuf = (uint8_t*)(mv4s_stage + wid * NST * (MV4S_STAGE / 16));
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wbuf);
+    auto issue = [&](int s, int b) {
+        const uint8_t* src = tile + (long long)s * MV4S_SB;
+#pragma unroll
+        for (int k = 0; k < 5; k++) {
+            const int v = lane + 32 * k;
+            if (v < 144) mv_cp16(sbase + b * MV4S_STAGE + 16 * v, wbuf + b * MV4S_STAGE + 16 * v, src + off[k]);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) {
+        const int s = wid + i * nw;
+        if (s < nsb) issue(s, i);
+        mv_cp_commit();
+    }
+    pdl_wait();
+    pdl_trigger();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int b = 0;
+    for (int s = wid; s < nsb; s += nw) {
+        const int sn = s + (NST - 1) * nw;
+        if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
+        mv_cp_commit();
+        mv_cp_wait<NST - 1>();
+        __syncwarp();
+        MvQ4K::Frag f;
+        const uint8_t* st = wbuf + b * MV4S_STAGE;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint8_t* row = st + (g + 8 * r) * MV4S_SB;
+            f.h[r] = *(const MvV4*)row;
+#pragma unroll
+            for (int j = 0; j < 4; j++) f.q[r][j] = *(const MvV2*)(row + 16 + 32 * j + 8 * t);
+        }
+        Mv2Q4K::compute(f, s, x, acc);
+        __syncwarp();
+        b = b + 1 == NST ? 0 : b + 1;
+    }
+    mv_finish8(tl, acc, n_tokens);
+}
+
+#define MMV2S_KERNEL(NST)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
+        mmv2s_q4_k_s##NST(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,     \
+                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {  \
+        (void)load_mode;                                                                                 \
+        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, emulate);                                               \
+    }
+MMV2S_KERNEL(2)
+MMV2S_KERNEL(3)
+MMV2S_KERNEL(4)

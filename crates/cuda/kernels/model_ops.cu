@@ -570,7 +570,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
                 q8_1_unit(o, xq, xds, base + i, (base + i) / 32);
             }
             // block-uniform: every thread runs the same k
-            if (kq && k * bd < cols) q8_k_unit_block(o, i < cols, kq, kdy, kbs, base + i);
+            if (kq && k * bd < cols) q8_k_unit_block(o, i < cols, kq, kdy, kbs, blockIdx.x, i, gridDim.x);
         }
         return;
     }
@@ -613,19 +613,20 @@ extern "C" __global__ void mo_group_rms_norm_q8(const float* x, const float* __r
 
 // mo_swiglu plus the q8_1 copy of out; n a multiple of 32 (rows are back to back, so unit
 // i / 32 of the flat index is unit (i % cols) / 32 of row i / cols when cols % 32 == 0).
-// kq non-null: the q8_K copy too (q8_k_unit_block); needs n % 256 == 0 and blockDim.x == 256,
+// kq non-null: the q8_K copy too (q8_k_unit_block; cols: the row length, a multiple of 256, so
+// n / cols rows); needs n % 256 == 0 and blockDim.x == 256,
 // so every block's pass covers one whole unit and every thread of a block loops alike.
 extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float* __restrict__ u, float* out,
                                         int8_t* __restrict__ xq, float* __restrict__ xds, long long n,
                                         int8_t* __restrict__ kq, float* __restrict__ kdy,
-                                        int16_t* __restrict__ kbs) {
+                                        int16_t* __restrict__ kbs, int cols) {
     pdl_wait();
     pdl_trigger();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         out[i] = v;
         q8_1_unit(v, xq, xds, i, i / 32);
-        if (kq) q8_k_unit_block(v, true, kq, kdy, kbs, i);
+        if (kq) q8_k_unit_block(v, true, kq, kdy, kbs, (int)(i / cols), i % cols, (int)(n / cols));
     }
 }
 

@@ -303,9 +303,11 @@ impl CudaDevice {
 // ---- mmv2: q8_K activations, integer sums per super-block (kernels/mmv.cu mmv2_*) ----------
 
 /// x quantized q8_K-style for the mmv2 kernels (llama.cpp's CPU activation format for
-/// K-quants): `q` int8 `[n, cols]`, `dy` f32 `[n, cols / 256]` (x ~ dy * q per 256 values),
-/// `bsum` int16 `[n, cols / 32]` (sum of q per 32). It sits in [`MatvecScratch`] beside the
-/// q8_1 copy and is allocated with it, so recorded decode steps keep its address.
+/// K-quants), token-interleaved so that one unit of all n tokens is contiguous (an mmv2 x load
+/// then touches 2 cache lines, not one per token): `q` int8 `[cols / 32, n, 32]`, `dy` f32
+/// `[cols / 256, n]` (x ~ dy * q per 256 values), `bsum` int16 `[cols / 256, n, 8]` (sum of q
+/// per 32; kernels/common.cuh `q8k_q_at`). It sits in [`MatvecScratch`] beside the q8_1 copy
+/// and is allocated with it, so recorded decode steps keep its address.
 pub struct Q8kScratch {
     q: CudaSlice<i8>,
     dy: CudaSlice<f32>,
@@ -481,6 +483,35 @@ fn warps_per_block2(ty: GgmlType, tiles: usize, n_cols: usize) -> u32 {
 /// 285.1; at one token it loses: 40.8 / 50.6).
 fn dispatched2_format(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+}
+
+/// Shared memory per warp and pipeline stage of the staged Q4_K kernels (`mmv2s_q4_k_s*`: one
+/// super-block of the tile's 16 rows, MV4S_STAGE in the kernel).
+const STAGE_BYTES_Q4K: u32 = 16 * 144;
+
+/// Pipeline stages of the staged Q4_K mmv2 kernels (weights copied to shared memory by
+/// cp.async, `stages - 1` super-blocks ahead), 0 = the register-fragment kernel: the override
+/// ([`set_mmv2_stages`]), else `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 0.
+fn stages2() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    match STAGES_OVERRIDE.load(Ordering::Relaxed) {
+        s @ (0 | 2..=4) => s,
+        _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MMV2_STAGE").as_deref() {
+            Ok("2") => 2,
+            Ok("3") => 3,
+            Ok("4") => 4,
+            _ => 0,
+        }),
+    }
+}
+
+/// u32::MAX: `REDLINE_MMV2_STAGE` decides.
+static STAGES_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// Forces the staged Q4_K mmv2 kernels' pipeline stages (0 = the register-fragment kernel, 2..=4;
+/// `None`: back to `REDLINE_MMV2_STAGE`). For tests and benchmarks.
+pub fn set_mmv2_stages(stages: Option<u32>) {
+    STAGES_OVERRIDE.store(stages.unwrap_or(u32::MAX), Ordering::Relaxed);
 }
 
 /// Dynamic shared memory of an mmv2 launch of `warps` warps: Q6_K stages one super-block of
@@ -666,11 +697,27 @@ impl CudaDevice {
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
-        let f = self.function(Program::Mmv, &format!("mmv2_{stem}"))?;
+        let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
+        let (f, smem) = if stages > 0 {
+            let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}"))?;
+            let smem = warps * stages * STAGE_BYTES_Q4K;
+            if smem > 48 * 1024 {
+                // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
+                // stream operation: fine inside graph capture)
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )?;
+            }
+            (f, smem)
+        } else {
+            let f = self.function(Program::Mmv, &format!("mmv2_{stem}"))?;
+            (f, shared_bytes2(ty, warps))
+        };
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, warps, 1),
-            shared_mem_bytes: shared_bytes2(ty, warps),
+            shared_mem_bytes: smem,
         };
         let mut n_i = n_tokens as i32;
         let mut mode = load_mode2(ty);

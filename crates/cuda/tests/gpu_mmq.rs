@@ -457,6 +457,7 @@ fn mmv_matches_cpu_reference() {
     cuda::mmv::set_force_emulation(false);
     cuda::mmv::set_warps_override(0);
     cuda::mmv::set_load_mode_override(None);
+    cuda::mmv::set_mmv2_stages(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -720,22 +721,32 @@ fn quantize_q8_k_matches_cpu() {
         let dy = dev.stream().clone_dtoh(dy).expect("dy");
         let bsum = dev.stream().clone_dtoh(bsum).expect("bsum");
         let blocks = q8_k_blocks(&x);
+        // the GPU copy is token-interleaved (common.cuh q8k_q_at): unit U of token t at
+        // 32 (U n + t), super-block s's dy / bsum of token t at s n + t
+        let nsb = cols / 256;
         for (j, b) in blocks.iter().enumerate() {
+            let (tok, sb) = (j / nsb, j % nsb);
+            let at = sb * n + tok;
             let d = f32::from_le_bytes(b.d);
             assert_eq!(
-                dy[j].to_bits(),
+                dy[at].to_bits(),
                 d.to_bits(),
                 "{n}x{cols} block {j}: dy {} vs CPU {d}",
-                dy[j]
+                dy[at]
             );
             for (i, &want) in b.qs.iter().enumerate() {
-                assert_eq!(q[256 * j + i], want, "{n}x{cols} block {j} q[{i}]");
+                let unit = 8 * sb + i / 32;
+                assert_eq!(
+                    q[32 * (unit * n + tok) + i % 32],
+                    want,
+                    "{n}x{cols} block {j} q[{i}]"
+                );
             }
             for u in 0..8 {
                 let half = |h: usize| i16::from_le_bytes(b.bsums[h]) as i32;
                 let want = half(2 * u) + half(2 * u + 1);
                 assert_eq!(
-                    bsum[8 * j + u] as i32,
+                    bsum[8 * at + u] as i32,
                     want,
                     "{n}x{cols} block {j} bsum[{u}]"
                 );
@@ -785,16 +796,27 @@ fn mmv2_matches_cpu_reference() {
             let mut worst = 0f64;
             for n in 1..=MAX_N {
                 for emulate in [false, true] {
-                    let warps = [0, 1, 3, 8, 5, 2][(2 * n + emulate as usize) % 6];
-                    cuda::mmv::set_force_emulation(emulate);
-                    cuda::mmv::set_warps_override(warps);
-                    cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
-                    match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
-                        Ok(e) => worst = worst.max(e),
-                        Err(e) => failures.push(format!(
-                            "{e} ({}, warps {warps})",
-                            if emulate { "emulated mma" } else { "mma" }
-                        )),
+                    // Q4_K: the register-fragment kernel and the staged ones (cp.async, 2..4
+                    // stages; Q6_K has one kernel)
+                    let stage_set: &[u32] = if ty == GgmlType::Q4K {
+                        &[0, 2, 3, 4]
+                    } else {
+                        &[0]
+                    };
+                    for &stages in stage_set {
+                        let warps =
+                            [0, 1, 3, 8, 5, 2][(2 * n + emulate as usize + stages as usize) % 6];
+                        cuda::mmv::set_force_emulation(emulate);
+                        cuda::mmv::set_warps_override(warps);
+                        cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
+                        cuda::mmv::set_mmv2_stages(Some(stages));
+                        match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
+                            Ok(e) => worst = worst.max(e),
+                            Err(e) => failures.push(format!(
+                                "{e} ({}, warps {warps}, stages {stages})",
+                                if emulate { "emulated mma" } else { "mma" }
+                            )),
+                        }
                     }
                 }
             }
@@ -809,6 +831,7 @@ fn mmv2_matches_cpu_reference() {
     cuda::mmv::set_force_emulation(false);
     cuda::mmv::set_warps_override(0);
     cuda::mmv::set_load_mode_override(None);
+    cuda::mmv::set_mmv2_stages(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -1057,6 +1080,21 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                             best = (us, format!("w{w} m{mode}"));
                         }
                     }
+                }
+                // Q4_K: the staged kernels (cp.async, 2..4 stages) at every warp count
+                if ty == GgmlType::Q4K {
+                    for stages in [2u32, 3, 4] {
+                        cuda::mmv::set_mmv2_stages(Some(stages));
+                        for &w in warps {
+                            cuda::mmv::set_warps_override(w);
+                            let us = time2();
+                            line += &format!(" s{stages}w{w} {us:.1}");
+                            if us < best.0 {
+                                best = (us, format!("s{stages} w{w}"));
+                            }
+                        }
+                    }
+                    cuda::mmv::set_mmv2_stages(None);
                 }
                 sweeps.push(line);
                 cuda::mmv::set_warps_override(0);

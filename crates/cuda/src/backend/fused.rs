@@ -676,10 +676,11 @@ impl CudaBackend {
                 .push(n as i64)
                 .push(k.0)
                 .push(k.1)
-                .push(k.2);
-            // SAFETY: matches mo_swiglu_q8(g, u, out, xq, xds, n, kq, kdy, kbs); all three
-            // hold n values, the scratch n int8 and n / 16 f32, the q8_K buffers 0 or their
-            // shares (n % 256 == 0 with them); n % 32 == 0, and the grid-stride loop of
+                .push(k.2)
+                .push(cols as i32);
+            // SAFETY: matches mo_swiglu_q8(g, u, out, xq, xds, n, kq, kdy, kbs, cols); all three
+            // hold n = rows * cols values, the scratch n int8 and n / 16 f32, the q8_K buffers 0
+            // or their shares (cols % 256 == 0 with them); n % 32 == 0, and the grid-stride loop of
             // 256-thread blocks keeps every warp on 32 consecutive values (every block on 256).
             unsafe { a.launch(stream, &f, elems_cfg(n), self.pdl()) }.map_err(dev_err)
         })?;
