@@ -508,6 +508,37 @@ fn stages2() -> u32 {
 /// u32::MAX: `REDLINE_MMV2_STAGE` decides.
 static STAGES_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
 
+/// Preferred shared-memory carveout (percent of the unified L1 / shared memory) of the staged
+/// Q4_K mmv2 kernels: the override ([`set_mmv2_carveout`]), else `REDLINE_MMV2_CARVEOUT`
+/// (0..=100), else none (the driver's choice).
+fn carveout2() -> Option<u32> {
+    static ENV: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    match CARVEOUT_OVERRIDE.load(Ordering::Relaxed) {
+        c @ 0..=100 => Some(c),
+        u32::MAX => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MMV2_CARVEOUT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&c| c <= 100)
+        }),
+        _ => None,
+    }
+}
+
+/// u32::MAX: `REDLINE_MMV2_CARVEOUT` decides; 101: none.
+static CARVEOUT_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// Forces the staged Q4_K mmv2 kernels' preferred shared-memory carveout (`Some(Some(pct))`),
+/// or none (`Some(None)`), or back to `REDLINE_MMV2_CARVEOUT` (`None`). For tests and benchmarks.
+pub fn set_mmv2_carveout(c: Option<Option<u32>>) {
+    let v = match c {
+        None => u32::MAX,
+        Some(None) => 101,
+        Some(Some(p)) => p.min(100),
+    };
+    CARVEOUT_OVERRIDE.store(v, Ordering::Relaxed);
+}
+
 /// Forces the staged Q4_K mmv2 kernels' pipeline stages (0 = the register-fragment kernel, 2..=4;
 /// `None`: back to `REDLINE_MMV2_STAGE`). For tests and benchmarks.
 pub fn set_mmv2_stages(stages: Option<u32>) {
@@ -701,6 +732,13 @@ impl CudaDevice {
         let (f, smem) = if stages > 0 {
             let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}"))?;
             let smem = warps * stages * STAGE_BYTES_Q4K;
+            if let Some(pct) = carveout2() {
+                // the shared memory / L1 split the driver should prefer (x is read through L1)
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    pct as i32,
+                )?;
+            }
             if smem > 48 * 1024 {
                 // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
                 // stream operation: fine inside graph capture)
