@@ -340,7 +340,7 @@ impl Q8kScratch {
 pub fn q8k_wanted(dev: &CudaDevice, n: usize, cols: usize) -> bool {
     mmv2_enabled()
         && dev.arch() >= 80
-        && (MMV2_MIN_TOKENS..=MAX_TOKENS).contains(&n)
+        && (min_tokens2(GgmlType::Q4K)..=MAX_TOKENS).contains(&n)
         && cols.is_multiple_of(256)
 }
 
@@ -561,13 +561,32 @@ fn shared_bytes2(ty: GgmlType, warps: u32) -> u32 {
 /// 2 tokens before the q8_K quantize launch (~3 µs alone), a clear win from 3.
 const MMV2_MIN_TOKENS: usize = 3;
 
+/// Fewest tokens of a Q4_K product the mmv2 dispatch takes: `REDLINE_MMV2_MIN` (1..=3, an
+/// experiment: the staged kernels against the dp4a matvec at one and two tokens), else
+/// [`MMV2_MIN_TOKENS`]. Q6_K keeps [`MMV2_MIN_TOKENS`] (mmv2_q6_k loses at one token).
+fn min_tokens2(ty: GgmlType) -> usize {
+    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let q4 = *ENV.get_or_init(|| {
+        std::env::var("REDLINE_MMV2_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|m| (1..=MMV2_MIN_TOKENS).contains(m))
+            .unwrap_or(MMV2_MIN_TOKENS)
+    });
+    if ty == GgmlType::Q4K {
+        q4
+    } else {
+        MMV2_MIN_TOKENS
+    }
+}
+
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
-/// format, [`MMV2_MIN_TOKENS`]..=8 tokens (fewer stay on the dp4a matvec).
+/// format, [`min_tokens2`]..=8 tokens (fewer stay on the dp4a matvec).
 pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     mmv2_enabled()
         && dev.arch() >= 80
         && dispatched2_format(ty)
-        && (MMV2_MIN_TOKENS..=MAX_TOKENS).contains(&n)
+        && (min_tokens2(ty)..=MAX_TOKENS).contains(&n)
 }
 
 impl CudaDevice {
