@@ -254,30 +254,32 @@ struct MvTile {
     const uint8_t* rg;
     const uint8_t* rg8;
 };
-static __device__ __forceinline__ MvTile mv_tile(const MvSegs& p) {
+static __device__ __forceinline__ MvTile mv_tile_at(const MvSegs& p, int b) {
     MvTile tl;
-    tl.sel = mv_select(p);
+    tl.sel = mv_select_at(p, b);
     const int g = (threadIdx.x & 31) >> 2;
-    tl.row0 = ((int)blockIdx.x - tl.sel.block0) * 16;
+    tl.row0 = (b - tl.sel.block0) * 16;
     tl.rg = tl.sel.W + (long long)min(tl.row0 + g, tl.sel.nrows - 1) * p.row_bytes;
     tl.rg8 = tl.sel.W + (long long)min(tl.row0 + g + 8, tl.sel.nrows - 1) * p.row_bytes;
     return tl;
 }
+static __device__ __forceinline__ MvTile mv_tile(const MvSegs& p) { return mv_tile_at(p, (int)blockIdx.x); }
 
-// The warp's super-blocks sb = w, w + nw, ... of its tile through two fragment buffers: the
-// next one loads while one computes; the first loads before the wait for x (PDL).
-// compute(frag, first unit of the super-block) accumulates.
+// The warp's super-blocks sb = s0 + w, s0 + w + nw, ... (< nsb) of its tile through two
+// fragment buffers: the next one loads while one computes; the first loads before the wait for
+// x (PDL). compute(frag, first unit of the super-block) accumulates.
 template <typename F, typename C>
-static __device__ __forceinline__ void mv_stream(const MvTile& tl, int nsb, int load_mode, C&& compute) {
+static __device__ __forceinline__ void mv_stream(const MvTile& tl, int nsb, int load_mode, C&& compute,
+                                                 int s0 = 0) {
     const int t = threadIdx.x & 3, wid = threadIdx.y, nw = blockDim.y;
     typename F::Frag f[2];
     auto load = [&](int s, typename F::Frag& fr) {
         F::load(tl.rg + (long long)s * F::SB, tl.rg8 + (long long)s * F::SB, t, load_mode, fr);
     };
-    if (wid < nsb) load(wid, f[0]);
+    if (s0 + wid < nsb) load(s0 + wid, f[0]);
     pdl_wait();
     pdl_trigger();
-    for (int s = wid; s < nsb; s += 2 * nw) {
+    for (int s = s0 + wid; s < nsb; s += 2 * nw) {
         if (s + nw < nsb) load(s + nw, f[1]);
         compute(f[0], 8 * s);
         if (s + nw >= nsb) break;
@@ -323,6 +325,61 @@ static __device__ __forceinline__ void mv_finish8(const MvTile& tl, float (&acc)
     for (int i = 0; i < 4; i++) {
         const int tok = 2 * t + (i & 1);
         if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
+    }
+}
+
+// ---- K split (mmv2): a tile's super-blocks shared by `ks` blocks ---------------------------
+//
+// Why: a 5120-row matrix has 320 16-row tiles, 2.4 blocks per SM of the H200's 132: a third of
+// the SMs run 3 blocks while the rest run 2 and wait. With ks blocks per tile (block b: tile
+// b / ks, part b % ks, super-blocks [part nsb / ks, (part + 1) nsb / ks)), the parts write
+// their sums to kpart and the last part of a tile to finish (a counter per tile, reset by it
+// for the next launch) adds them in part order and stores: the same bits whichever finishes
+// last.
+struct MvKs {
+    int tile, part, ks, s0, s1;  // s0 .. s1: this part's super-blocks
+};
+static __device__ __forceinline__ MvKs mv_ks(int ks, int nsb) {
+    MvKs k;
+    k.ks = ks;
+    k.tile = (int)blockIdx.x / ks;
+    k.part = (int)blockIdx.x - k.tile * ks;
+    k.s0 = k.part * nsb / ks;
+    k.s1 = (k.part + 1) * nsb / ks;
+    return k;
+}
+
+// mv_finish8 for a K-split launch: kpart [tiles][ks][32 lanes][4], kcount [tiles] (0 between
+// launches).
+static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&acc)[4], int n_tokens, const MvKs& k,
+                                                     float* __restrict__ kpart, int* __restrict__ kcount) {
+    if (k.ks == 1) {
+        mv_finish8(tl, acc, n_tokens);
+        return;
+    }
+    if (!mv_reduce_warps(acc)) return;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
+    *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __threadfence();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(kcount + k.tile, 1) == k.ks - 1;
+    last = __shfl_sync(FULL_MASK, last, 0);
+    if (!last) return;
+    __threadfence();
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int q = 0; q < k.ks; q++) {
+        const float4 v = __ldcg((const float4*)(kpart + ((long long)k.tile * k.ks + q) * 128 + 4 * lane));
+        sum[0] += v.x;
+        sum[1] += v.y;
+        sum[2] += v.z;
+        sum[3] += v.w;
+    }
+    if (lane == 0) kcount[k.tile] = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int tok = 2 * t + (i & 1);
+        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), sum[i]);
     }
 }
 
@@ -741,22 +798,27 @@ struct Mv2Q6K {
 template <typename M>
 static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __restrict__ q, const float* __restrict__ dy,
                                             const int16_t* __restrict__ bsum, int n_tokens, int load_mode,
-                                            int emulate) {
+                                            int emulate, float* kpart, int* kcount, int ks) {
     using F = typename M::F;
-    const MvTile tl = mv_tile(p);
     const int ncols = p.ncols, nsb = ncols / 256;
+    const MvKs k = mv_ks(ks, nsb);
+    const MvTile tl = mv_tile_at(p, k.tile);
     // (pointers only: x is read after the wait in mv_stream)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { M::compute(f, U0 / 8, x, acc); });
-    mv_finish8(tl, acc, n_tokens);
+    mv_stream<F>(
+        tl, k.s1, load_mode, [&](const typename F::Frag& f, int U0) { M::compute(f, U0 / 8, x, acc); }, k.s0);
+    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
+// The mmv2 kernels' parameters: segments, q8_K x (q, dy, bsum), tokens, weight load mode,
+// emulated mma, and the K split (kpart, kcount, ks: see mv_finish8_ks; ks = 1: none).
 #define MMV2_KERNEL(name, M)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
         mmv2_##name(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,          \
-                    const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {       \
-        mmv2<M>(p, q, dy, bsum, n_tokens, load_mode, emulate);                                          \
+                    const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,         \
+                    float* kpart, int* kcount, int ks) {                                                \
+        mmv2<M>(p, q, dy, bsum, n_tokens, load_mode, emulate, kpart, kcount, ks);                      \
     }
 
 MMV2_KERNEL(q4_k, Mv2Q4K)
@@ -781,11 +843,14 @@ MMV2_KERNEL(q4_k, Mv2Q4K)
 
 static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
-                                                int n_tokens, int load_mode, int emulate) {
+                                                int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,
+                                                int ks) {
     extern __shared__ MvV4 mv6_stage[];  // [blockDim.y][16 rows][MV6_ROW_VECS]
-    const MvTile tl = mv_tile(p);
+    const int ncols = p.ncols;
+    const MvKs k = mv_ks(ks, ncols / 256);
+    const MvTile tl = mv_tile_at(p, k.tile);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
-    const int ncols = p.ncols, nsb = ncols / 256;
+    const int nsb = k.s1;
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
 
@@ -841,10 +906,10 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     };
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (wid < nsb) load(wid);
+    if (k.s0 + wid < nsb) load(k.s0 + wid);
     pdl_wait();
     pdl_trigger();
-    for (int s = wid; s < nsb; s += nw) {
+    for (int s = k.s0 + wid; s < nsb; s += nw) {
         stage();
         __syncwarp();
         if (s + nw < nsb) load(s + nw);
@@ -853,13 +918,14 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         Mv2Q6K::compute(f, s, x, acc);
         __syncwarp();
     }
-    mv_finish8(tl, acc, n_tokens);
+    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)
     mmv2_q6_k(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,
-              const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {
-    mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, emulate);
+              const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate, float* kpart,
+              int* kcount, int ks) {
+    mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, emulate, kpart, kcount, ks);
 }
 
 // ---- mmv2 Q4_K with the weights staged through shared memory (cp.async) ------------------
@@ -902,11 +968,12 @@ static __device__ __forceinline__ void mv_cp_wait() {
 template <int NST>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
-                                                 int n_tokens, int emulate) {
+                                                 int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
     extern __shared__ MvV4 mv4s_stage[];  // [blockDim.y][NST][16 rows * 144 bytes]
-    const MvTile tl = mv_tile(p);
+    const MvKs k = mv_ks(ks, p.ncols / 256);
+    const MvTile tl = mv_tile_at(p, k.tile);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
-    const int nsb = p.ncols / 256;
+    const int nsb = k.s1;
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
 
@@ -915,23 +982,23 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     const uint8_t* tile = tl.sel.W + (long long)tl.row0 * p.row_bytes;
     int off[5];
 #pragma unroll
-    for (int k = 0; k < 5; k++) {
-        const int v = lane + 32 * k, r = v / 9, pc = v - 9 * r;
-        off[k] = v < 144 ? (min(tl.row0 + r, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes + 16 * pc : 0;
+    for (int j = 0; j < 5; j++) {
+        const int v = lane + 32 * j, r = v / 9, pc = v - 9 * r;
+        off[j] = v < 144 ? (min(tl.row0 + r, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes + 16 * pc : 0;
     }
     uint8_t* wbuf = (uint8_t*)(mv4s_stage + wid * NST * (MV4S_STAGE / 16));
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wbuf);
     auto issue = [&](int s, int b) {
         const uint8_t* src = tile + (long long)s * MV4S_SB;
 #pragma unroll
-        for (int k = 0; k < 5; k++) {
-            const int v = lane + 32 * k;
-            if (v < 144) mv_cp16(sbase + b * MV4S_STAGE + 16 * v, wbuf + b * MV4S_STAGE + 16 * v, src + off[k]);
+        for (int j = 0; j < 5; j++) {
+            const int v = lane + 32 * j;
+            if (v < 144) mv_cp16(sbase + b * MV4S_STAGE + 16 * v, wbuf + b * MV4S_STAGE + 16 * v, src + off[j]);
         }
     };
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
-        const int s = wid + i * nw;
+        const int s = k.s0 + wid + i * nw;
         if (s < nsb) issue(s, i);
         mv_cp_commit();
     }
@@ -939,7 +1006,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     pdl_trigger();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
-    for (int s = wid; s < nsb; s += nw) {
+    for (int s = k.s0 + wid; s < nsb; s += nw) {
         const int sn = s + (NST - 1) * nw;
         if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
         mv_cp_commit();
@@ -958,15 +1025,16 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
         __syncwarp();
         b = b + 1 == NST ? 0 : b + 1;
     }
-    mv_finish8(tl, acc, n_tokens);
+    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
 #define MMV2S_KERNEL(NST)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
         mmv2s_q4_k_s##NST(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,     \
-                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate) {  \
+                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,    \
+                          float* kpart, int* kcount, int ks) {                                           \
         (void)load_mode;                                                                                 \
-        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, emulate);                                               \
+        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, emulate, kpart, kcount, ks);                            \
     }
 MMV2S_KERNEL(2)
 MMV2S_KERNEL(3)

@@ -33,11 +33,12 @@ struct MvSegSel {
     const float* bias;
     int nrows, block0, accumulate;
 };
-static __device__ __forceinline__ MvSegSel mv_select(const MvSegs& p) {
+// The segment of row block `b` (mv_select: this block's).
+static __device__ __forceinline__ MvSegSel mv_select_at(const MvSegs& p, int b) {
     MvSegSel r{p.seg[0].W, p.seg[0].y, p.seg[0].bias, p.seg[0].nrows, 0, p.seg[0].accumulate};
 #pragma unroll
     for (int s = 1; s < MV_MAX_SEGS; s++) {
-        if (s < p.n_segs && (int)blockIdx.x >= p.seg[s].block0) {
+        if (s < p.n_segs && b >= p.seg[s].block0) {
             r.W = p.seg[s].W;
             r.y = p.seg[s].y;
             r.bias = p.seg[s].bias;
@@ -48,3 +49,4 @@ static __device__ __forceinline__ MvSegSel mv_select(const MvSegs& p) {
     }
     return r;
 }
+static __device__ __forceinline__ MvSegSel mv_select(const MvSegs& p) { return mv_select_at(p, (int)blockIdx.x); }

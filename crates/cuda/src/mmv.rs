@@ -312,6 +312,10 @@ pub struct Q8kScratch {
     q: CudaSlice<i8>,
     dy: CudaSlice<f32>,
     bsum: CudaSlice<i16>,
+    /// K-split partial sums (`[tiles][ks][128]`) and per-tile counters (0 between launches) of
+    /// the mmv2 kernels (kernels/mmv.cu `mv_finish8_ks`), for up to [`KSPLIT_MAX_TILES`] tiles.
+    kpart: CudaSlice<f32>,
+    kcount: CudaSlice<i32>,
     /// The x it holds (device address, tokens, cols); forgotten whenever the q8_1 copy beside
     /// it is rewritten, so it is fresh exactly when it was made from what the q8_1 copy holds.
     holds: Option<(u64, usize, usize)>,
@@ -324,6 +328,10 @@ impl Q8kScratch {
             q: dev.stream().alloc_zeros::<i8>(elems)?,
             dy: dev.stream().alloc_zeros::<f32>(elems.div_ceil(256))?,
             bsum: dev.stream().alloc_zeros::<i16>(elems.div_ceil(32))?,
+            kpart: dev
+                .stream()
+                .alloc_zeros::<f32>(KSPLIT_MAX_TILES * KSPLIT_MAX * 128)?,
+            kcount: dev.stream().alloc_zeros::<i32>(KSPLIT_MAX_TILES)?,
             holds: None,
         })
     }
@@ -483,6 +491,46 @@ fn warps_per_block2(ty: GgmlType, tiles: usize, n_cols: usize) -> u32 {
 /// 285.1; at one token it loses: 40.8 / 50.6).
 fn dispatched2_format(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+}
+
+/// Most tiles of an mmv2 launch split over K ([`ksplit2`]: launches of fewer tiles than this).
+const KSPLIT_MAX_TILES: usize = 600;
+/// Most parts a tile's super-blocks are split into.
+const KSPLIT_MAX: usize = 4;
+
+/// Parts of a tile's super-blocks (blocks per 16-row tile) for an mmv2 launch of `tiles` tiles of
+/// `nsb` super-blocks per row: the override ([`set_mmv2_ksplit`]), else `REDLINE_MMV2_KSPLIT`
+/// (1..=4), else 1; only below [`KSPLIT_MAX_TILES`] tiles (a 5120-row matrix is 320 tiles, 2.4
+/// blocks per SM of 132) and never more parts than super-blocks.
+fn ksplit2(tiles: usize, nsb: usize) -> u32 {
+    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let ks = match KSPLIT_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MMV2_KSPLIT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|k| (1..=KSPLIT_MAX).contains(k))
+                .unwrap_or(1)
+        }),
+        k => k as usize,
+    };
+    if tiles >= KSPLIT_MAX_TILES {
+        1
+    } else {
+        ks.min(KSPLIT_MAX).min(nsb).max(1) as u32
+    }
+}
+
+/// 0: `REDLINE_MMV2_KSPLIT` decides.
+static KSPLIT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the mmv2 K split (1..=4 parts per tile for launches under [`KSPLIT_MAX_TILES`] tiles;
+/// `None`: back to `REDLINE_MMV2_KSPLIT`). For tests and benchmarks.
+pub fn set_mmv2_ksplit(ks: Option<u32>) {
+    KSPLIT_OVERRIDE.store(
+        ks.map_or(0, |k| k.clamp(1, KSPLIT_MAX as u32)),
+        Ordering::Relaxed,
+    );
 }
 
 /// Shared memory per warp and pipeline stage of the staged Q4_K kernels (`mmv2s_q4_k_s*`: one
@@ -771,8 +819,9 @@ impl CudaDevice {
             let f = self.function(Program::Mmv, &format!("mmv2_{stem}"))?;
             (f, shared_bytes2(ty, warps))
         };
+        let ks = ksplit2(blocks, cols / 256);
         let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
+            grid_dim: (blocks as u32 * ks, 1, 1),
             block_dim: (32, warps, 1),
             shared_mem_bytes: smem,
         };
@@ -785,6 +834,11 @@ impl CudaDevice {
             self.device_address(&k.dy),
             self.device_address(&k.bsum),
         );
+        let (mut kp, mut kc) = (
+            self.device_address(&k.kpart),
+            self.device_address(&k.kcount),
+        );
+        let mut ks_i = ks as i32;
         let mut params = [
             crate::pdl::arg(&mut p),
             crate::pdl::arg(&mut pq),
@@ -793,14 +847,19 @@ impl CudaDevice {
             crate::pdl::arg(&mut n_i),
             crate::pdl::arg(&mut mode),
             crate::pdl::arg(&mut emulate),
+            crate::pdl::arg(&mut kp),
+            crate::pdl::arg(&mut kc),
+            crate::pdl::arg(&mut ks_i),
         ];
-        // SAFETY: matches mmv2_<fmt>(MvSegs, q, dy, bsum, n_tokens, load_mode, emulate) with
-        // n_tokens <= 8; the scratch holds x of n_tokens x cols in q8_K (quantize_q8_k checked
-        // its sizes); every segment's matrix is a live DeviceMatrix of this format and width
-        // (>= 16 bytes of padding, rows of whole super-blocks), outputs hold n_tokens * n_rows
-        // f32 and biases n_rows (the caller's contract); Q6_K gets its staging shared memory
-        // (shared_bytes2). The kernel waits for the previous kernel before reading x or the
-        // outputs and before writing anything, so it may launch with PDL.
+        // SAFETY: matches mmv2_<fmt>(MvSegs, q, dy, bsum, n_tokens, load_mode, emulate, kpart,
+        // kcount, ks) with n_tokens <= 8; the scratch holds x of n_tokens x cols in q8_K
+        // (quantize_q8_k checked its sizes); every segment's matrix is a live DeviceMatrix of
+        // this format and width (>= 16 bytes of padding, rows of whole super-blocks), outputs
+        // hold n_tokens * n_rows f32 and biases n_rows (the caller's contract); Q6_K and the
+        // staged Q4_K kernels get their shared memory; with ks > 1 there are fewer than
+        // KSPLIT_MAX_TILES tiles and ks <= KSPLIT_MAX (kpart, kcount sized for that; the
+        // counters are 0 between launches). The kernel waits for the previous kernel before
+        // reading x or the outputs and before writing anything, so it may launch with PDL.
         let pdl = crate::pdl::enabled(self.arch());
         unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, pdl) }?;
         Ok(())

@@ -458,6 +458,7 @@ fn mmv_matches_cpu_reference() {
     cuda::mmv::set_warps_override(0);
     cuda::mmv::set_load_mode_override(None);
     cuda::mmv::set_mmv2_stages(None);
+    cuda::mmv::set_mmv2_ksplit(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -810,10 +811,13 @@ fn mmv2_matches_cpu_reference() {
                         cuda::mmv::set_warps_override(warps);
                         cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
                         cuda::mmv::set_mmv2_stages(Some(stages));
+                        // K split into 1..4 parts per tile (every shape here has few tiles)
+                        let ks = 1 + ((n + stages as usize + emulate as usize) % 4) as u32;
+                        cuda::mmv::set_mmv2_ksplit(Some(ks));
                         match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
                             Ok(e) => worst = worst.max(e),
                             Err(e) => failures.push(format!(
-                                "{e} ({}, warps {warps}, stages {stages})",
+                                "{e} ({}, warps {warps}, stages {stages}, ksplit {ks})",
                                 if emulate { "emulated mma" } else { "mma" }
                             )),
                         }
@@ -832,6 +836,7 @@ fn mmv2_matches_cpu_reference() {
     cuda::mmv::set_warps_override(0);
     cuda::mmv::set_load_mode_override(None);
     cuda::mmv::set_mmv2_stages(None);
+    cuda::mmv::set_mmv2_ksplit(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -856,6 +861,14 @@ fn mmv2_segments_with_bias_and_accumulate() {
     cuda::mmv::set_mmv2(Some(true));
     for ty in MMV2_FORMATS {
         for n in [2usize, 5, 8] {
+            // the K split (parts of a tile meeting in the last one to finish: bias and the
+            // accumulated output applied once) and, for Q4_K, the staged kernel at 5 tokens
+            cuda::mmv::set_mmv2_ksplit(Some(match n {
+                2 => 2,
+                5 => 4,
+                _ => 3,
+            }));
+            cuda::mmv::set_mmv2_stages(Some(if n == 5 { 2 } else { 0 }));
             let rows = [40usize, 17, 1];
             let x = random_activations(n * cols, 11 + n as u64);
             let xd = dev.stream().clone_htod(&x).expect("x");
@@ -937,6 +950,8 @@ fn mmv2_segments_with_bias_and_accumulate() {
         }
     }
     cuda::mmv::set_mmv2(None);
+    cuda::mmv::set_mmv2_ksplit(None);
+    cuda::mmv::set_mmv2_stages(None);
 }
 
 /// RMS error over all outputs (relative to the RMS output) of the dp4a matvec, mmv (both q8_1
@@ -1102,8 +1117,20 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                             }
                         }
                     }
-                    cuda::mmv::set_mmv2_stages(None);
                     cuda::mmv::set_mmv2_carveout(None);
+                    cuda::mmv::set_warps_override(0);
+                    // the K split (launches under 600 tiles), two stages, default warps
+                    for ks in [2u32, 3] {
+                        cuda::mmv::set_mmv2_stages(Some(2));
+                        cuda::mmv::set_mmv2_ksplit(Some(ks));
+                        let us = time2();
+                        line += &format!(" s2k{ks} {us:.1}");
+                        if us < best.0 {
+                            best = (us, format!("s2 ks{ks}"));
+                        }
+                    }
+                    cuda::mmv::set_mmv2_ksplit(None);
+                    cuda::mmv::set_mmv2_stages(None);
                 }
                 sweeps.push(line);
                 cuda::mmv::set_warps_override(0);
