@@ -249,3 +249,17 @@ static __device__ __forceinline__ void rope_rotate(float a, float b, float c, fl
     o0 = fmaf(a, c, -__fmul_rn(b, s));
     o1 = fmaf(a, s, __fmul_rn(b, c));
 }
+
+// cp.async groups (sm_80+; below, the copies are plain loads and stores and these do nothing).
+static __device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}

@@ -352,17 +352,6 @@ static __device__ __forceinline__ int fd_slot(int t, int u) {
     return t * FdShape<D>::UPR + (u ^ ((t * FdShape<D>::LP) & 7));
 }
 
-static __device__ __forceinline__ void fd_cp_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N>
-static __device__ __forceinline__ void fd_cp_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
 
 // Two f16 (low half first) to f32.
 static __device__ __forceinline__ float2 fd_h2(uint32_t h) {
@@ -724,7 +713,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             fd_load_chunk<D, TYPE>(kr, vr, kpb, vpb, el, p0, min(NP, p_hi - p0) - tr, ks0 + 2 * st * Sh::STAGE,
                                    vs0 + 2 * st * Sh::STAGE);
         }
-        fd_cp_commit();
+        cp_async_commit();
     }
     if constexpr (!FUSE) {
         const float* qr = q + ((long long)r * n_head + h0) * D;
@@ -751,7 +740,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     }
     int k = 0;
     for (int c = warp; c < n_chunks; c += FD_WARPS, k++) {
-        fd_cp_wait<FD_STAGES - 1>();
+        cp_async_wait<FD_STAGES - 1>();
         __syncwarp();
         const int st = k % FD_STAGES;
         const uint4* ks = ring + 2 * st * Sh::STAGE;
@@ -861,9 +850,9 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             fd_load_chunk<D, TYPE>(kr, vr, kpb, vpb, el, pn, min(NP, p_hi - pn) - tr, ks0 + 2 * st * Sh::STAGE,
                                    vs0 + 2 * st * Sh::STAGE);
         }
-        fd_cp_commit();
+        cp_async_commit();
     }
-    fd_cp_wait<0>();
+    cp_async_wait<0>();
 
     // The warps meet: each writes (max, sum) and its sums [GM][D] over its own (now idle) ring.
 #pragma unroll

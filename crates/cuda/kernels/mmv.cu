@@ -953,17 +953,6 @@ static __device__ __forceinline__ void mv_cp16(uint32_t dst_s, uint8_t* dst, con
     *(MvV4*)dst = *(const MvV4*)src;
 #endif
 }
-static __device__ __forceinline__ void mv_cp_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N>
-static __device__ __forceinline__ void mv_cp_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
 
 template <int NST>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
@@ -1000,7 +989,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     for (int i = 0; i < NST - 1; i++) {
         const int s = k.s0 + wid + i * nw;
         if (s < nsb) issue(s, i);
-        mv_cp_commit();
+        cp_async_commit();
     }
     pdl_wait();
     pdl_trigger();
@@ -1009,8 +998,8 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     for (int s = k.s0 + wid; s < nsb; s += nw) {
         const int sn = s + (NST - 1) * nw;
         if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
-        mv_cp_commit();
-        mv_cp_wait<NST - 1>();
+        cp_async_commit();
+        cp_async_wait<NST - 1>();
         __syncwarp();
         MvQ4K::Frag f;
         const uint8_t* st = wbuf + b * MV4S_STAGE;
