@@ -25,6 +25,13 @@
 //! coarser activation scale doubles the error against the unquantized x (rms 1.8e-2 against
 //! 0.9e-2 for q8_1 on the tests' random activations with 8x outliers); the kernels' own
 //! rounding is that of the matvec (7-8e-8).
+//!
+//! Session 15: the q8_K copy is token-interleaved per 32-value unit ([`Q8kScratch`]), so an
+//! 8-token x load reads 2 cache lines instead of 8 (8 streams of the 32B +7 %), and Q4_K goes
+//! through `mmv2s_q4_k_s2`, which copies the weights to shared memory by cp.async instead of
+//! loading each fragment from 8 rows' cache lines ([`stages2`]; another +9 %). Experiments,
+//! off by default: the K split ([`ksplit2`]), the carveout ([`carveout2`]) and one- and
+//! two-token Q4_K products here ([`min_tokens2`]).
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
@@ -539,16 +546,20 @@ const STAGE_BYTES_Q4K: u32 = 16 * 144;
 
 /// Pipeline stages of the staged Q4_K mmv2 kernels (weights copied to shared memory by
 /// cp.async, `stages - 1` super-blocks ahead), 0 = the register-fragment kernel: the override
-/// ([`set_mmv2_stages`]), else `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 0.
+/// ([`set_mmv2_stages`]), else `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 2. The same bits
+/// either way (the same fragments, super-block order and sums). H200, session 15, 8 decode
+/// streams of the 32B Q4_K_M: 0 stages 616.4 / 612.9 tok/s, 2 stages 669.6, 3 stages 581.8 /
+/// 590.7 (more shared memory per block leaves the carveout less L1 for x, which every warp
+/// reads).
 fn stages2() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     match STAGES_OVERRIDE.load(Ordering::Relaxed) {
         s @ (0 | 2..=4) => s,
         _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MMV2_STAGE").as_deref() {
-            Ok("2") => 2,
+            Ok("0") => 0,
             Ok("3") => 3,
             Ok("4") => 4,
-            _ => 0,
+            _ => 2,
         }),
     }
 }
