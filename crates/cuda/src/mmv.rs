@@ -29,9 +29,9 @@
 //! Session 15: the q8_K copy is token-interleaved per 32-value unit ([`Q8kScratch`]), so an
 //! 8-token x load reads 2 cache lines instead of 8 (8 streams of the 32B +7 %), and Q4_K goes
 //! through `mmv2s_q4_k_s2`, which copies the weights to shared memory by cp.async instead of
-//! loading each fragment from 8 rows' cache lines ([`stages2`]; another +9 %). Experiments,
-//! off by default: the K split ([`ksplit2`]), the carveout ([`carveout2`]) and one- and
-//! two-token Q4_K products here ([`min_tokens2`]).
+//! loading each fragment from 8 rows' cache lines (`stages2`; another +9 %). Experiments,
+//! off by default: the K split (`ksplit2`), the carveout (`carveout2`) and one- and
+//! two-token Q4_K products here (`min_tokens2`).
 
 use crate::device::CudaDevice;
 use crate::error::{CudaError, Result};
@@ -320,7 +320,7 @@ pub struct Q8kScratch {
     dy: CudaSlice<f32>,
     bsum: CudaSlice<i16>,
     /// K-split partial sums (`[tiles][ks][128]`) and per-tile counters (0 between launches) of
-    /// the mmv2 kernels (kernels/mmv.cu `mv_finish8_ks`), for up to [`KSPLIT_MAX_TILES`] tiles.
+    /// the mmv2 kernels (kernels/mmv.cu `mv_finish8_ks`), for up to `KSPLIT_MAX_TILES` tiles.
     kpart: CudaSlice<f32>,
     kcount: CudaSlice<i32>,
     /// The x it holds (device address, tokens, cols); forgotten whenever the q8_1 copy beside
@@ -500,14 +500,14 @@ fn dispatched2_format(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
 }
 
-/// Most tiles of an mmv2 launch split over K ([`ksplit2`]: launches of fewer tiles than this).
+/// Most tiles of an mmv2 launch split over K (`ksplit2`: launches of fewer tiles than this).
 const KSPLIT_MAX_TILES: usize = 600;
 /// Most parts a tile's super-blocks are split into.
 const KSPLIT_MAX: usize = 4;
 
 /// Parts of a tile's super-blocks (blocks per 16-row tile) for an mmv2 launch of `tiles` tiles of
 /// `nsb` super-blocks per row: the override ([`set_mmv2_ksplit`]), else `REDLINE_MMV2_KSPLIT`
-/// (1..=4), else 1; only below [`KSPLIT_MAX_TILES`] tiles (a 5120-row matrix is 320 tiles, 2.4
+/// (1..=4), else 1; only below `KSPLIT_MAX_TILES` tiles (a 5120-row matrix is 320 tiles, 2.4
 /// blocks per SM of 132) and never more parts than super-blocks.
 fn ksplit2(tiles: usize, nsb: usize) -> u32 {
     static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -531,7 +531,7 @@ fn ksplit2(tiles: usize, nsb: usize) -> u32 {
 /// 0: `REDLINE_MMV2_KSPLIT` decides.
 static KSPLIT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Forces the mmv2 K split (1..=4 parts per tile for launches under [`KSPLIT_MAX_TILES`] tiles;
+/// Forces the mmv2 K split (1..=4 parts per tile for launches under `KSPLIT_MAX_TILES` tiles;
 /// `None`: back to `REDLINE_MMV2_KSPLIT`). For tests and benchmarks.
 pub fn set_mmv2_ksplit(ks: Option<u32>) {
     KSPLIT_OVERRIDE.store(
@@ -640,7 +640,7 @@ fn min_tokens2(ty: GgmlType) -> usize {
 }
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
-/// format, [`min_tokens2`]..=8 tokens (fewer stay on the dp4a matvec).
+/// format, `min_tokens2`..=8 tokens (fewer stay on the dp4a matvec).
 pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     mmv2_enabled()
         && dev.arch() >= 80
