@@ -937,6 +937,23 @@ mod tests {
     }
 
     #[test]
+    fn ksplit_only_below_the_tile_limit_and_never_past_the_super_blocks() {
+        set_mmv2_ksplit(Some(3));
+        assert_eq!(ksplit2(320, 108), 3);
+        assert_eq!(ksplit2(599, 20), 3);
+        assert_eq!(ksplit2(600, 20), 1);
+        assert_eq!(ksplit2(1728, 20), 1);
+        assert_eq!(ksplit2(4, 2), 2);
+        set_mmv2_ksplit(Some(9));
+        assert_eq!(ksplit2(320, 108), KSPLIT_MAX as u32);
+        set_mmv2_ksplit(None);
+    }
+
+    // 8 warps (the most) x 2 stages (the default) x 16 rows x 144 bytes: under the 48 KiB a
+    // launch gets without opting in (the host opts in above that)
+    const _: () = assert!(8 * 2 * STAGE_BYTES_Q4K <= 48 * 1024);
+
+    #[test]
     fn warps_never_outnumber_super_blocks() {
         set_warps_override(0);
         assert_eq!(warps_per_block(320, 27648, 4), 4);
