@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Device window for session 15's few-token product work (crates/cuda/src/mmv.rs: token-interleaved
+# q8_K, the staged Q4_K kernel, the K split, one- and two-token Q4_K on mmv2). Needs
+# devpk/pack.tar.xz built here with the test binary:
+#
+#   bash scripts/device-tests.sh gpu_mmq gpu_decode backend_conformance && bash scripts/device-pack.sh
+#   run(command="STAGE=kernels bash scripts/mmv2-ab.sh", carry=["devpk"]), then STAGE=streams,
+#   onerow, serve (each within one call's 600 s; the synthetic files stay in /tmp while the
+#   machine is warm and are written again on a fresh one)
+#
+# kernels: gpu_mmq's checks against the CPU q8_K reference (every stage count and K split) and
+#          the kernel timing sweep (stages x carveout x warps, K split) into $OUT/mmv2_timing.txt
+# streams: 8 decode streams, variants by their switches with the same binary, rounds alternating
+# onerow:  one-row tg128 with Q4_K products on mmv2 (REDLINE_MMV2_MIN=1) against the dp4a matvec,
+#          two streams, and the verify-cost table (issue 8)
+# serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client)
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+[ -d devbin ] || tar xJf devpk/pack.tar.xz
+export XDG_CACHE_HOME=$PWD/devbin/cache
+R=devbin/redline
+STAGE=${STAGE:-kernels}
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0))s]"; }
+[ -e /tmp/synth.done ] || ($R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 &&
+    $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 && touch /tmp/synth.done) &
+SP=$!
+b() { # model, bench args...; variant env in ST
+    local m=$1
+    shift
+    echo "$m ${ST:-default} $*: $(env ${ST:-X=1} timeout 100 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-)"
+}
+case $STAGE in
+kernels)
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test |result|panicked|FAIL" | head -16
+    echo "== checks $(el)"
+    RUST_BACKTRACE=1 timeout 250 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmv2_timing >"$OUT/mmv2_timing.txt" 2>&1
+    grep -E "^ *q[46]_K|mmv2 q|panicked" "$OUT/mmv2_timing.txt" | head -40
+    echo "== timing $(el)"
+    ;;
+streams)
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in "REDLINE_MMV2_STAGE=0" "X=1" "REDLINE_MMV2_KSPLIT=2" "REDLINE_MMV2_STAGE=3 REDLINE_MMV2_CARVEOUT=50"; do
+            ST=$v b m32 -n 64 -r 2 --parallel 8
+        done
+        echo "round $r $(el)"
+    done
+    for v in "REDLINE_MMV2_STAGE=0" "X=1" "REDLINE_MMV2_KSPLIT=2"; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
+    echo "== streams $(el)"
+    ;;
+onerow)
+    wait $SP
+    for m in m32 m27; do
+        b $m -n 128 -r 2
+        ST="REDLINE_MMV2_MIN=1" b $m -n 128 -r 2
+        ST="REDLINE_MMV2_MIN=1 REDLINE_FUSED_Q8K=1" b $m -n 128 -r 2
+        b $m -n 64 -r 2 --parallel 2
+        ST="REDLINE_MMV2_MIN=2" b $m -n 64 -r 2 --parallel 2
+    done
+    echo "== one row $(el)"
+    for v in X=1 "REDLINE_MMV2_MIN=1"; do
+        echo "verify $v:"
+        env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4,8 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
+    done
+    echo "== verify $(el)"
+    ;;
+serve)
+    wait $SP
+    sed -n "/^cat > \"\$DIR\/serve_load.py\" <<'PY'/,/^PY\$/p" scripts/bench-full.sh | sed '1d;$d' >/tmp/serve_load.py
+    for par in ${PARS:-8 32}; do
+        $R serve -m /tmp/m32.gguf --device cuda --parallel "$par" -c $((2048 * par)) --port 8093 --shutdown-grace 1 >"/tmp/serve_$par.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 1 160); do
+            python3 -c "import http.client,sys; c=http.client.HTTPConnection('127.0.0.1',8093,timeout=2); c.request('GET','/health'); sys.exit(0 if c.getresponse().status==200 else 1)" 2>/dev/null && break
+            sleep 0.5
+        done
+        echo "serve m32 --parallel $par:"
+        timeout 60 python3 /tmp/serve_load.py 8093 1 16 1 >/dev/null
+        timeout 200 python3 /tmp/serve_load.py 8093 "${STREAMS:-1,8,32}" 64 2
+        kill -TERM $pid
+        sleep 2
+        kill -KILL $pid 2>/dev/null
+        wait $pid 2>/dev/null
+    done
+    ;;
+esac
