@@ -872,7 +872,15 @@ impl CudaDevice {
         // counters are 0 between launches). The kernel waits for the previous kernel before
         // reading x or the outputs and before writing anything, so it may launch with PDL.
         let pdl = crate::pdl::enabled(self.arch());
-        unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, pdl) }?;
+        unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, pdl) }.map_err(|e| {
+            // say which launch the driver refused (a bug report needs the variant and its shape)
+            CudaError::Driver(format!(
+                "{e} (mmv2 {} x {cols}, {n_tokens} tokens: grid {}, block 32x{warps}, {smem} B \
+                 shared, {stages} stages, K split {ks}, PDL {pdl})",
+                ty.name(),
+                cfg.grid_dim.0
+            ))
+        })?;
         Ok(())
     }
 
