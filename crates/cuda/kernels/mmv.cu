@@ -316,16 +316,20 @@ static __device__ __forceinline__ void mv_store(const MvSegSel& sel, int tok, in
     *yp = v;
 }
 
-// The 8-column kernels' results (c-fragment order: rows g, g + 8 x tokens 2t, 2t + 1) summed
-// over the block's warps and stored by warp 0 (tokens past n_tokens: nothing).
-static __device__ __forceinline__ void mv_finish8(const MvTile& tl, float (&acc)[4], int n_tokens) {
-    if (!mv_reduce_warps(acc)) return;
+// Stores one lane's 8-column results (c-fragment order: rows g, g + 8 x tokens 2t, 2t + 1;
+// tokens past n_tokens: nothing).
+static __device__ __forceinline__ void mv_store8(const MvTile& tl, const float (&v)[4], int n_tokens) {
     const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int tok = 2 * t + (i & 1);
-        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[i]);
+        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), v[i]);
     }
+}
+
+// The 8-column kernels' results summed over the block's warps and stored by warp 0.
+static __device__ __forceinline__ void mv_finish8(const MvTile& tl, float (&acc)[4], int n_tokens) {
+    if (mv_reduce_warps(acc)) mv_store8(tl, acc, n_tokens);
 }
 
 // ---- K split (mmv2): a tile's super-blocks shared by `ks` blocks ---------------------------
@@ -358,7 +362,7 @@ static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&a
         return;
     }
     if (!mv_reduce_warps(acc)) return;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
     float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
     *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __threadfence();
@@ -376,11 +380,7 @@ static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&a
         sum[3] += v.w;
     }
     if (lane == 0) kcount[k.tile] = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int tok = 2 * t + (i & 1);
-        if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), sum[i]);
-    }
+    mv_store8(tl, sum, n_tokens);
 }
 
 // 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
@@ -696,8 +696,8 @@ struct Mv2X {
     int emulate;
 };
 
-// This thread's q8_K x for a launch of n_tokens tokens of ncols (rows past n_tokens read the
-// last token's, as mmv_ does).
+// This thread's q8_K x for a launch of n_tokens tokens (columns past n_tokens read the last
+// token's, as mmv_ does).
 static __device__ __forceinline__ Mv2X mv2_x(const int8_t* __restrict__ q, const float* __restrict__ dy,
                                              const int16_t* __restrict__ bsum, int n_tokens, int emulate) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
