@@ -16,15 +16,8 @@
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-[ -d devbin ] || tar xJf devpk/pack.tar.xz
-export XDG_CACHE_HOME=$PWD/devbin/cache
-R=devbin/redline
 STAGE=${STAGE:-kernels}
-t0=$(date +%s)
-el() { echo "[$(($(date +%s) - t0))s]"; }
-[ -e /tmp/synth.done ] || ($R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 &&
-    $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 && touch /tmp/synth.done) &
-SP=$!
+. scripts/device-lib.sh
 b() { # model, bench args...; variant env in ST
     local m=$1
     shift
@@ -67,21 +60,6 @@ onerow)
     ;;
 serve)
     wait $SP
-    sed -n "/^cat > \"\$DIR\/serve_load.py\" <<'PY'/,/^PY\$/p" scripts/bench-full.sh | sed '1d;$d' >/tmp/serve_load.py
-    for par in ${PARS:-8 32}; do
-        $R serve -m /tmp/m32.gguf --device cuda --parallel "$par" -c $((2048 * par)) --port 8093 --shutdown-grace 1 >"/tmp/serve_$par.log" 2>&1 &
-        pid=$!
-        for _ in $(seq 1 160); do
-            python3 -c "import http.client,sys; c=http.client.HTTPConnection('127.0.0.1',8093,timeout=2); c.request('GET','/health'); sys.exit(0 if c.getresponse().status==200 else 1)" 2>/dev/null && break
-            sleep 0.5
-        done
-        echo "serve m32 --parallel $par:"
-        timeout 60 python3 /tmp/serve_load.py 8093 1 16 1 >/dev/null
-        timeout 200 python3 /tmp/serve_load.py 8093 "${STREAMS:-1,8,32}" 64 2
-        kill -TERM $pid
-        sleep 2
-        kill -KILL $pid 2>/dev/null
-        wait $pid 2>/dev/null
-    done
+    for par in ${PARS:-8 32}; do serve_rows "p$par" "$par" "${STREAMS:-1,8,32}"; done
     ;;
 esac

@@ -13,15 +13,8 @@
 # profiles go to $OUT.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-[ -d devbin ] || tar xJf devpk/pack.tar.xz
-export XDG_CACHE_HOME=$PWD/devbin/cache
-R=devbin/redline
 STAGE=${STAGE:-all}
-t0=$(date +%s)
-el() { echo "[$(($(date +%s) - t0))s]"; }
-[ -e /tmp/synth.done ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
-    $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 && touch /tmp/synth.done) &
-SP=$!
+. scripts/device-lib.sh
 # every variant sets all five switches (four are on by default since this A/B, q8k off)
 v() { echo "REDLINE_DN_PDL=$1 REDLINE_FUSED_GATES=$2 REDLINE_FUSED_NORM_Q8=$3 REDLINE_FUSED_ATTN_Q8=$4 REDLINE_FUSED_Q8K=$5"; }
 NONE=$(v 0 0 0 0 0)
@@ -68,21 +61,9 @@ done
 echo "== A/B done $(el)"
 [ "$STAGE" = ab ] && exit 0
 if [ "$STAGE" = serve ]; then
-    # issue 6's serve rows at 1 and 8 streams (bench-full.sh's stdlib client), default and staged
-    sed -n "/^cat > \"\$DIR\/serve_load.py\" <<'PY'/,/^PY\$/p" scripts/bench-full.sh | sed '1d;$d' >/tmp/serve_load.py
-    for v in none all; do
-        case $v in none) e=($NONE) ;; all) e=($ALL) ;; esac
-        env "${e[@]}" $R serve -m /tmp/m32.gguf --device cuda --parallel 8 -c 16384 --port 8093 --shutdown-grace 1 >/tmp/serve_$v.log 2>&1 &
-        pid=$!
-        for _ in $(seq 1 120); do
-            python3 -c "import http.client,sys; c=http.client.HTTPConnection('127.0.0.1',8093,timeout=2); c.request('GET','/health'); sys.exit(0 if c.getresponse().status==200 else 1)" 2>/dev/null && break
-            sleep 0.5
-        done
-        echo "serve m32 $v:"
-        timeout 60 python3 /tmp/serve_load.py 8093 1 16 1 >/dev/null
-        timeout 200 python3 /tmp/serve_load.py 8093 1,8 64 2
-        kill -TERM $pid; sleep 2; kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
-    done
+    # issue 6's serve rows at 1 and 8 streams, default and staged
+    serve_rows none 8 1,8 $NONE
+    serve_rows all 8 1,8 $ALL
     exit 0
 fi
 # issue 8's verify-cost table: passes of k tokens against one decode step, default and staged
