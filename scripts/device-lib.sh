@@ -1,13 +1,13 @@
 # Shared by the device-window scripts (staged-ab.sh, mmv2-ab.sh): sourced from the repository
 # root. Unpacks devpk/pack.tar.xz unless devbin/ is there, points the kernel cache at the
 # packed one, starts writing the two synthetic Q4_K_M files in the background (SP: its pid; they
-# stay in /tmp while the machine is warm), and defines el (seconds since start) and serve_rows.
+# stay in /tmp while the machine is warm; NO_SYNTH=1: not), and defines el (seconds since start) and serve_rows.
 [ -d devbin ] || tar xJf devpk/pack.tar.xz
 export XDG_CACHE_HOME=$PWD/devbin/cache
 R=devbin/redline
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0))s]"; }
-[ -e /tmp/synth.done ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
+[ -n "${NO_SYNTH:-}" ] || [ -e /tmp/synth.done ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
     $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 && touch /tmp/synth.done) &
 SP=$!
 

@@ -6,6 +6,8 @@
 #
 #   bash scripts/device-pack.sh [FILE...]
 #   ONLY=mmv.cu bash scripts/device-pack.sh   (recompile one program into the existing cache)
+#   PTX_ARCH=75 bash scripts/device-pack.sh    (also compute_75 PTX: REDLINE_CUDA_ARCH=75 runs)
+#   CLEAN=1 bash scripts/device-pack.sh        (drop the cache's old entries first)
 #   then: run(command="tar xJf devpk/pack.tar.xz && XDG_CACHE_HOME=$PWD/devbin/cache devbin/redline …",
 #             carry=["devpk"])
 #
@@ -16,6 +18,7 @@ cd "$(dirname "$0")/.."
 NVRTC_DIR=${NVRTC_DIR:-/tmp/nvrtc13}
 ARCH=${ARCH:-90}
 cargo build --release -q -p redline
+[ -z "${CLEAN:-}" ] || rm -rf devbin/cache
 mkdir -p devbin/cache devpk
 strip -o devbin/redline target/release/redline
 if [ ! -e "$NVRTC_DIR/x/nvidia/cu13/lib/libnvrtc.so.13" ]; then
@@ -27,6 +30,10 @@ LIB="$NVRTC_DIR/x/nvidia/cu13/lib"
 # libnvrtc loads libnvrtc-builtins from the library path
 LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
     --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache ${ONLY:+--only "$ONLY"}
+if [ -n "${PTX_ARCH:-}" ]; then
+    LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
+        --nvrtc "$LIB/libnvrtc.so.13" --arch "$PTX_ARCH" --ptx --write-cache devbin/cache ${ONLY:+--only "$ONLY"}
+fi
 for f in "$@"; do cp -r "$f" devbin/; done
 tar cJf devpk/pack.tar.xz devbin
 ls -la devpk/pack.tar.xz

@@ -2,7 +2,7 @@
 //! does not break Volta (sm_70), Ampere (sm_80) or Hopper (sm_90). Needs NVRTC only, no GPU.
 
 use crate::error::Result;
-use crate::nvrtc::Nvrtc;
+use crate::nvrtc::{Nvrtc, Target};
 use crate::sources::Program;
 use std::time::Duration;
 
@@ -11,29 +11,34 @@ pub const CI_ARCHS: [u32; 3] = [70, 80, 90];
 
 pub struct CompileOutcome {
     pub program: Program,
-    pub arch: u32,
+    pub target: Target,
     pub elapsed: Duration,
-    /// Ok(the cubin and NVRTC's log), or the error with NVRTC's log.
+    /// Ok(the cubin or PTX and NVRTC's log), or the error with NVRTC's log.
     pub result: Result<(Vec<u8>, String)>,
 }
 
 /// Compiles every program for every arch; never stops at the first failure.
 pub fn compile_all(nvrtc: &Nvrtc, archs: &[u32]) -> Vec<CompileOutcome> {
-    compile_programs(nvrtc, archs, &Program::ALL)
+    let targets: Vec<Target> = archs.iter().map(|&a| Target::Cubin(a)).collect();
+    compile_programs(nvrtc, &targets, &Program::ALL)
 }
 
-/// Compiles `programs` for every arch; never stops at the first failure.
-pub fn compile_programs(nvrtc: &Nvrtc, archs: &[u32], programs: &[Program]) -> Vec<CompileOutcome> {
+/// Compiles `programs` for every target; never stops at the first failure.
+pub fn compile_programs(
+    nvrtc: &Nvrtc,
+    targets: &[Target],
+    programs: &[Program],
+) -> Vec<CompileOutcome> {
     let mut out = Vec::new();
-    for &arch in archs {
+    for &target in targets {
         for &program in programs {
             let t = std::time::Instant::now();
             let result = nvrtc
-                .compile(&program.program_source(), arch, &[])
-                .map(|c| (c.cubin, without_deprecation_notice(&c.log)));
+                .compile_for(&program.program_source(), target, &[])
+                .map(|c| (c.image, without_deprecation_notice(&c.log)));
             out.push(CompileOutcome {
                 program,
-                arch,
+                target,
                 elapsed: t.elapsed(),
                 result,
             });

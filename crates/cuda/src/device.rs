@@ -7,7 +7,7 @@
 
 use crate::error::{CudaError, Result};
 use crate::kernel_cache::{cache_key, default_cache_dir, KernelCache};
-use crate::nvrtc::Nvrtc;
+use crate::nvrtc::{Nvrtc, Target};
 use crate::sources::Program;
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -47,14 +47,76 @@ impl DeviceInfo {
     }
 }
 
-/// Options for opening a device. Explicit fields, no hidden environment switches.
-#[derive(Clone, Debug, Default)]
+/// Options for opening a device.
+#[derive(Clone, Debug)]
 pub struct CudaOptions {
     pub ordinal: usize,
     /// libnvrtc to use; `None` searches the usual places (see `nvrtc::candidate_paths`).
     pub nvrtc_path: Option<PathBuf>,
     /// Kernel cache directory; `None` uses `~/.cache/redline/kernels`.
     pub cache_dir: Option<PathBuf>,
+    /// Run as on an older card: kernels compiled as PTX for `compute_XX` (the driver compiles
+    /// that for the real card, keeping the older architecture's code paths) and every dispatch
+    /// decided as on an `sm_XX` card (no int8 tensor-core products below 80, no PDL below 90).
+    /// For checking the V100 (70) / Turing (75) paths on a newer card; slower. `None`: the
+    /// card's own architecture. `Default` takes it from `REDLINE_CUDA_ARCH`, so every tool and
+    /// test honours that variable.
+    pub target_arch: Option<u32>,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            ordinal: 0,
+            nvrtc_path: None,
+            cache_dir: None,
+            target_arch: target_arch_from_env(),
+        }
+    }
+}
+
+/// `REDLINE_CUDA_ARCH` as a number (`70`, `sm_75` and `compute_75` are all read as such);
+/// unset or empty: `None`. A value that is no number is kept as 0, which `open` refuses with
+/// an error that names the variable.
+fn target_arch_from_env() -> Option<u32> {
+    parse_target_arch(&std::env::var("REDLINE_CUDA_ARCH").ok()?)
+}
+
+fn parse_target_arch(v: &str) -> Option<u32> {
+    let v = v.trim();
+    if v.is_empty() {
+        return None;
+    }
+    let digits = v.trim_start_matches("compute_").trim_start_matches("sm_");
+    Some(digits.parse().unwrap_or(0))
+}
+
+/// The architecture to compile for and whether as PTX: the card's own (or the newest NVRTC
+/// has of its family) as a cubin, or `wanted` (older than the card) as PTX.
+fn pick_target(
+    device_arch: u32,
+    wanted: Option<u32>,
+    sup: &[u32],
+    version: (i32, i32),
+) -> Result<Target> {
+    let Some(w) = wanted.filter(|&w| w != device_arch) else {
+        return Ok(Target::Cubin(pick_arch(device_arch, sup, version)?));
+    };
+    if w < 70 || w > device_arch {
+        return Err(CudaError::Options(format!(
+            "REDLINE_CUDA_ARCH={w}: this card is sm_{device_arch}; give an architecture from 70 \
+             up to {device_arch} (e.g. 75 for the pre-Ampere code paths), or unset it"
+        )));
+    }
+    if !sup.is_empty() && !sup.contains(&w) {
+        let (maj, min) = version;
+        return Err(CudaError::Options(format!(
+            "REDLINE_CUDA_ARCH={w}: NVRTC {maj}.{min} cannot compile for compute_{w} (it has \
+             {sup:?}; CUDA 13 dropped sm_70, so use 75 for the same code paths, or load NVRTC \
+             12.x)"
+        )));
+    }
+    Ok(Target::Ptx(w))
 }
 
 /// Runs `f` (first driver calls) turning a cudarc panic into an error.
@@ -125,6 +187,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     arch: u32,
+    /// What the kernels are compiled to: a cubin for `arch`, or PTX (`CudaOptions::target_arch`).
+    target: Target,
     nvrtc: Nvrtc,
     cache: KernelCache,
     modules: Mutex<HashMap<Program, Arc<CudaModule>>>,
@@ -150,7 +214,22 @@ impl CudaDevice {
         let ctx = guarded("cuCtx", move || Ok(CudaContext::new(ordinal)?))?;
         let info = device_info(&ctx, ordinal)?;
         let nvrtc = Nvrtc::load(opts.nvrtc_path.as_deref())?;
-        let arch = pick_arch(info.arch(), &nvrtc)?;
+        let target = pick_target(
+            info.arch(),
+            opts.target_arch,
+            nvrtc.supported_archs(),
+            nvrtc.version(),
+        )?;
+        let arch = target.arch();
+        if let Target::Ptx(a) = target {
+            eprintln!(
+                "redline: running the {} (sm_{}) as an sm_{a} card: kernels compiled as compute_{a} \
+                 PTX and dispatched as on that architecture (REDLINE_CUDA_ARCH; slower, for \
+                 checking the older cards' code paths)",
+                info.name,
+                info.arch()
+            );
+        }
         // One explicit stream for everything: the legacy NULL stream cannot be captured into a
         // CUDA graph (crates/cuda/src/backend/step.rs). All work is ordered on this one stream,
         // so cudarc's per-buffer event tracking is not needed; it is switched off before any
@@ -164,6 +243,7 @@ impl CudaDevice {
             stream,
             info,
             arch,
+            target,
             nvrtc,
             cache,
             modules: Mutex::new(HashMap::new()),
@@ -187,9 +267,15 @@ impl CudaDevice {
         &self.info
     }
 
-    /// The `sm_XX` the kernels are compiled for.
+    /// The `sm_XX` the kernels are compiled and dispatched for: the card's, or the older one
+    /// of `CudaOptions::target_arch`.
     pub fn arch(&self) -> u32 {
         self.arch
+    }
+
+    /// What the kernels are compiled to (a cubin, or PTX when running as an older card).
+    pub fn target(&self) -> Target {
+        self.target
     }
 
     pub fn nvrtc(&self) -> &Nvrtc {
@@ -216,7 +302,7 @@ impl CudaDevice {
         }
         let src = program.program_source();
         let options: [&str; 0] = [];
-        let key = cache_key(&src, self.arch, self.nvrtc.version(), &options);
+        let key = cache_key(&src, self.target, self.nvrtc.version(), &options);
         let load = |cubin: Vec<u8>| self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin));
         let module = match self.cache.get(&key).map(load) {
             Some(Ok(m)) => m,
@@ -225,25 +311,25 @@ impl CudaDevice {
                 // takes a minute or more, so say what is happening (once per program and card).
                 let (maj, min) = self.nvrtc.version();
                 eprintln!(
-                    "redline: compiling CUDA kernels {} for sm_{} with NVRTC {maj}.{min} (first use \
+                    "redline: compiling CUDA kernels {} for {} with NVRTC {maj}.{min} (first use \
                      on this card and version; cached{})",
                     program.file_name(),
-                    self.arch,
+                    self.target,
                     match self.cache.dir() {
                         Some(d) => format!(" in {}", d.display()),
                         None => " nowhere: set XDG_CACHE_HOME or HOME".to_string(),
                     }
                 );
                 let t0 = std::time::Instant::now();
-                let compiled = self.nvrtc.compile(&src, self.arch, &options)?;
+                let compiled = self.nvrtc.compile_for(&src, self.target, &options)?;
                 eprintln!(
                     "redline: compiled {} in {:.1} s",
                     program.file_name(),
                     t0.elapsed().as_secs_f64()
                 );
-                let m = load(compiled.cubin.clone())?;
+                let m = load(compiled.image.clone())?;
                 // A cache we cannot write is not fatal: we just compile again next run.
-                let _ = self.cache.put(&key, &compiled.cubin);
+                let _ = self.cache.put(&key, &compiled.image);
                 m
             }
         };
@@ -272,8 +358,7 @@ impl CudaDevice {
 
 /// The device's own arch if NVRTC supports it, else the newest supported one of the same major
 /// (cubins run on later minors of their major).
-fn pick_arch(device_arch: u32, nvrtc: &Nvrtc) -> Result<u32> {
-    let sup = nvrtc.supported_archs();
+fn pick_arch(device_arch: u32, sup: &[u32], version: (i32, i32)) -> Result<u32> {
     if sup.is_empty() || sup.contains(&device_arch) {
         return Ok(device_arch);
     }
@@ -282,7 +367,7 @@ fn pick_arch(device_arch: u32, nvrtc: &Nvrtc) -> Result<u32> {
         .filter(|&a| a / 10 == device_arch / 10 && a <= device_arch)
         .max()
         .ok_or_else(|| CudaError::ArchUnsupported {
-            version: format!("{}.{}", nvrtc.version().0, nvrtc.version().1),
+            version: format!("{}.{}", version.0, version.1),
             arch: device_arch,
             supported: sup.to_vec(),
         })
@@ -300,5 +385,63 @@ pub fn open_or_cpu(opts: &CudaOptions) -> Option<CudaDevice> {
                 .call_once(|| eprintln!("no CUDA device found; running on the CPU ({e})"));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NVRTC13: [u32; 9] = [75, 80, 86, 87, 89, 90, 100, 110, 120];
+
+    #[test]
+    fn target_arch_spellings() {
+        assert_eq!(parse_target_arch("75"), Some(75));
+        assert_eq!(parse_target_arch(" sm_70 "), Some(70));
+        assert_eq!(parse_target_arch("compute_80"), Some(80));
+        assert_eq!(parse_target_arch(""), None);
+        // kept as 0 so that opening the device says what is wrong
+        assert_eq!(parse_target_arch("volta"), Some(0));
+    }
+
+    #[test]
+    fn the_cards_own_arch_is_a_cubin() {
+        assert_eq!(
+            pick_target(90, None, &NVRTC13, (13, 0)).unwrap(),
+            Target::Cubin(90)
+        );
+        assert_eq!(
+            pick_target(90, Some(90), &NVRTC13, (13, 0)).unwrap(),
+            Target::Cubin(90)
+        );
+        // no cubin for sm_91: the newest of its major that NVRTC has
+        assert_eq!(
+            pick_target(91, None, &NVRTC13, (13, 0)).unwrap(),
+            Target::Cubin(90)
+        );
+        assert!(pick_target(70, None, &NVRTC13, (13, 0)).is_err());
+    }
+
+    #[test]
+    fn an_older_arch_is_ptx_and_checked() {
+        assert_eq!(
+            pick_target(90, Some(75), &NVRTC13, (13, 0)).unwrap(),
+            Target::Ptx(75)
+        );
+        assert_eq!(
+            pick_target(90, Some(70), &[70, 75, 80, 90], (12, 9)).unwrap(),
+            Target::Ptx(70)
+        );
+        // NVRTC 13 has no compute_70: the message says what to do instead
+        let e = pick_target(90, Some(70), &NVRTC13, (13, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use 75"), "{e}");
+        // newer than the card, or nonsense
+        let e = pick_target(80, Some(90), &NVRTC13, (13, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("from 70 up to 80"), "{e}");
+        assert!(pick_target(90, Some(0), &NVRTC13, (13, 0)).is_err());
     }
 }

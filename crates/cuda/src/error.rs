@@ -27,6 +27,9 @@ pub enum CudaError {
     },
     #[error("CUDA driver: {0}")]
     Driver(String),
+    /// Options that cannot work on this card or NVRTC (the message says what to change).
+    #[error("{0}")]
+    Options(String),
     /// cuBLAS missing or failing (the prefill GEMM path; callers fall back to the matvec).
     #[error("cuBLAS: {0}")]
     Cublas(String),

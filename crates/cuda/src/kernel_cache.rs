@@ -1,11 +1,12 @@
-//! On-disk cache of compiled kernels: `<cache dir>/redline/kernels/<key>.cubin`.
+//! On-disk cache of compiled kernels: `<cache dir>/redline/kernels/<key>.cubin` (a cubin, or
+//! the PTX of a `compute_XX` target: whatever `cuModuleLoadData` takes).
 //!
 //! The key hashes everything that changes the output: the program's source and headers, the
 //! target architecture, the NVRTC version and the compile options. A stale or corrupt entry
 //! can only cost a recompile: a file that fails to load as a module is recompiled and replaced.
 
 use crate::error::{CudaError, Result};
-use crate::nvrtc::ProgramSource;
+use crate::nvrtc::{ProgramSource, Target};
 use std::path::{Path, PathBuf};
 
 /// `$XDG_CACHE_HOME/redline/kernels`, else `$HOME/.cache/redline/kernels` (the conventional
@@ -32,10 +33,11 @@ fn fnv1a128(parts: &[&[u8]]) -> u128 {
     h
 }
 
-/// The cache key of one compilation, as a file stem: `<program>-sm<arch>-nvrtc<M.m>-<hash>`.
+/// The cache key of one compilation, as a file stem: `<program>-sm<arch>-nvrtc<M.m>-<hash>`
+/// (`-compute<arch>-` for PTX).
 pub fn cache_key(
     src: &ProgramSource,
-    arch: u32,
+    target: Target,
     nvrtc_version: (i32, i32),
     options: &[&str],
 ) -> String {
@@ -48,8 +50,12 @@ pub fn cache_key(
     parts.push(opts.as_bytes());
     let stem = src.name.trim_end_matches(".cu");
     let h = fnv1a128(&parts);
+    let t = match target {
+        Target::Cubin(a) => format!("sm{a}"),
+        Target::Ptx(a) => format!("compute{a}"),
+    };
     format!(
-        "{stem}-sm{arch}-nvrtc{}.{}-{h:032x}",
+        "{stem}-{t}-nvrtc{}.{}-{h:032x}",
         nvrtc_version.0, nvrtc_version.1
     )
 }
@@ -109,17 +115,41 @@ mod tests {
     #[test]
     fn key_changes_with_every_input() {
         let h: &[(&str, &str)] = &[("a.cuh", "int a;")];
-        let base = cache_key(&src("x", h), 90, (12, 9), &["-O3"]);
-        assert_eq!(base, cache_key(&src("x", h), 90, (12, 9), &["-O3"]));
+        let base = cache_key(&src("x", h), Target::Cubin(90), (12, 9), &["-O3"]);
+        assert_eq!(
+            base,
+            cache_key(&src("x", h), Target::Cubin(90), (12, 9), &["-O3"])
+        );
         assert!(base.starts_with("k-sm90-nvrtc12.9-"));
-        assert_ne!(base, cache_key(&src("y", h), 90, (12, 9), &["-O3"]));
         assert_ne!(
             base,
-            cache_key(&src("x", &[("a.cuh", "int b;")]), 90, (12, 9), &["-O3"])
+            cache_key(&src("y", h), Target::Cubin(90), (12, 9), &["-O3"])
         );
-        assert_ne!(base, cache_key(&src("x", h), 80, (12, 9), &["-O3"]));
-        assert_ne!(base, cache_key(&src("x", h), 90, (13, 0), &["-O3"]));
-        assert_ne!(base, cache_key(&src("x", h), 90, (12, 9), &[]));
+        assert_ne!(
+            base,
+            cache_key(
+                &src("x", &[("a.cuh", "int b;")]),
+                Target::Cubin(90),
+                (12, 9),
+                &["-O3"]
+            )
+        );
+        assert_ne!(
+            base,
+            cache_key(&src("x", h), Target::Cubin(80), (12, 9), &["-O3"])
+        );
+        // the PTX of the same architecture is another entry
+        let ptx = cache_key(&src("x", h), Target::Ptx(90), (12, 9), &["-O3"]);
+        assert_ne!(base, ptx);
+        assert!(ptx.starts_with("k-compute90-nvrtc12.9-"));
+        assert_ne!(
+            base,
+            cache_key(&src("x", h), Target::Cubin(90), (13, 0), &["-O3"])
+        );
+        assert_ne!(
+            base,
+            cache_key(&src("x", h), Target::Cubin(90), (12, 9), &[])
+        );
         // part boundaries matter: ("ab","") vs ("a","b")
         assert_ne!(fnv1a128(&[b"ab", b""]), fnv1a128(&[b"a", b"b"]));
     }

@@ -33,14 +33,45 @@ pub struct Nvrtc {
     get_log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
     get_cubin_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
     get_cubin: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    get_ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
     // Keeps the function pointers above valid; dropped last.
     _lib: libloading::Library,
 }
 
-/// Output of one compilation: a cubin for exactly one `sm_XX` plus NVRTC's log (warnings).
+/// Output of one compilation plus NVRTC's log (warnings).
 pub struct Compiled {
-    pub cubin: Vec<u8>,
+    /// What `cuModuleLoadData` takes: a cubin for exactly one `sm_XX` ([`Nvrtc::compile`]), or
+    /// NUL-terminated PTX text for `compute_XX` ([`Nvrtc::compile_ptx`]; the driver compiles it
+    /// for the card it is loaded on).
+    pub image: Vec<u8>,
     pub log: String,
+}
+
+/// What NVRTC emits: a cubin for one real architecture, or PTX for a virtual one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `--gpu-architecture=sm_XX`, the cubin.
+    Cubin(u32),
+    /// `--gpu-architecture=compute_XX`, the PTX.
+    Ptx(u32),
+}
+
+impl Target {
+    pub fn arch(self) -> u32 {
+        match self {
+            Target::Cubin(a) | Target::Ptx(a) => a,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Cubin(a) => write!(f, "sm_{a}"),
+            Target::Ptx(a) => write!(f, "compute_{a}"),
+        }
+    }
 }
 
 /// One source file of a kernel program and the headers it `#include`s by name.
@@ -183,6 +214,8 @@ impl Nvrtc {
             get_log: sym!(b"nvrtcGetProgramLog\0"),
             get_cubin_size: sym!(b"nvrtcGetCUBINSize\0"),
             get_cubin: sym!(b"nvrtcGetCUBIN\0"),
+            get_ptx_size: sym!(b"nvrtcGetPTXSize\0"),
+            get_ptx: sym!(b"nvrtcGetPTX\0"),
             _lib: lib,
         })
     }
@@ -220,6 +253,28 @@ impl Nvrtc {
         arch: u32,
         extra_options: &[&str],
     ) -> Result<Compiled> {
+        self.compile_for(src, Target::Cubin(arch), extra_options)
+    }
+
+    /// Compiles `src` to PTX for `compute_{arch}`: code for that architecture (its
+    /// `__CUDA_ARCH__`) that the driver compiles for any newer card it is loaded on.
+    pub fn compile_ptx(
+        &self,
+        src: &ProgramSource,
+        arch: u32,
+        extra_options: &[&str],
+    ) -> Result<Compiled> {
+        self.compile_for(src, Target::Ptx(arch), extra_options)
+    }
+
+    /// [`Self::compile`] or [`Self::compile_ptx`] by `target`.
+    pub fn compile_for(
+        &self,
+        src: &ProgramSource,
+        target: Target,
+        extra_options: &[&str],
+    ) -> Result<Compiled> {
+        let arch = target.arch();
         if !self.supported_archs.is_empty() && !self.supported_archs.contains(&arch) {
             return Err(CudaError::ArchUnsupported {
                 version: format!("{}.{}", self.version.0, self.version.1),
@@ -247,7 +302,7 @@ impl Nvrtc {
             .collect::<Result<_>>()?;
         let hdr_src_p: Vec<*const c_char> = hdr_src.iter().map(|c| c.as_ptr()).collect();
         let hdr_name_p: Vec<*const c_char> = hdr_name.iter().map(|c| c.as_ptr()).collect();
-        let arch_opt = format!("--gpu-architecture=sm_{arch}");
+        let arch_opt = format!("--gpu-architecture={target}");
         let mut opts: Vec<CString> = vec![cstr(&arch_opt)?, cstr("--std=c++17")?];
         for o in extra_options {
             opts.push(cstr(o)?);
@@ -266,7 +321,7 @@ impl Nvrtc {
                 hdr_name_p.as_ptr(),
             )
         })?;
-        let result = self.compile_created(prog, &opts_p, src.name, arch);
+        let result = self.compile_created(prog, &opts_p, src.name, target);
         // SAFETY: `prog` was created above and is destroyed exactly once.
         unsafe { (self.destroy_program)(&mut prog) };
         result
@@ -277,7 +332,7 @@ impl Nvrtc {
         prog: Program,
         opts: &[*const c_char],
         name: &str,
-        arch: u32,
+        target: Target,
     ) -> Result<Compiled> {
         // SAFETY: `prog` is a live program; option pointers are valid C strings.
         let r = unsafe { (self.compile_program)(prog, opts.len() as c_int, opts.as_ptr()) };
@@ -285,21 +340,32 @@ impl Nvrtc {
         if r != 0 {
             return Err(CudaError::Compile {
                 kernel: name.to_string(),
-                arch: format!("sm_{arch}"),
+                arch: target.to_string(),
                 log,
             });
         }
+        let (size_fn, get_fn, calls) = match target {
+            Target::Cubin(_) => (
+                self.get_cubin_size,
+                self.get_cubin,
+                ("nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
+            ),
+            // the size counts the terminating NUL, which cuModuleLoadData needs
+            Target::Ptx(_) => (
+                self.get_ptx_size,
+                self.get_ptx,
+                ("nvrtcGetPTXSize", "nvrtcGetPTX"),
+            ),
+        };
         let mut size = 0usize;
         // SAFETY: out-pointer to a live local.
-        self.check("nvrtcGetCUBINSize", unsafe {
-            (self.get_cubin_size)(prog, &mut size)
+        self.check(calls.0, unsafe { size_fn(prog, &mut size) })?;
+        let mut image = vec![0u8; size];
+        // SAFETY: `image` has exactly the size NVRTC reported.
+        self.check(calls.1, unsafe {
+            get_fn(prog, image.as_mut_ptr() as *mut c_char)
         })?;
-        let mut cubin = vec![0u8; size];
-        // SAFETY: `cubin` has exactly the size NVRTC reported.
-        self.check("nvrtcGetCUBIN", unsafe {
-            (self.get_cubin)(prog, cubin.as_mut_ptr() as *mut c_char)
-        })?;
-        Ok(Compiled { cubin, log })
+        Ok(Compiled { image, log })
     }
 
     fn log(&self, prog: Program) -> Result<String> {

@@ -29,7 +29,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = CudaOptions {
         ordinal: args.device,
         nvrtc_path: args.nvrtc,
-        cache_dir: None,
+        ..CudaOptions::default()
     };
     let dev = match CudaDevice::open(&opts) {
         Ok(d) => d,

@@ -6,10 +6,15 @@
 //! `--write-cache DIR` also stores each cubin where redline looks for it at run time
 //! (`DIR/redline/kernels/<key>.cubin`, DIR playing `$XDG_CACHE_HOME`), so a machine with the same
 //! NVRTC version and card starts without compiling (first use otherwise takes a minute or more).
+//!
+//! `--ptx` compiles for `compute_XX` instead (PTX, which the driver compiles for the card): the
+//! entries a run with `REDLINE_CUDA_ARCH=XX` loads (the older architecture's code paths on a
+//! newer card).
 
 use cuda::compile_check::{compile_programs, CI_ARCHS};
 use cuda::kernel_cache::{cache_key, KernelCache};
 use cuda::nvrtc::Nvrtc;
+use cuda::nvrtc::Target;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,6 +24,7 @@ fn main() -> ExitCode {
     let mut resource_usage = false;
     let mut write_cache: Option<PathBuf> = None;
     let mut only: Option<String> = None;
+    let mut ptx = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -41,6 +47,8 @@ fn main() -> ExitCode {
             "--write-cache" => write_cache = args.next().map(PathBuf::from),
             // one program only (e.g. mmv.cu)
             "--only" => only = args.next(),
+            // PTX for compute_XX instead of cubins for sm_XX
+            "--ptx" => ptx = true,
             "-h" | "--help" => return usage(""),
             other => return usage(&format!("unknown argument {other}")),
         }
@@ -74,20 +82,30 @@ fn main() -> ExitCode {
         .into_iter()
         .filter(|p| only.as_deref().is_none_or(|o| o == p.file_name()))
         .collect();
-    for o in compile_programs(&nvrtc, &archs, &programs) {
+    let targets: Vec<Target> = archs
+        .iter()
+        .map(|&a| {
+            if ptx {
+                Target::Ptx(a)
+            } else {
+                Target::Cubin(a)
+            }
+        })
+        .collect();
+    for o in compile_programs(&nvrtc, &targets, &programs) {
         let ms = o.elapsed.as_secs_f64() * 1e3;
         match o.result {
             Ok((cubin, log)) if log.is_empty() => {
                 println!(
-                    "ok    sm_{} {:<18} {:>8} bytes  {:>7.0} ms",
-                    o.arch,
+                    "ok    {:<10} {:<18} {:>8} bytes  {:>7.0} ms",
+                    o.target.to_string(),
                     o.program.file_name(),
                     cubin.len(),
                     ms
                 );
                 if let Some(c) = &cache {
                     // The same key (and no extra options) as CudaDevice::module uses.
-                    let key = cache_key(&o.program.program_source(), o.arch, (maj, min), &[]);
+                    let key = cache_key(&o.program.program_source(), o.target, (maj, min), &[]);
                     if let Err(e) = c.put(&key, &cubin) {
                         failed += 1;
                         println!("FAIL  writing the cache entry {key}: {e}");
@@ -97,14 +115,14 @@ fn main() -> ExitCode {
             Ok((_, log)) => {
                 failed += 1;
                 println!(
-                    "WARN  sm_{} {:<18} (warnings are errors here)\n{log}",
-                    o.arch,
+                    "WARN  {} {:<18} (warnings are errors here)\n{log}",
+                    o.target,
                     o.program.file_name()
                 );
             }
             Err(e) => {
                 failed += 1;
-                println!("FAIL  sm_{} {:<18} {e}", o.arch, o.program.file_name());
+                println!("FAIL  {} {:<18} {e}", o.target, o.program.file_name());
             }
         }
     }
@@ -119,7 +137,7 @@ fn usage(err: &str) -> ExitCode {
     if !err.is_empty() {
         eprintln!("kernel-compile-check: {err}");
     }
-    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage] [--write-cache DIR] [--only FILE.cu]");
+    eprintln!("usage: kernel-compile-check [--nvrtc PATH] [--arch 70,80,90] [--resource-usage] [--write-cache DIR] [--only FILE.cu] [--ptx]");
     if err.is_empty() {
         ExitCode::SUCCESS
     } else {
