@@ -5,6 +5,7 @@
 # compiled in, so the device's copy of the tree must sit at the same path as here).
 #
 #   bash scripts/device-tests.sh [TEST...]   e.g. gpu_decode backend_conformance
+#   PKG=redline bash scripts/device-tests.sh gpu_speculative   (another package's tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=("$@")
@@ -12,7 +13,7 @@ TESTS=("$@")
 mkdir -p devbin
 args=()
 for t in "${TESTS[@]}"; do args+=(--test "$t"); done
-cargo test --release -q -p cuda --no-run "${args[@]}" --message-format=json 2>/dev/null |
+cargo test --release -q -p "${PKG:-cuda}" --no-run "${args[@]}" --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -4,6 +4,8 @@
 # devpk/pack.tar.xz built here with the test binary:
 #
 #   bash scripts/device-tests.sh gpu_mmq gpu_decode backend_conformance && bash scripts/device-pack.sh
+#   (onerow also runs t_gpu_speculative when packed: PKG=redline bash scripts/device-tests.sh
+#   gpu_speculative first)
 #   run(command="STAGE=kernels bash scripts/mmv2-ab.sh", carry=["devpk"]), then STAGE=streams,
 #   onerow, serve (each within one call's 600 s; the synthetic files stay in /tmp while the
 #   machine is warm and are written again on a fresh one)
@@ -48,15 +50,20 @@ onerow)
         b $m -n 128 -r 2
         ST="REDLINE_MMV2_MIN=1" b $m -n 128 -r 2
         ST="REDLINE_MMV2_MIN=1 REDLINE_FUSED_Q8K=1" b $m -n 128 -r 2
+        ST="REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1" b $m -n 128 -r 2
         b $m -n 64 -r 2 --parallel 2
         ST="REDLINE_MMV2_MIN=2" b $m -n 64 -r 2 --parallel 2
     done
     echo "== one row $(el)"
-    for v in X=1 "REDLINE_MMV2_MIN=1"; do
+    for v in X=1 "REDLINE_MMV2_MIN=1" "REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1"; do
         echo "verify $v:"
         env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4,8 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
     done
     echo "== verify $(el)"
+    # speculation on mmv2 at every token count: greedy equality and full acceptance (self-draft)
+    [ -x devbin/t_gpu_speculative ] && timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 |
+        grep -E "^test |result|panicked|self-draft" | head -12
+    echo "== speculative $(el)"
     ;;
 serve)
     wait $SP

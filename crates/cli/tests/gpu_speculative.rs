@@ -1,7 +1,8 @@
 //! Speculative decoding on the GPU (`ModelOn<CudaBackend>`; `--ignored`, needs a CUDA device):
 //! greedy output with speculation equals plain greedy output on the same device —
 //! stories260K drafting for itself (every draft accepted), the hybrid Qwen3.5 fixture drafted
-//! by its Q8_0 copy (DeltaNet snapshot/rollback on the device), and, when
+//! by its Q8_0 copy (DeltaNet snapshot/rollback on the device), synthetic Q4_K_M cuts of real
+//! shapes drafting for themselves with the tensor-core mmv2 products at every token count, and, when
 //! `REDLINE_MTP_FIXTURE` names a converted MTP fixture GGUF, MTP drafting.
 
 use std::path::{Path, PathBuf};
@@ -118,4 +119,49 @@ fn gpu_mtp_fixture_is_identical() {
     eprintln!("MTP fixture on the GPU: {stats:?}");
     assert_eq!(got, want);
     assert!(stats.drafted > 0);
+}
+
+/// With the tensor-core mmv2 products taking Q4_K and Q6_K at every token count
+/// (`REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1`), one-token steps and verify passes run the same
+/// kernels on the same q8_K grid, and a row's result does not depend on the token count: a
+/// model drafting for itself must then have every draft accepted and give plain greedy's
+/// tokens. Synthetic Q4_K_M cuts of real shapes (q4_K with q6_K V/down/head): Qwen3.5-27B to 4
+/// layers (3 DeltaNet + 1 gated attention), Qwen2.5-1.5B to 2.
+#[test]
+#[ignore]
+fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
+    cuda::mmv::set_mmv2(Some(true));
+    cuda::mmv::set_mmv2_min_tokens(Some(1));
+    for (name, layers) in [("qwen3.5-27b", 4), ("qwen2.5-1.5b", 2)] {
+        let path = std::env::temp_dir().join(format!("redline-spec-{name}-{layers}l.gguf"));
+        model::synth::write_cut(name, layers, 32768, model::synth::FileType::Q4KM, &path)
+            .expect("a synth preset")
+            .unwrap();
+        let target = load_gpu(&path);
+        let draft = load_gpu(&path);
+        assert!(cuda::mmv::mmv2_every_token_count(target.backend().device()));
+        let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
+        let want = plain_greedy(&target, &prompt, 24);
+        let mut distinct = want.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 1, "{name}: degenerate output {want:?}");
+        for k in [2, 4] {
+            let mut spec = DraftModelSpec::new(
+                &target,
+                target.new_state(256, KvType::F32).unwrap(),
+                &draft,
+                draft.new_state(256, KvType::F32).unwrap(),
+            )
+            .unwrap();
+            let (got, stats) = spec_greedy(&mut spec, &prompt, 24, k);
+            eprintln!("{name} self-draft on mmv2 at every count, k={k}: {stats:?}");
+            assert_eq!(got, want, "{name} k {k}");
+            assert_eq!(stats.accepted, stats.drafted, "{name} k {k}");
+        }
+        drop((target, draft));
+        let _ = std::fs::remove_file(&path);
+    }
+    cuda::mmv::set_mmv2_min_tokens(None);
+    cuda::mmv::set_mmv2(None);
 }

@@ -355,7 +355,7 @@ impl Q8kScratch {
 pub fn q8k_wanted(dev: &CudaDevice, n: usize, cols: usize) -> bool {
     mmv2_enabled()
         && dev.arch() >= 80
-        && (min_tokens2(GgmlType::Q4K)..=MAX_TOKENS).contains(&n)
+        && (min_tokens2(GgmlType::Q4K).min(min_tokens2(GgmlType::Q6K))..=MAX_TOKENS).contains(&n)
         && cols.is_multiple_of(256)
 }
 
@@ -620,23 +620,52 @@ fn shared_bytes2(ty: GgmlType, warps: u32) -> u32 {
 /// 2 tokens before the q8_K quantize launch (~3 µs alone), a clear win from 3.
 const MMV2_MIN_TOKENS: usize = 3;
 
-/// Fewest tokens of a Q4_K product the mmv2 dispatch takes: `REDLINE_MMV2_MIN` (1..=3, an
-/// experiment: the staged kernels against the dp4a matvec at one and two tokens), else
-/// [`MMV2_MIN_TOKENS`]. Q6_K keeps [`MMV2_MIN_TOKENS`] (mmv2_q6_k loses at one token).
+/// Fewest tokens of a product the mmv2 dispatch takes: for Q4_K `REDLINE_MMV2_MIN`, for Q6_K
+/// `REDLINE_MMV2_MIN_Q6K` (1..=3, experiments: the staged kernels against the dp4a matvec at one
+/// and two tokens), else [`MMV2_MIN_TOKENS`] (session 10: mmv2_q6_k lost at one token).
 fn min_tokens2(ty: GgmlType) -> usize {
-    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let q4 = *ENV.get_or_init(|| {
-        std::env::var("REDLINE_MMV2_MIN")
+    match MIN_TOKENS_OVERRIDE.load(Ordering::Relaxed) {
+        0 => {}
+        m => return m as usize,
+    }
+    static Q4: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    static Q6: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let read = |var: &str| {
+        std::env::var(var)
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|m| (1..=MMV2_MIN_TOKENS).contains(m))
             .unwrap_or(MMV2_MIN_TOKENS)
-    });
-    if ty == GgmlType::Q4K {
-        q4
-    } else {
-        MMV2_MIN_TOKENS
+    };
+    match ty {
+        GgmlType::Q4K => *Q4.get_or_init(|| read("REDLINE_MMV2_MIN")),
+        GgmlType::Q6K => *Q6.get_or_init(|| read("REDLINE_MMV2_MIN_Q6K")),
+        _ => MMV2_MIN_TOKENS,
     }
+}
+
+/// 0: `REDLINE_MMV2_MIN` / `REDLINE_MMV2_MIN_Q6K` decide.
+static MIN_TOKENS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the fewest tokens the mmv2 dispatch takes, for both formats (1..=3; `None`: back to
+/// the environment). For tests and benchmarks; recorded steps made under the other setting
+/// must be dropped by the caller.
+pub fn set_mmv2_min_tokens(min: Option<usize>) {
+    MIN_TOKENS_OVERRIDE.store(
+        min.map_or(0, |m| m.clamp(1, MMV2_MIN_TOKENS) as u32),
+        Ordering::Relaxed,
+    );
+}
+
+/// Whether the mmv2 kernels take every product of their formats from one token up: then a
+/// one-token step and a speculative verify pass run the same kernels on the same q8_K grid (a
+/// row's result does not depend on the token count: the same warps, super-block order and
+/// sums), so verify passes may stay on them and still give plain decoding's tokens.
+pub fn mmv2_every_token_count(dev: &CudaDevice) -> bool {
+    mmv2_enabled()
+        && dev.arch() >= 80
+        && min_tokens2(GgmlType::Q4K) == 1
+        && min_tokens2(GgmlType::Q6K) == 1
 }
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched

@@ -624,13 +624,10 @@ const SYNTH_CUTS: [(&str, usize); 2] = [("qwen2.5-1.5b", 2), ("qwen3.5-27b", 4)]
 /// Writes the synthetic Q4_K_M file of preset `name` cut to `layers` layers, with a vocabulary
 /// of at most 32k, into the temporary folder (the caller removes it).
 fn synth_q4_k_m(name: &str, layers: usize, tag: &str) -> PathBuf {
-    let mut shape = model::synth::Shape::preset(name).expect("synth preset");
-    shape.n_layer = layers;
-    shape.n_vocab = shape.n_vocab.min(32768);
     let path = std::env::temp_dir().join(format!("redline-{tag}-{name}-{layers}l.gguf"));
-    let plan = model::synth::SynthPlan::new(shape, model::synth::FileType::Q4KM);
-    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    plan.write(f, 7, |_| {}).unwrap();
+    model::synth::write_cut(name, layers, 32768, model::synth::FileType::Q4KM, &path)
+        .expect("synth preset")
+        .unwrap();
     path
 }
 

@@ -129,6 +129,14 @@ impl SpecArgs {
 /// a placement result.
 pub trait SpecBackend: Backend {
     fn take(m: LoadedModel) -> Option<ModelOn<Self>>;
+
+    /// Whether the GPU's tensor-core few-token products (mmv2, q8_K activations) take every
+    /// token count from one up on this model's device, so that one-token steps and verify
+    /// passes run the same kernels on the same grid. No by default (then speculation turns
+    /// them off).
+    fn mmv2_every_token_count(_model: &ModelOn<Self>) -> bool {
+        false
+    }
 }
 
 impl SpecBackend for CpuBackend {
@@ -148,6 +156,10 @@ impl SpecBackend for CudaBackend {
             LoadedModel::Cuda(m) => Some(m),
             _ => None,
         }
+    }
+
+    fn mmv2_every_token_count(model: &ModelOn<Self>) -> bool {
+        cuda::mmv::mmv2_every_token_count(model.backend().device())
     }
 }
 
@@ -178,8 +190,10 @@ pub fn load_drafter<B: SpecBackend>(
     // quantize activations q8_1 (a scale per 32); the mmv2 kernels that take 3..8-row Q4_K
     // products by default quantize them q8_K (a scale per 256), a coarser grid that can move
     // near-tied logits apart. Verify passes therefore keep the q8_1 kernels unless
-    // REDLINE_MMV2 is set explicitly.
-    if std::env::var_os("REDLINE_MMV2").is_none() {
+    // REDLINE_MMV2 is set explicitly, or the mmv2 kernels take one-token products too
+    // (REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1: then steps and verify passes share kernels
+    // and grid).
+    if std::env::var_os("REDLINE_MMV2").is_none() && !B::mmv2_every_token_count(target) {
         cuda::mmv::set_mmv2(Some(false));
     }
     if spec.mtp {

@@ -57,6 +57,32 @@ pub struct SynthPlan {
 /// Bytes of one chunk of generated data handed to the writer.
 const CHUNK_BYTES: usize = 4 << 20;
 
+/// Writes preset `name` cut to its first `layers` layers, with at most `max_vocab` tokens, as
+/// a `ftype` file at `path` (seed 7): the real layer shapes at a size GPU tests can afford.
+/// `None` for an unknown preset.
+pub fn write_cut(
+    name: &str,
+    layers: usize,
+    max_vocab: usize,
+    ftype: FileType,
+    path: &std::path::Path,
+) -> Option<Result<(), GgufError>> {
+    let mut shape = Shape::preset(name)?;
+    shape.n_layer = layers;
+    shape.n_vocab = shape.n_vocab.min(max_vocab);
+    let plan = SynthPlan::new(shape, ftype);
+    let file = match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(error) => {
+            return Some(Err(GgufError::Io {
+                path: path.display().to_string(),
+                error,
+            }))
+        }
+    };
+    Some(plan.write(std::io::BufWriter::new(file), 7, |_| {}))
+}
+
 impl SynthPlan {
     pub fn new(shape: Shape, ftype: FileType) -> SynthPlan {
         let table = shape.tensors();
