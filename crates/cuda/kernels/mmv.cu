@@ -88,11 +88,16 @@ static __device__ __forceinline__ uint32_t mv_ld2x2(const uint8_t* p, int mode) 
     return (uint32_t)mv_ld2(p, mode) | ((uint32_t)mv_ld2(p + 2, mode) << 16);
 }
 
-// c + A B for one m16n8k32 tile.
+// c + A B for one m16n8k32 tile; EMU: by shuffles + dp4a (int8_mma.cuh; always below sm_80).
+// The emulation is a compile-time choice: with a run-time flag every mma of an unrolled loop
+// sat in its own basic block beside a call, and ptxas could not schedule the loads and decode
+// of one unit over the mma of another (mmv2_q6_k: 14 branches between its 16 mmas per
+// super-block). The kernels branch once per super-block instead (MV_EMU_SWITCH).
+template <bool EMU>
 static __device__ __forceinline__ MmaI4 mv_mma_k32(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                  uint32_t b0, uint32_t b1, int emulate) {
+                                                  uint32_t b0, uint32_t b1) {
 #if __CUDA_ARCH__ >= 800
-    if (emulate) return mma_emul_k32(c, a0, a1, a2, a3, b0, b1);
+    if constexpr (EMU) return mma_emul_k32(c, a0, a1, a2, a3, b0, b1);
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
@@ -103,10 +108,11 @@ static __device__ __forceinline__ MmaI4 mv_mma_k32(MmaI4 c, uint32_t a0, uint32_
 #endif
 }
 
-static __device__ __forceinline__ MmaI4 mv_mma_k16(uint32_t a0, uint32_t a1, uint32_t b, int emulate) {
+template <bool EMU>
+static __device__ __forceinline__ MmaI4 mv_mma_k16(uint32_t a0, uint32_t a1, uint32_t b) {
     MmaI4 c{0, 0, 0, 0};
 #if __CUDA_ARCH__ >= 800
-    if (emulate) return mma_emul_k16(c, a0, a1, b);
+    if constexpr (EMU) return mma_emul_k16(c, a0, a1, b);
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
         : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
         : "r"(a0), "r"(a1), "r"(b));
@@ -115,6 +121,22 @@ static __device__ __forceinline__ MmaI4 mv_mma_k16(uint32_t a0, uint32_t a1, uin
     return mma_emul_k16(c, a0, a1, b);
 #endif
 }
+
+// The run-time choice per mma (Mv2Q4K).
+static __device__ __forceinline__ MmaI4 mv_mma_k32_rt(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                     uint32_t b0, uint32_t b1, int emulate) {
+    return emulate ? mv_mma_k32<true>(c, a0, a1, a2, a3, b0, b1) : mv_mma_k32<false>(c, a0, a1, a2, a3, b0, b1);
+}
+
+// Calls F<true>(args...) or F<false>(args...) by the run-time flag `emu`: one uniform branch per
+// call, the unrolled body inside straight-line code.
+#define MV_EMU_SWITCH(emu, F, ...)  \
+    do {                            \
+        if (emu)                    \
+            F<true>(__VA_ARGS__);   \
+        else                        \
+            F<false>(__VA_ARGS__);  \
+    } while (0)
 
 // ---- formats -----------------------------------------------------------------------------
 //
@@ -148,6 +170,10 @@ struct MvQ4K {
         }
     }
     static __device__ __forceinline__ void compute(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
+        MV_EMU_SWITCH(x.emulate, compute_t, f, U0, x, lane, acc);
+    }
+    template <bool EMU>
+    static __device__ __forceinline__ void compute_t(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
         const int t = lane & 3;
         // this thread decodes the scales of sub-blocks t and t + 4 of both rows (ggml
         // get_scale_min_k4); sub-block u's come from lane 4g + u % 4 by shuffle
@@ -176,8 +202,8 @@ struct MvQ4K {
             const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
             const int U = U0 + u;
             const MvV2 xb = *(const MvV2*)(x.q + 32 * U);
-            const MmaI4 c = mv_mma_k32(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
-                                      (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
+            const MmaI4 c = mv_mma_k32<EMU>(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
+                                           (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y);
             const MvF2 x0 = x.d0[U], x1 = x.d1[U];
             acc[0] += (float)c.x * (sg * x0.x) + mg * x0.y;
             acc[1] += (float)c.y * (sg * x1.x) + mg * x1.y;
@@ -214,6 +240,10 @@ struct MvQ6K {
         f.d = (uint32_t)mv_ld2(pg + 208, mode) | ((uint32_t)mv_ld2(pg8 + 208, mode) << 16);
     }
     static __device__ __forceinline__ void compute(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
+        MV_EMU_SWITCH(x.emulate, compute_t, f, U0, x, lane, acc);
+    }
+    template <bool EMU>
+    static __device__ __forceinline__ void compute_t(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
         const float dg = f16_to_f32((uint16_t)(f.d & 0xFFFF)), dg8 = f16_to_f32((uint16_t)(f.d >> 16));
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -230,7 +260,7 @@ struct MvQ6K {
                     w[r] = sub_bytes_biased(lo | hi, 0x20202020u);
                 }
                 const uint32_t xb = *(const uint32_t*)(x.q - 4 * (lane & 3) + 32 * U + 16 * h);
-                c[h] = mv_mma_k16(w[0], w[1], xb, x.emulate);
+                c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
             }
             // scales sc[8n + 2k + h] of both rows: byte (2k + h) % 4 of word 2n + k / 2
             const int wi = 2 * n + (k >> 1), b0 = 8 * ((2 * k) & 3);
@@ -480,9 +510,9 @@ struct MvXBd {
     int emulate;
 };
 
-template <int NP>
-static __device__ __forceinline__ void mvbd_compute(const typename MvQ4KBd<NP>::Frag& f, int U0, const MvXBd& x, int t,
-                                                    float (&acc)[2]) {
+template <int NP, bool EMU>
+static __device__ __forceinline__ void mvbd_compute_t(const typename MvQ4KBd<NP>::Frag& f, int U0, const MvXBd& x,
+                                                      int t, float (&acc)[2]) {
     using F = MvQ4KBd<NP>;
     const int g = (threadIdx.x & 31) >> 2;
     const int cg = g % F::G;                 // column g's unit within its group
@@ -514,8 +544,8 @@ static __device__ __forceinline__ void mvbd_compute(const typename MvQ4KBd<NP>::
 #pragma unroll
         for (int m = 0; m < F::M; m++) {
             const uint32_t wg = f.q[0][gr][m], wg8 = f.q[1][gr][m];
-            c = mv_mma_k32(c, wg & 0x0F0F0F0Fu, wg8 & 0x0F0F0F0Fu, (wg >> 4) & 0x0F0F0F0Fu, (wg8 >> 4) & 0x0F0F0F0Fu,
-                           xw[m] & x.m0, xw[m] & x.m1, x.emulate);
+            c = mv_mma_k32<EMU>(c, wg & 0x0F0F0F0Fu, wg8 & 0x0F0F0F0Fu, (wg >> 4) & 0x0F0F0F0Fu,
+                                (wg8 >> 4) & 0x0F0F0F0Fu, xw[m] & x.m0, xw[m] & x.m1);
         }
         // this thread's units: low / high nibble of chunk (group gr, cc)
         const int j = 2 * (F::CG * gr + cc);
@@ -551,7 +581,12 @@ static __device__ __forceinline__ void mmvbd(const MvSegs& p, const int8_t* __re
     x.m1 = cg == 2 * chunk + 1 ? 0xFFFFFFFFu : 0u;
     x.emulate = emulate;
     float acc[2] = {0.0f, 0.0f};
-    mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { mvbd_compute<NP>(f, U0, x, t, acc); });
+    mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) {
+        if (x.emulate)
+            mvbd_compute_t<NP, true>(f, U0, x, t, acc);
+        else
+            mvbd_compute_t<NP, false>(f, U0, x, t, acc);
+    });
     // threads with the same output token hold other chunks of the same rows
 #pragma unroll
     for (int o = 1; o < 4 / NP; o <<= 1) {
@@ -721,6 +756,8 @@ static __device__ __forceinline__ int mv2_min_dot(const MvV4& bs, const MvK4Scal
 struct Mv2Q4K {
     using F = MvQ4K;
     // acc (c-fragment order) += super-block s of rows g, g + 8 against tokens 2t, 2t + 1
+    // (the run-time emulation flag per mma, unlike the others: ptxas unswitches this loop
+    // itself, and with MV_EMU_SWITCH the staged kernel took 105 registers instead of 80)
     static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
         const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
         const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
@@ -731,8 +768,8 @@ struct Mv2Q4K {
             const int sh = 4 * (u & 1);
             const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
             const MvV2 xb = *(const MvV2*)(xs + u * us);
-            const MmaI4 c = mv_mma_k32(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
-                                      (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
+            const MmaI4 c = mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
+                                           (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
             const int bs = 8 * (u & 3);
             const int sg = (int)(((u < 4 ? k0.sc_lo : k0.sc_hi) >> bs) & 0xFFu);
             const int s8 = (int)(((u < 4 ? k1.sc_lo : k1.sc_hi) >> bs) & 0xFFu);
@@ -755,6 +792,10 @@ struct Mv2Q4K {
 struct Mv2Q6K {
     using F = MvQ6K;
     static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
+        MV_EMU_SWITCH(x.emulate, compute_t, f, s, x, acc);
+    }
+    template <bool EMU>
+    static __device__ __forceinline__ void compute_t(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
         const int t = threadIdx.x & 3;
         // this thread's k16 B words: bytes 16h + 4t of each unit
         const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
@@ -774,7 +815,7 @@ struct Mv2Q6K {
                     w[r] = sub_bytes_biased(lo | hi, 0x20202020u);
                 }
                 const uint32_t xb = *(const uint32_t*)(xs + u * us + 16 * h);
-                c[h] = mv_mma_k16(w[0], w[1], xb, x.emulate);
+                c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
             }
             // scales sc[8n + 2k + h] of both rows: byte (2k + h) % 4 of word 2n + k / 2
             const int wi = 2 * n + (k >> 1), b0 = 8 * ((2 * k) & 3);
