@@ -213,6 +213,17 @@ struct MvQ4K {
     }
 };
 
+// Four Q6_K weights of sub-block k (0..3) of a 128-half as bytes 4 (q - 32) (int8, exact: -128
+// .. 124): q's low nibble (of ql, nibble k / 2) at bits 2..5, its two high bits (of qh, bits
+// 2k, 2k + 1) at 6..7, bit 7 flipped. Two shifts and two LOP3 per word, against six operations
+// for q - 32 (mask, shift, merge, then a biased SWAR subtraction); the products come out 4x and
+// the float step takes d / 4 (a power of two: the same bits as before).
+static __device__ __forceinline__ uint32_t mv6_weights4(uint32_t ql, uint32_t qh, int k) {
+    const uint32_t lo = (k >> 1) ? ql >> 2 : ql << 2;
+    const uint32_t hi = qh << (6 - 2 * k);
+    return ((lo & 0x3C3C3C3Cu) | (hi & 0xC0C0C0C0u)) ^ 0x80808080u;
+}
+
 // block_q6_K: ql[128], qh[64], scales[16] int8, d f16 (210 bytes: super-blocks are only
 // 2-byte aligned, so the words are read as u16 pairs). Sub-block u = 4n + k (n = 128-half,
 // k = 0..3): element e = ql[64n + 32(k & 1) + e] nibble k >> 1 | (qh[32n + e] >> 2k & 3) << 4,
@@ -244,7 +255,8 @@ struct MvQ6K {
     }
     template <bool EMU>
     static __device__ __forceinline__ void compute_t(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
-        const float dg = f16_to_f32((uint16_t)(f.d & 0xFFFF)), dg8 = f16_to_f32((uint16_t)(f.d >> 16));
+        // d / 4: the weights are 4 (q - 32) (mv6_weights4); exact, a power of two
+        const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), dg8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int n = u >> 2, k = u & 3;
@@ -255,9 +267,7 @@ struct MvQ6K {
                 uint32_t w[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const uint32_t lo = (f.ql[r][n * 4 + (k & 1) * 2 + h] >> (4 * (k >> 1))) & 0x0F0F0F0Fu;
-                    const uint32_t hi = ((f.qh[r][n * 2 + h] >> (2 * k)) & 0x03030303u) << 4;
-                    w[r] = sub_bytes_biased(lo | hi, 0x20202020u);
+                    w[r] = mv6_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
                 }
                 const uint32_t xb = *(const uint32_t*)(x.q - 4 * (lane & 3) + 32 * U + 16 * h);
                 c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
@@ -632,9 +642,10 @@ MMV_KERNEL(q6_k, MvQ6K)
 // (6-bit): integer until the one float step per super-block. Per unit and thread: the nibble
 // masks, one 8-byte x load, one mma from a zero C, two scale byte extracts, 4 IMADs — for any
 // token count 1..8 (C column = token). The mins meet the int16 sums of q per unit by dp2a, once per
-// super-block. Q6_K (16-element sub-blocks, signed 8-bit scales, no mins: q - 32 goes into the
-// mma as a signed byte) takes two m16n8k16 per unit, each C value times its sub-block's scale
-// in int32 (|sum| <= 16 * 128 * 16 * 32 * 127 < 2^31), one float step per super-block.
+// super-block. Q6_K (16-element sub-blocks, signed 8-bit scales, no mins: 4 (q - 32) goes into
+// the mma as a signed byte, mv6_weights4) takes two m16n8k16 per unit, each C value times its
+// sub-block's scale in int32 (|sum| <= 16 * 128 * 16 * 128 * 127 < 2^31), one float step per
+// super-block.
 //
 // Layout (common.cuh q8k_q_at, q8k_sb_at): x8.q token-interleaved per 32-value unit,
 // [ncols / 32][n_tokens][32] int8, so a warp's x load of one unit (token g's bytes 8t .. + 7
@@ -810,9 +821,7 @@ struct Mv2Q6K {
                 uint32_t w[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const uint32_t lo = (f.ql[r][n * 4 + (k & 1) * 2 + h] >> (4 * (k >> 1))) & 0x0F0F0F0Fu;
-                    const uint32_t hi = ((f.qh[r][n * 2 + h] >> (2 * k)) & 0x03030303u) << 4;
-                    w[r] = sub_bytes_biased(lo | hi, 0x20202020u);
+                    w[r] = mv6_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
                 }
                 const uint32_t xb = *(const uint32_t*)(xs + u * us + 16 * h);
                 c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
@@ -827,7 +836,8 @@ struct Mv2Q6K {
             ai[3] += s80 * c[0].w + s81 * c[1].w;
         }
         const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
-        const float dg = f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = f16_to_f32((uint16_t)(f.d >> 16));
+        // d / 4: the weights are 4 (q - 32) (mv6_weights4); exact, a power of two
+        const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
         acc[0] += (dg * y0) * (float)ai[0];
         acc[1] += (dg * y1) * (float)ai[1];
         acc[2] += (d8 * y0) * (float)ai[2];
@@ -895,23 +905,29 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
 
-    // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile)
-    const int vi = lane & 15, hf = lane >> 4;
+    // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile).
+    // Lanes 14 and 15 load vector 13 again and store nothing: the 14 vectors from a row's
+    // aligned start hold its 210 bytes, and no fragment reads past byte 223 of a staged row.
+    const int li = lane & 15, vi = min(li, 13), hf = lane >> 4;
+    // Offsets in 32-bit integers from the tile's 16-byte aligned base (< 16 rows * row_bytes + 16)
     const uint8_t* tile = tl.sel.W + (long long)tl.row0 * p.row_bytes;
-    int roff[8];  // byte offset of row 2k + hf from the tile's first row (< 16 rows * row_bytes)
+    const int mis = (int)((unsigned long long)tile & 15);
+    const uint8_t* tile_v = tile - mis + 16 * vi;  // this lane's vector of the aligned base
+    int roff[8];  // byte offset of row 2k + hf's start from the aligned base
 #pragma unroll
-    for (int k = 0; k < 8; k++) roff[k] = (min(tl.row0 + 2 * k + hf, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes;
+    for (int k = 0; k < 8; k++)
+        roff[k] = mis + (min(tl.row0 + 2 * k + hf, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes;
     MvV4* buf = mv6_stage + wid * 16 * MV6_ROW_VECS;
     MvV4 st[8];
     uint32_t shift2 = 0;  // bit k: row 2k + hf's super-block starts 2 mod 4
     auto load = [&](int s) {
-        const uint8_t* sb = tile + (long long)s * MvQ6K::SB;
+        const int so = s * MvQ6K::SB;
         shift2 = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const unsigned long long a = (unsigned long long)(sb + roff[k]);
-            shift2 |= (uint32_t)((a >> 1) & 1) << k;
-            st[k] = vi < 14 ? mv_ld16((const uint8_t*)(a & ~(unsigned long long)15) + 16 * vi, load_mode) : MvV4{0u, 0u, 0u, 0u};
+            const int o = roff[k] + so;
+            shift2 |= (uint32_t)((o >> 1) & 1) << k;
+            st[k] = mv_ld16(tile_v + (unsigned)(o & ~15), load_mode);  // (zero-extended: o >= 0)
         }
     };
     auto stage = [&]() {
@@ -920,19 +936,20 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
             const uint32_t nx = __shfl_down_sync(FULL_MASK, st[k].x, 1);
             const uint32_t sel = ((shift2 >> k) & 1) ? 0x5432u : 0x3210u;
             const MvV4 v = st[k];
-            if (vi < MV6_ROW_VECS)
-                buf[(2 * k + hf) * MV6_ROW_VECS + vi] =
+            if (li < 14)
+                buf[(2 * k + hf) * MV6_ROW_VECS + li] =
                     MvV4{__byte_perm(v.x, v.y, sel), __byte_perm(v.y, v.z, sel), __byte_perm(v.z, v.w, sel),
                          __byte_perm(v.w, nx, sel)};
         }
     };
+    // where rows g and g + 8 start mod 16 in their first super-block
+    const int o0g = (int)((unsigned long long)tl.rg & 15), o0g8 = (int)((unsigned long long)tl.rg8 & 15);
     // this thread's fragment words of super-block s (rows g, g + 8) from the staged rows
     auto fragment = [&](int s, MvQ6K::Frag& f) {
         uint32_t d[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const uint8_t* src = r == 0 ? tl.rg : tl.rg8;
-            const int o = (int)((unsigned long long)(src + (long long)s * MvQ6K::SB) & 12);
+            const int o = ((r == 0 ? o0g : o0g8) + s * MvQ6K::SB) & 12;
             const uint8_t* b = (const uint8_t*)(buf + (g + 8 * r) * MV6_ROW_VECS) + o;
 #pragma unroll
             for (int i = 0; i < 8; i++)
