@@ -92,6 +92,17 @@ static __device__ __forceinline__ uint32_t sub_bytes_biased(uint32_t a, uint32_t
     return ((a | 0x80808080u) - b) ^ 0x80808080u;
 }
 
+// Four Q6_K weights of sub-block k (0..3) of a 128-half as bytes 4 (q - 32) (int8, exact: -128
+// .. 124): q's low nibble (of ql, nibble k / 2) at bits 2..5, its two high bits (of qh, bits
+// 2k, 2k + 1) at 6..7, bit 7 flipped. Two shifts and two LOP3 per word, against six operations
+// for q - 32 (mask, shift, merge, then a biased SWAR subtraction); the products come out 4x and
+// the float step takes d / 4 (a power of two: the same bits as before).
+static __device__ __forceinline__ uint32_t q6k_weights4(uint32_t ql, uint32_t qh, int k) {
+    const uint32_t lo = (k >> 1) ? ql >> 2 : ql << 2;
+    const uint32_t hi = qh << (6 - 2 * k);
+    return ((lo & 0x3C3C3C3Cu) | (hi & 0xC0C0C0C0u)) ^ 0x80808080u;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

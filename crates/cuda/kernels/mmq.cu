@@ -104,9 +104,12 @@ static __device__ __forceinline__ void mq_w64(const uint8_t* p, uint32_t& a, uin
 // ---- the int8 products -------------------------------------------------------------------
 //
 // Fragment layouts and the sm_70 fallback: int8_mma.cuh.
-static __device__ __forceinline__ void mq_mma_k32(int c[4], const uint32_t a[4], const uint32_t b[2], int emulate) {
+// EMU (compile time, as mmv.cu's: one branch per chunk, not one beside every mma): by shuffles +
+// dp4a (int8_mma.cuh; always below sm_80).
+template <bool EMU>
+static __device__ __forceinline__ void mq_mma_k32(int c[4], const uint32_t a[4], const uint32_t b[2]) {
 #if __CUDA_ARCH__ >= 800
-    if (!emulate) {
+    if constexpr (!EMU) {
         asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%0, %1, %2, %3};"
             : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -121,9 +124,10 @@ static __device__ __forceinline__ void mq_mma_k32(int c[4], const uint32_t a[4],
     c[3] = r.w;
 }
 
-static __device__ __forceinline__ void mq_mma_k16(int c[4], const uint32_t a[2], uint32_t b, int emulate) {
+template <bool EMU>
+static __device__ __forceinline__ void mq_mma_k16(int c[4], const uint32_t a[2], uint32_t b) {
 #if __CUDA_ARCH__ >= 800
-    if (!emulate) {
+    if constexpr (!EMU) {
         asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
             : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(b));
@@ -291,23 +295,22 @@ struct MqIQ4_XS {  // block_iq4_xs: d f16, scales_h u16, scales_l[4], qs[128]; u
 // Q6_K (K16): block_q6_K: ql[128], qh[64], scales[16] int8, d f16. Unit u = 4n + k (n = 128-half,
 // k = 0..3): element e = ql[64n + 32(k & 1) + e] nibble k >> 1, high 2 bits qh[32n + e] >> 2k,
 // value q - 32, scale sc[8n + 2k + e / 16]. `unit16` gives elements 16h + 4t .. 16h + 4t + 3 of
-// both halves h (w[h]) and the two scales.
+// both halves h (w[h], as 4 (q - 32)) and the two scales.
 struct MqQ6_K {
     static constexpr int CB = 210, ALIGN = 2, UNITS_PER_BLOCK = 8;
     static constexpr bool HAS_MIN = false, K16 = true;
     struct Row {
         float d;
     };
-    static __device__ __forceinline__ Row row(const uint8_t* p) { return Row{f16_to_f32(ld_u16(p + 208))}; }
+    // d / 4: unit16's weights are 4 (q - 32) (common.cuh q6k_weights4); exact, a power of two
+    static __device__ __forceinline__ Row row(const uint8_t* p) { return Row{0.25f * f16_to_f32(ld_u16(p + 208))}; }
     static __device__ __forceinline__ void unit16(const uint8_t* p, int u, int t, uint32_t w[2], int sc[2]) {
         const int n = u >> 2, k = u & 3;
         const uint8_t* ql = p + 64 * n + 32 * (k & 1) + 4 * t;
         const uint8_t* qh = p + 128 + 32 * n + 4 * t;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint32_t lo = (mq_w32<2>(ql + 16 * h) >> (4 * (k >> 1))) & 0x0F0F0F0Fu;
-            const uint32_t hi = ((mq_w32<2>(qh + 16 * h) >> (2 * k)) & 0x03030303u) << 4;
-            w[h] = sub_bytes_biased(lo | hi, 0x20202020u);
+            w[h] = q6k_weights4(mq_w32<2>(ql + 16 * h), mq_w32<2>(qh + 16 * h), k);
         }
         const uint16_t scs = ld_u16(p + 192 + 8 * n + 2 * k);
         sc[0] = (int)(int8_t)(scs & 0xFF);
@@ -326,10 +329,10 @@ struct MqStage {
 
 // One chunk of this warp's 16 rows, staged in shared memory (rows g and g + 8 at pg, pg8),
 // times x of units U0 .. U0 + nvalid - 1, accumulated into acc[tile][c-fragment].
-template <typename F, int NT>
+template <typename F, int NT, bool EMU>
 static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t* pg8, int U0, int nvalid,
                                                 const int8_t* __restrict__ xq, const MqF2* __restrict__ xds,
-                                                int ncols, int nunits, int n_tokens, int emulate, float (&acc)[NT][4]) {
+                                                int ncols, int nunits, int n_tokens, float (&acc)[NT][4]) {
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
     const typename F::Row rg = F::row(pg), rg8 = F::row(pg8);
 #pragma unroll
@@ -350,8 +353,8 @@ static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t
                     const uint32_t xb[2] = {*(const uint32_t*)xp, *(const uint32_t*)(xp + 16)};
                     int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
                     const uint32_t a0[2] = {wg[0], wg8[0]}, a1[2] = {wg[1], wg8[1]};
-                    mq_mma_k16(c0, a0, xb[0], emulate);
-                    mq_mma_k16(c1, a1, xb[1], emulate);
+                    mq_mma_k16<EMU>(c0, a0, xb[0]);
+                    mq_mma_k16<EMU>(c1, a1, xb[1]);
                     const MqF2 x0 = xds[(long long)min(8 * j + 2 * t, n_tokens - 1) * nunits + U];
                     const MqF2 x1 = xds[(long long)min(8 * j + 2 * t + 1, n_tokens - 1) * nunits + U];
                     acc[j][0] += (float)(scg[0] * c0[0] + scg[1] * c1[0]) * (sg * x0.x);
@@ -372,7 +375,7 @@ static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t
                     xb[0] = xv.x;
                     xb[1] = xv.y;
                     int c[4] = {0, 0, 0, 0};
-                    mq_mma_k32(c, a, xb, emulate);
+                    mq_mma_k32<EMU>(c, a, xb);
                     const MqF2 x0 = xds[(long long)min(8 * j + 2 * t, n_tokens - 1) * nunits + U];
                     const MqF2 x1 = xds[(long long)min(8 * j + 2 * t + 1, n_tokens - 1) * nunits + U];
                     acc[j][0] += (float)c[0] * (s[0] * x0.x);
@@ -439,7 +442,10 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
         const long long cofs = (long long)c * F::CB;
         const uint8_t* pg = sb + g * RS + (int)((unsigned long long)(row_g + cofs) & 15ull);
         const uint8_t* pg8 = sb + (g + 8) * RS + (int)((unsigned long long)(row_g8 + cofs) & 15ull);
-        mq_chunk<F, NT>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, emulate, acc);
+        if (emulate)
+            mq_chunk<F, NT, true>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, acc);
+        else
+            mq_chunk<F, NT, false>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, acc);
     };
 #if __CUDA_ARCH__ >= 800
     constexpr int S = MMQ_STAGES;

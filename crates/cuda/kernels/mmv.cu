@@ -213,17 +213,6 @@ struct MvQ4K {
     }
 };
 
-// Four Q6_K weights of sub-block k (0..3) of a 128-half as bytes 4 (q - 32) (int8, exact: -128
-// .. 124): q's low nibble (of ql, nibble k / 2) at bits 2..5, its two high bits (of qh, bits
-// 2k, 2k + 1) at 6..7, bit 7 flipped. Two shifts and two LOP3 per word, against six operations
-// for q - 32 (mask, shift, merge, then a biased SWAR subtraction); the products come out 4x and
-// the float step takes d / 4 (a power of two: the same bits as before).
-static __device__ __forceinline__ uint32_t mv6_weights4(uint32_t ql, uint32_t qh, int k) {
-    const uint32_t lo = (k >> 1) ? ql >> 2 : ql << 2;
-    const uint32_t hi = qh << (6 - 2 * k);
-    return ((lo & 0x3C3C3C3Cu) | (hi & 0xC0C0C0C0u)) ^ 0x80808080u;
-}
-
 // block_q6_K: ql[128], qh[64], scales[16] int8, d f16 (210 bytes: super-blocks are only
 // 2-byte aligned, so the words are read as u16 pairs). Sub-block u = 4n + k (n = 128-half,
 // k = 0..3): element e = ql[64n + 32(k & 1) + e] nibble k >> 1 | (qh[32n + e] >> 2k & 3) << 4,
@@ -255,7 +244,7 @@ struct MvQ6K {
     }
     template <bool EMU>
     static __device__ __forceinline__ void compute_t(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
-        // d / 4: the weights are 4 (q - 32) (mv6_weights4); exact, a power of two
+        // d / 4: the weights are 4 (q - 32) (q6k_weights4); exact, a power of two
         const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), dg8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -267,7 +256,7 @@ struct MvQ6K {
                 uint32_t w[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    w[r] = mv6_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
+                    w[r] = q6k_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
                 }
                 const uint32_t xb = *(const uint32_t*)(x.q - 4 * (lane & 3) + 32 * U + 16 * h);
                 c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
@@ -643,7 +632,7 @@ MMV_KERNEL(q6_k, MvQ6K)
 // masks, one 8-byte x load, one mma from a zero C, two scale byte extracts, 4 IMADs — for any
 // token count 1..8 (C column = token). The mins meet the int16 sums of q per unit by dp2a, once per
 // super-block. Q6_K (16-element sub-blocks, signed 8-bit scales, no mins: 4 (q - 32) goes into
-// the mma as a signed byte, mv6_weights4) takes two m16n8k16 per unit, each C value times its
+// the mma as a signed byte, q6k_weights4) takes two m16n8k16 per unit, each C value times its
 // sub-block's scale in int32 (|sum| <= 16 * 128 * 16 * 128 * 127 < 2^31), one float step per
 // super-block.
 //
@@ -821,7 +810,7 @@ struct Mv2Q6K {
                 uint32_t w[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    w[r] = mv6_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
+                    w[r] = q6k_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
                 }
                 const uint32_t xb = *(const uint32_t*)(xs + u * us + 16 * h);
                 c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
@@ -836,7 +825,7 @@ struct Mv2Q6K {
             ai[3] += s80 * c[0].w + s81 * c[1].w;
         }
         const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
-        // d / 4: the weights are 4 (q - 32) (mv6_weights4); exact, a power of two
+        // d / 4: the weights are 4 (q - 32) (q6k_weights4); exact, a power of two
         const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
         acc[0] += (dg * y0) * (float)ai[0];
         acc[1] += (dg * y1) * (float)ai[1];
