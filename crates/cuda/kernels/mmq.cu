@@ -515,14 +515,18 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     }
 }
 
-// One kernel per (format, NT): up to 8 * NT tokens, the weights read once.
-#define MMQ_KERNEL(name, F, NT)                                                                        \
+// One kernel per (format, NT): up to 8 * NT tokens, the weights read once. Each comes twice, as
+// mmv.cu's: `name` with the int8 mma (the emulation compiled out, fewer registers) and
+// `name_emu` with it emulated (sm_70, tests); `emulate` is ignored (the host picks the suffix).
+#define MMQ_KERNEL1(name, F, NT, SUFFIX, EMU)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * MMQ_MAX_WARPS)                                   \
-        mmq_##name##_t##NT(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,               \
-                           const float* __restrict__ xds, float* __restrict__ y, int nrows, int ncols, \
-                           long long row_bytes, int n_tokens, int emulate) {                           \
-        mmq<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, emulate);                         \
+        mmq_##name##_t##NT##SUFFIX(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,       \
+                                   const float* __restrict__ xds, float* __restrict__ y, int nrows,   \
+                                   int ncols, long long row_bytes, int n_tokens, int emulate) {        \
+        (void)emulate;                                                                                 \
+        mmq<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, EMU);                             \
     }
+#define MMQ_KERNEL(name, F, NT) MMQ_KERNEL1(name, F, NT, , 0) MMQ_KERNEL1(name, F, NT, _emu, 1)
 #define MMQ_FORMAT(name, F) MMQ_KERNEL(name, F, 1) MMQ_KERNEL(name, F, 2) MMQ_KERNEL(name, F, 3) MMQ_KERNEL(name, F, 4)
 
 MMQ_FORMAT(q4_0, MqQ4_0)

@@ -122,10 +122,33 @@ static __device__ __forceinline__ MmaI4 mv_mma_k16(uint32_t a0, uint32_t a1, uin
 #endif
 }
 
+// c + A B with A's bytes unsigned (.u8: Q4_K high nibbles left in place, 16 q); emulated as
+// 16 x the product of the shifted-down nibbles (the same integers).
+template <bool EMU>
+static __device__ __forceinline__ MmaI4 mv_mma_k32_u8(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                     uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    if constexpr (!EMU) {
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+r"(c.x), "+r"(c.y), "+r"(c.z), "+r"(c.w)
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        return c;
+    }
+#endif
+    const MmaI4 r = mma_emul_k32(MmaI4{0, 0, 0, 0}, a0 >> 4, a1 >> 4, a2 >> 4, a3 >> 4, b0, b1);
+    return MmaI4{c.x + 16 * r.x, c.y + 16 * r.y, c.z + 16 * r.z, c.w + 16 * r.w};
+}
+
 // The run-time choice per mma (Mv2Q4K).
 static __device__ __forceinline__ MmaI4 mv_mma_k32_rt(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                      uint32_t b0, uint32_t b1, int emulate) {
     return emulate ? mv_mma_k32<true>(c, a0, a1, a2, a3, b0, b1) : mv_mma_k32<false>(c, a0, a1, a2, a3, b0, b1);
+}
+static __device__ __forceinline__ MmaI4 mv_mma_k32_u8_rt(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                        uint32_t b0, uint32_t b1, int emulate) {
+    return emulate ? mv_mma_k32_u8<true>(c, a0, a1, a2, a3, b0, b1)
+                   : mv_mma_k32_u8<false>(c, a0, a1, a2, a3, b0, b1);
 }
 
 // Calls F<true>(args...) or F<false>(args...) by the run-time flag `emu`: one uniform branch per
@@ -598,23 +621,31 @@ static __device__ __forceinline__ void mmvbd(const MvSegs& p, const int8_t* __re
     mv_store(tl.sel, tok, tl.row0 + g + 8, acc[1]);
 }
 
-#define MMVBD_KERNEL(NP)                                                                                   \
+// Every product kernel comes twice: `name` with the int8 mma (the emulation compiled out: on
+// sm_90 the staged Q4_K kernel then takes 60 registers instead of 80, mmv2_q6_k 120 instead of
+// 128) and `name_emu` with it emulated by shuffles + dp4a (sm_70, tests). Both take the same
+// parameters; `emulate` is ignored (the suffix decides; the host picks it).
+#define MMVBD_KERNEL1(NP, SUFFIX, EMU)                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        mmv_q4_k_t##NP(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,       \
-                       int n_tokens, int load_mode, int emulate) {                                        \
-        mmvbd<NP>(p, xq, xds, n_tokens, load_mode, emulate);                                              \
+        mmv_q4_k_t##NP##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, \
+                               int n_tokens, int load_mode, int emulate) {                                \
+        (void)emulate;                                                                                   \
+        mmvbd<NP>(p, xq, xds, n_tokens, load_mode, EMU);                                                  \
     }
+#define MMVBD_KERNEL(NP) MMVBD_KERNEL1(NP, , 0) MMVBD_KERNEL1(NP, _emu, 1)
 MMVBD_KERNEL(1)
 MMVBD_KERNEL(2)
 MMVBD_KERNEL(4)
 
 // One kernel per format (8 token columns).
-#define MMV_KERNEL(name, F)                                                                               \
+#define MMV_KERNEL1(name, F, SUFFIX, EMU)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        mmv_##name(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, int n_tokens, \
-                   int load_mode, int emulate) {                                                        \
-        mmv<F>(p, xq, xds, n_tokens, load_mode, emulate);                                               \
+        mmv_##name##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
+                           int n_tokens, int load_mode, int emulate) {                                  \
+        (void)emulate;                                                                                   \
+        mmv<F>(p, xq, xds, n_tokens, load_mode, EMU);                                                   \
     }
+#define MMV_KERNEL(name, F) MMV_KERNEL1(name, F, , 0) MMV_KERNEL1(name, F, _emu, 1)
 
 MMV_KERNEL(q4_k, MvQ4K)
 MMV_KERNEL(q6_k, MvQ6K)
@@ -762,22 +793,33 @@ struct Mv2Q4K {
         const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
         const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
         const int8_t* xs = x.q + (long long)(8 * s) * us;
+        // Sums at 16x: the high-nibble (odd) units keep their nibbles in place (16 q, unsigned bytes
+        // into the mma: no shift per word), the low-nibble (even) units take 16 x their scale
+        // (extracted as sc << 4); |ai| <= 8 * 63 * 16 * 32 * 15 * 127 < 2^31, and ai >> 4 below is
+        // exact.
         int ai[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            const int sh = 4 * (u & 1);
             const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
             const MvV2 xb = *(const MvV2*)(xs + u * us);
-            const MmaI4 c = mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, (wg.x >> sh) & 0x0F0F0F0Fu, (wg8.x >> sh) & 0x0F0F0F0Fu,
-                                           (wg.y >> sh) & 0x0F0F0F0Fu, (wg8.y >> sh) & 0x0F0F0F0Fu, xb.x, xb.y, x.emulate);
-            const int bs = 8 * (u & 3);
-            const int sg = (int)(((u < 4 ? k0.sc_lo : k0.sc_hi) >> bs) & 0xFFu);
-            const int s8 = (int)(((u < 4 ? k1.sc_lo : k1.sc_hi) >> bs) & 0xFFu);
+            const uint32_t m = (u & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const MmaI4 c = (u & 1) ? mv_mma_k32_u8_rt(MmaI4{0, 0, 0, 0}, wg.x & m, wg8.x & m, wg.y & m, wg8.y & m,
+                                                       xb.x, xb.y, x.emulate)
+                                    : mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, wg.x & m, wg8.x & m, wg.y & m, wg8.y & m,
+                                                    xb.x, xb.y, x.emulate);
+            // the unit's 6-bit scales of both rows, byte u % 4: as is (one PRMT) for odd units,
+            // times 16 for even ones
+            const uint32_t w0 = u < 4 ? k0.sc_lo : k0.sc_hi, w8 = u < 4 ? k1.sc_lo : k1.sc_hi;
+            const int j = u & 3;
+            const int sg = (u & 1) ? (int)__byte_perm(w0, 0u, 0x4440u | j) : (int)(((w0 >> (8 * j)) << 4) & 0x3F0u);
+            const int s8 = (u & 1) ? (int)__byte_perm(w8, 0u, 0x4440u | j) : (int)(((w8 >> (8 * j)) << 4) & 0x3F0u);
             ai[0] += sg * c.x;
             ai[1] += sg * c.y;
             ai[2] += s8 * c.z;
             ai[3] += s8 * c.w;
         }
+#pragma unroll
+        for (int i = 0; i < 4; i++) ai[i] >>= 4;
         const MvV4 b0 = x.bs0[s * x.n], b1 = x.bs1[s * x.n];
         const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
         const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mg = f16_to_f32((uint16_t)(f.h[0].x >> 16));
@@ -853,13 +895,15 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
 
 // The mmv2 kernels' parameters: segments, q8_K x (q, dy, bsum), tokens, weight load mode,
 // emulated mma, and the K split (kpart, kcount, ks: see mv_finish8_ks; ks = 1: none).
-#define MMV2_KERNEL(name, M)                                                                              \
+#define MMV2_KERNEL1(name, M, SUFFIX, EMU)                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        mmv2_##name(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,          \
-                    const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,         \
-                    float* kpart, int* kcount, int ks) {                                                \
-        mmv2<M>(p, q, dy, bsum, n_tokens, load_mode, emulate, kpart, kcount, ks);                      \
+        mmv2_##name##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,  \
+                            const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate, \
+                            float* kpart, int* kcount, int ks) {                                        \
+        (void)emulate;                                                                                   \
+        mmv2<M>(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                          \
     }
+#define MMV2_KERNEL(name, M) MMV2_KERNEL1(name, M, , 0) MMV2_KERNEL1(name, M, _emu, 1)
 
 MMV2_KERNEL(q4_k, Mv2Q4K)
 
@@ -968,12 +1012,16 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)
-    mmv2_q6_k(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,
-              const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate, float* kpart,
-              int* kcount, int ks) {
-    mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, emulate, kpart, kcount, ks);
-}
+#define MMV2_Q6K_KERNEL(SUFFIX, EMU)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
+        mmv2_q6_k##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,   \
+                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,   \
+                          float* kpart, int* kcount, int ks) {                                          \
+        (void)emulate;                                                                                   \
+        mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                          \
+    }
+MMV2_Q6K_KERNEL(, 0)
+MMV2_Q6K_KERNEL(_emu, 1)
 
 // ---- mmv2 Q4_K with the weights staged through shared memory (cp.async) ------------------
 //
@@ -1064,14 +1112,16 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2S_KERNEL(NST)                                                                                  \
+#define MMV2S_KERNEL1(NST, SUFFIX, EMU)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        mmv2s_q4_k_s##NST(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,     \
-                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,    \
-                          float* kpart, int* kcount, int ks) {                                           \
+        mmv2s_q4_k_s##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
+                                  const int16_t* __restrict__ bsum, int n_tokens, int load_mode,         \
+                                  int emulate, float* kpart, int* kcount, int ks) {                      \
         (void)load_mode;                                                                                 \
-        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, emulate, kpart, kcount, ks);                            \
+        (void)emulate;                                                                                   \
+        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                                \
     }
+#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(NST, , 0) MMV2S_KERNEL1(NST, _emu, 1)
 MMV2S_KERNEL(2)
 MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)

@@ -202,7 +202,10 @@ impl CudaDevice {
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
             let tiles = n.div_ceil(8);
-            let f = self.function(Program::Mmq, &format!("mmq_{stem}_t{tiles}"))?;
+            let f = self.function(
+                Program::Mmq,
+                &format!("mmq_{stem}_t{tiles}{}", crate::mmv::emu_suffix(emulate)),
+            )?;
             let smem = shared_bytes(chunk_bytes, align, warps, tiles, st);
             if smem > 48 * 1024 {
                 // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a

@@ -79,6 +79,16 @@ fn block_diagonal() -> bool {
 /// The kernel of a product of `n` tokens (1..=8) of `stem`'s format: for Q4_K with 1..4 tokens
 /// the block-diagonal kernel of the next power of two (no C column spent on padding), else the
 /// 8-column kernel.
+/// The name suffix of a product kernel's variant (kernels/mmv.cu): `_emu` with the int8 mma
+/// emulated by shuffles + dp4a (sm_70, or forced for tests), none with the mma instructions.
+pub(crate) fn emu_suffix(emulate: i32) -> &'static str {
+    if emulate != 0 {
+        "_emu"
+    } else {
+        ""
+    }
+}
+
 fn kernel_name(stem: &str, n: usize) -> String {
     if stem == "q4_k" && n <= 4 && block_diagonal() {
         format!("mmv_q4_k_t{}", n.next_power_of_two())
@@ -240,7 +250,11 @@ impl CudaDevice {
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let warps = warps_per_block(total_rows.div_ceil(ROWS_PER_BLOCK), cols, n_tokens);
-        let f = self.function(Program::Mmv, &kernel_name(stem, n_tokens))?;
+        let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
+        let f = self.function(
+            Program::Mmv,
+            &format!("{}{}", kernel_name(stem, n_tokens), emu_suffix(emulate)),
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, warps, 1),
@@ -248,7 +262,6 @@ impl CudaDevice {
         };
         let mut n_i = n_tokens as i32;
         let mut mode = load_mode(stem);
-        let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         if crate::pdl::enabled(self.arch()) {
             let (mut p, mut pq, mut pd) = (p, self.device_address(xqd), self.device_address(xds));
             let mut params = [
@@ -836,8 +849,10 @@ impl CudaDevice {
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
         let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
+        let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
+        let emu = emu_suffix(emulate);
         let (f, smem) = if stages > 0 {
-            let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}"))?;
+            let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}{emu}"))?;
             let smem = warps * stages * STAGE_BYTES_Q4K;
             if let Some(pct) = carveout2() {
                 // the shared memory / L1 split the driver should prefer (x is read through L1)
@@ -856,7 +871,7 @@ impl CudaDevice {
             }
             (f, smem)
         } else {
-            let f = self.function(Program::Mmv, &format!("mmv2_{stem}"))?;
+            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
         let ks = ksplit2(blocks, cols / 256);
@@ -867,7 +882,6 @@ impl CudaDevice {
         };
         let mut n_i = n_tokens as i32;
         let mut mode = load_mode2(ty);
-        let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let (mut p, mut pq, mut pd, mut pb) = (
             p,
             self.device_address(&k.q),
