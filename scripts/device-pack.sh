@@ -30,6 +30,16 @@ LIB="$NVRTC_DIR/x/nvidia/cu13/lib"
 # libnvrtc loads libnvrtc-builtins from the library path
 LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
     --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache ${ONLY:+--only "$ONLY"}
+# devbin/k_*/: older kernel files for A/B runs with REDLINE_KERNEL_DIR (e.g. devbin/k_s15 holds
+# f6cc4dc's mmv.cu and mmq.cu); their cubins go into the same cache under the keys a run with
+# that variable looks up
+for d in devbin/k_*/; do
+    [ -d "$d" ] || continue
+    for f in "$d"*.cu; do
+        REDLINE_KERNEL_DIR="$PWD/$d" LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
+            --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache --only "$(basename "$f")"
+    done
+done
 if [ -n "${PTX_ARCH:-}" ]; then
     LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
         --nvrtc "$LIB/libnvrtc.so.13" --arch "$PTX_ARCH" --ptx --write-cache devbin/cache ${ONLY:+--only "$ONLY"}

@@ -16,6 +16,8 @@
 # onerow:  one-row tg128 with Q4_K products on mmv2 (REDLINE_MMV2_MIN=1) against the dp4a matvec,
 #          two streams, and the verify-cost table (issue 8)
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client)
+# s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
+#          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 STAGE=${STAGE:-kernels}
@@ -64,6 +66,22 @@ onerow)
     [ -x devbin/t_gpu_speculative ] && timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 |
         grep -E "^test |result|panicked|self-draft" | head -12
     echo "== speculative $(el)"
+    ;;
+s16)
+    # session 16's kernels (the _emu split: 60-register staged Q4_K, Q6_K decode, mmq) against
+    # f6cc4dc's mmv.cu / mmq.cu through REDLINE_KERNEL_DIR (devbin/k_s15, cache prefilled by
+    # device-pack.sh); checks first
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test |result|panicked|FAIL" | head -16
+    echo "== checks $(el)"
+    wait $SP
+    OLD="REDLINE_KERNEL_DIR=$PWD/devbin/k_s15"
+    for r in 1 2; do
+        for v in "X=1" "$OLD"; do ST=$v b m32 -n 64 -r 2 --parallel 8; done
+    done
+    for v in "X=1" "$OLD"; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
+    for v in "X=1" "$OLD"; do ST=$v b m32 -n 32 -r 1 --parallel 32; done
+    for v in "X=1" "$OLD"; do ST=$v b m32 -n 128 -r 2; done
+    echo "== s16 $(el)"
     ;;
 serve)
     wait $SP
