@@ -53,6 +53,10 @@ onerow)
         ST="REDLINE_MMV2_MIN=1" b $m -n 128 -r 2
         ST="REDLINE_MMV2_MIN=1 REDLINE_FUSED_Q8K=1" b $m -n 128 -r 2
         ST="REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1" b $m -n 128 -r 2
+        # only the small one-token products (o / out-projections, the 32B's QKV) on mmv2
+        ST="REDLINE_MMV2_SMALL=8192" b $m -n 128 -r 2
+        ST="REDLINE_MMV2_SMALL=8192 REDLINE_MMV2_KSPLIT=2" b $m -n 128 -r 2
+        ST="REDLINE_MMV2_SMALL=8192 REDLINE_MMV2_KSPLIT=4" b $m -n 128 -r 2
         b $m -n 64 -r 2 --parallel 2
         ST="REDLINE_MMV2_MIN=2" b $m -n 64 -r 2 --parallel 2
     done

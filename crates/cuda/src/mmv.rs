@@ -211,7 +211,7 @@ impl CudaDevice {
     ) -> Result<()> {
         let (_, _, n, cols) = xq.quantized();
         match segs.first() {
-            Some(s) if dispatch2(self, s.w.ty, n) => {
+            Some(s) if dispatch2(self, s.w.ty, n) || small_on_mmv2(self, segs, n) => {
                 self.ensure_q8_k(x, n, cols, xq)?;
                 self.mmv2_segments(segs, xq)
             }
@@ -679,6 +679,34 @@ pub fn mmv2_every_token_count(dev: &CudaDevice) -> bool {
         && dev.arch() >= 80
         && min_tokens2(GgmlType::Q4K) == 1
         && min_tokens2(GgmlType::Q6K) == 1
+}
+
+/// Most output rows of a launch that takes the mmv2 kernels below their fewest tokens:
+/// `REDLINE_MMV2_SMALL` (an experiment, default 0: none). Why: the one-token products of
+/// 5120-row matrices (o and the out-projections, 320 tiles of 16 rows) run at a third of the
+/// bandwidth on the dp4a matvec (less than one wave of blocks, three dependent load rounds per
+/// warp); the staged Q4_K kernel keeps two super-blocks in flight per warp without registers
+/// (60 of them), and with `REDLINE_MMV2_KSPLIT` more blocks share the SMs.
+fn small_rows2() -> usize {
+    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| {
+        std::env::var("REDLINE_MMV2_SMALL")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Whether a segment launch of fewer tokens than the mmv2 dispatch takes goes to it anyway:
+/// [`small_rows2`] rows or fewer in all, every segment of a dispatched format.
+fn small_on_mmv2(dev: &CudaDevice, segs: &[Segment<'_>], n: usize) -> bool {
+    let limit = small_rows2();
+    limit > 0
+        && mmv2_enabled()
+        && dev.arch() >= 80
+        && (1..=MAX_TOKENS).contains(&n)
+        && segs.iter().all(|s| dispatched2_format(s.w.ty))
+        && segs.iter().map(|s| s.w.n_rows).sum::<usize>() <= limit
 }
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
