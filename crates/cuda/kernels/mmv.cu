@@ -90,9 +90,10 @@ static __device__ __forceinline__ uint32_t mv_ld2x2(const uint8_t* p, int mode) 
 
 // c + A B for one m16n8k32 tile; EMU: by shuffles + dp4a (int8_mma.cuh; always below sm_80).
 // The emulation is a compile-time choice: with a run-time flag every mma of an unrolled loop
-// sat in its own basic block beside a call, and ptxas could not schedule the loads and decode
-// of one unit over the mma of another (mmv2_q6_k: 14 branches between its 16 mmas per
-// super-block). The kernels branch once per super-block instead (MV_EMU_SWITCH).
+// sat in its own basic block beside a call (mmv2_q6_k: 14 branches between its 16 mmas per
+// super-block), and the call's registers counted for the kernel. Each kernel is now compiled
+// twice (`name`, `name_emu`: MMV_KERNEL below), the flag a constant in each, so the run-time
+// choices here (`_rt`, MV_EMU_SWITCH) fold away.
 template <bool EMU>
 static __device__ __forceinline__ MmaI4 mv_mma_k32(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                   uint32_t b0, uint32_t b1) {
@@ -140,7 +141,7 @@ static __device__ __forceinline__ MmaI4 mv_mma_k32_u8(MmaI4 c, uint32_t a0, uint
     return MmaI4{c.x + 16 * r.x, c.y + 16 * r.y, c.z + 16 * r.z, c.w + 16 * r.w};
 }
 
-// The run-time choice per mma (Mv2Q4K).
+// The choice per mma by a flag (Mv2Q4K: a constant in each kernel variant).
 static __device__ __forceinline__ MmaI4 mv_mma_k32_rt(MmaI4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                      uint32_t b0, uint32_t b1, int emulate) {
     return emulate ? mv_mma_k32<true>(c, a0, a1, a2, a3, b0, b1) : mv_mma_k32<false>(c, a0, a1, a2, a3, b0, b1);
@@ -787,8 +788,6 @@ static __device__ __forceinline__ int mv2_min_dot(const MvV4& bs, const MvK4Scal
 struct Mv2Q4K {
     using F = MvQ4K;
     // acc (c-fragment order) += super-block s of rows g, g + 8 against tokens 2t, 2t + 1
-    // (the run-time emulation flag per mma, unlike the others: ptxas unswitches this loop
-    // itself, and with MV_EMU_SWITCH the staged kernel took 105 registers instead of 80)
     static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
         const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
         const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
