@@ -12,8 +12,8 @@ el() { echo "[$(($(date +%s) - t0))s]"; }
 SP=$!
 
 # serve_rows LABEL SLOTS STREAMS [VAR=value...]: issue 6's serve rows on the 32B (bench-full.sh's
-# stdlib client, 64 tokens, 2 requests per stream, after a warm-up), the server started with
-# SLOTS slots and the given environment.
+# stdlib client, TOKENS (64) tokens, 2 requests per stream, after a warm-up), the server started
+# with SLOTS slots and the given environment.
 serve_rows() {
     local label=$1 par=$2 streams=$3
     shift 3
@@ -28,7 +28,7 @@ serve_rows() {
     done
     echo "serve m32 $label (--parallel $par):"
     timeout 60 python3 /tmp/serve_load.py 8093 1 16 1 >/dev/null
-    timeout 200 python3 /tmp/serve_load.py 8093 "$streams" 64 2
+    timeout 300 python3 /tmp/serve_load.py 8093 "$streams" "${TOKENS:-64}" 2
     kill -TERM $pid
     sleep 2
     kill -KILL $pid 2>/dev/null

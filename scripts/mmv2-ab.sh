@@ -15,7 +15,8 @@
 # streams: 8 decode streams, variants by their switches with the same binary, rounds alternating
 # onerow:  one-row tg128 with Q4_K products on mmv2 (REDLINE_MMV2_MIN=1) against the dp4a matvec,
 #          two streams, and the verify-cost table (issue 8)
-# serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client)
+# serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
+#          generations long enough that the decode phase dominates
 # s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
 set -u -o pipefail
