@@ -17,6 +17,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 NO_SYNTH=1 . scripts/device-lib.sh
 export REDLINE_CUDA_ARCH=${ARCH_AS:-75}
+# selftest loads every program first (the driver's PTX compile, cached for the test binaries) and
+# checks every op against the CPU as that architecture
+echo "== selftest (as sm_$REDLINE_CUDA_ARCH) $(el)"
+timeout 400 $R selftest --bw-gib 0 2>&1 | tail -25
 for t in backend_conformance gpu_attention gpu_deltanet gpu_mmq gpu_decode backend_models; do
     [ -x "devbin/t_$t" ] || continue
     echo "== $t (as sm_$REDLINE_CUDA_ARCH) $(el)"
