@@ -938,8 +938,9 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile).
-    // Lanes 14 and 15 load vector 13 again and store nothing: the 14 vectors from a row's
-    // aligned start hold its 210 bytes, and no fragment reads past byte 223 of a staged row.
+    // Lanes 14 and 15 load vector 13 again and store into slot 14, which nothing reads: the 14
+    // vectors from a row's aligned start hold its 210 bytes, and no fragment reads past byte 223
+    // of a staged row.
     const int li = lane & 15, vi = min(li, 13), hf = lane >> 4;
     // Offsets in 32-bit integers from the tile's 16-byte aligned base (< 16 rows * row_bytes + 16)
     const uint8_t* tile = tl.sel.W + (long long)tl.row0 * p.row_bytes;
@@ -952,14 +953,18 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     MvV4* buf = mv6_stage + wid * 16 * MV6_ROW_VECS;
     MvV4 st[8];
     uint32_t shift2 = 0;  // bit k: row 2k + hf's super-block starts 2 mod 4
+    // (the load mode tested once per super-block: inside mv_ld16 it made a branch per load)
     auto load = [&](int s) {
         const int so = s * MvQ6K::SB;
         shift2 = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int o = roff[k] + so;
-            shift2 |= (uint32_t)((o >> 1) & 1) << k;
-            st[k] = mv_ld16(tile_v + (unsigned)(o & ~15), load_mode);  // (zero-extended: o >= 0)
+        for (int k = 0; k < 8; k++) shift2 |= (uint32_t)(((roff[k] + so) >> 1) & 1) << k;
+        if (load_mode == 2) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) st[k] = mv_ld16(tile_v + (unsigned)((roff[k] + so) & ~15), 2);  // (>= 0)
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) st[k] = mv_ld16(tile_v + (unsigned)((roff[k] + so) & ~15), 0);
         }
     };
     auto stage = [&]() {
@@ -968,10 +973,10 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
             const uint32_t nx = __shfl_down_sync(FULL_MASK, st[k].x, 1);
             const uint32_t sel = ((shift2 >> k) & 1) ? 0x5432u : 0x3210u;
             const MvV4 v = st[k];
-            if (li < 14)
-                buf[(2 * k + hf) * MV6_ROW_VECS + li] =
-                    MvV4{__byte_perm(v.x, v.y, sel), __byte_perm(v.y, v.z, sel), __byte_perm(v.z, v.w, sel),
-                         __byte_perm(v.w, nx, sel)};
+            // lanes 14 and 15 both write the row's unused slot 14 (no branch around the store)
+            buf[(2 * k + hf) * MV6_ROW_VECS + min(li, 14)] =
+                MvV4{__byte_perm(v.x, v.y, sel), __byte_perm(v.y, v.z, sel), __byte_perm(v.z, v.w, sel),
+                     __byte_perm(v.w, nx, sel)};
         }
     };
     // where rows g and g + 8 start mod 16 in their first super-block
