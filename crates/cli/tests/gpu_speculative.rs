@@ -123,10 +123,11 @@ fn gpu_mtp_fixture_is_identical() {
 
 /// With the tensor-core mmv2 products taking Q4_K and Q6_K at every token count
 /// (`REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1`), one-token steps and verify passes run the same
-/// kernels on the same q8_K grid, and a row's result does not depend on the token count: a
-/// model drafting for itself must then have every draft accepted and give plain greedy's
+/// product kernels on the same q8_K grid: a model drafting for itself must give plain greedy's
 /// tokens. Synthetic Q4_K_M cuts of real shapes (q4_K with q6_K V/down/head): Qwen3.5-27B to 4
-/// layers (3 DeltaNet + 1 gated attention), Qwen2.5-1.5B to 2.
+/// layers (3 DeltaNet + 1 gated attention), Qwen2.5-1.5B to 2. The acceptance rate is printed:
+/// every draft is accepted only if the rest of a verify pass (attention over several rows, the
+/// chunked delta rule) is bit-equal to one-token steps too, which this test does not require.
 #[test]
 #[ignore]
 fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
@@ -157,7 +158,7 @@ fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
             let (got, stats) = spec_greedy(&mut spec, &prompt, 24, k);
             eprintln!("{name} self-draft on mmv2 at every count, k={k}: {stats:?}");
             assert_eq!(got, want, "{name} k {k}");
-            assert_eq!(stats.accepted, stats.drafted, "{name} k {k}");
+            assert!(stats.accepted > 0, "{name} k {k}: no draft accepted");
         }
         drop((target, draft));
         let _ = std::fs::remove_file(&path);
