@@ -9,6 +9,9 @@ they were written (session 16, no device lent). Run by hand: python3 scripts/mmv
    of 1..108 super-blocks, every even misalignment of the matrix, clamped last tiles.
 3. Mv2Q4K's integer sums at 16x (high nibbles in place through the .u8 mma, low units at 16 x
    their scale): ai >> 4 equals the plain sum, and the worst case fits int32.
+4. Mv2IQ4XS: each lane's A / B fragments (word t of each unit through the kvalues_iq4nl lookup,
+   x's bytes 4t and 16 + 4t of token g), the PTX m16n8k32 fragment layout, and the scales from
+   the header words, against the per-(row, token) integer sum of the block definition.
 
 The GPU tests (gpu_mmq) check the kernels themselves against the CPU references; this checks the
 reasoning behind the index math, and fails on the mutations it was tried with.
@@ -119,3 +122,66 @@ for trial in range(20000):
 qmax=[[15]*32]*8; xmax=[[127]*32]*8; scm=[63]*8
 ai=sum((scm[u]<<4 if u%2==0 else scm[u])*sum((15*16 if u%2 else 15)*127 for i in range(32)) for u in range(8))
 print("Mv2Q4K 16x sums: ok; worst |ai| =", ai, "< 2^31 =", 2**31)
+
+# ---- 4. Mv2IQ4XS --------------------------------------------------------------------------
+LUT=[-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113]
+def s8(b): return b-256 if b>127 else b
+random.seed(3)
+for trial in range(300):
+    n=random.randrange(1,9)
+    # 16 rows of one super-block each: header (d ignored: integer part only), scales_h, scales_l, qs
+    rows=[]
+    for r in range(16):
+        sh=random.getrandbits(16); sl=[random.getrandbits(8) for _ in range(4)]; qs=[random.getrandbits(8) for _ in range(128)]
+        rows.append((sh,sl,qs))
+    x=[[random.randrange(-127,128) for _ in range(256)] for tok in range(n)]
+    # reference integer sums per (row, token)
+    def ref(r,tok):
+        sh,sl,qs=rows[r]; tot=0
+        for ib in range(8):
+            ls=((sl[ib//2]>>(4*(ib%2)))&0xF)|(((sh>>(2*ib))&3)<<4)
+            acc=0
+            for j in range(16):
+                acc+=LUT[qs[16*ib+j]&0xF]*x[tok][32*ib+j]
+                acc+=LUT[qs[16*ib+j]>>4]*x[tok][32*ib+j+16]
+            tot+=(ls-32)*acc
+        return tot
+    # kernel emulation
+    def hdr(r):
+        sh,sl,qs=rows[r]
+        hx=(0x3C00)|(sh<<16)          # d | scales_h << 16
+        hy=sl[0]|(sl[1]<<8)|(sl[2]<<16)|(sl[3]<<24)
+        return hx,hy
+    def scale(h,u):
+        hx,hy=h
+        lo=(hy>>(4*u))&0xF; hi=(hx>>(16+2*u))&3
+        return (lo|(hi<<4))-32
+    def word(r,u,t):
+        qs=rows[r][2]; return qs[16*u+4*t:16*u+4*t+4]
+    def lookup8(wbytes):
+        return [LUT[b&0xF] for b in wbytes],[LUT[b>>4] for b in wbytes]
+    ai={}  # (lane) -> [4]
+    for lane in range(32): ai[lane]=[0,0,0,0]
+    for u in range(8):
+        # fragments per lane
+        A=[[None]*32 for _ in range(16)]; B=[[None]*8 for _ in range(32)]
+        for lane in range(32):
+            g=lane>>2; t=lane&3
+            lo0,hi0=lookup8(word(g,u,t)); lo8,hi8=lookup8(word(g+8,u,t))
+            tokg=min(g,n-1)
+            b0=[x[tokg][32*u+4*t+i] for i in range(4)]; b1=[x[tokg][32*u+16+4*t+i] for i in range(4)]
+            for i in range(4):
+                A[g][4*t+i]=lo0[i]; A[g+8][4*t+i]=lo8[i]; A[g][16+4*t+i]=hi0[i]; A[g+8][16+4*t+i]=hi8[i]
+                B[4*t+i][g]=b0[i]; B[16+4*t+i][g]=b1[i]
+        C=[[sum(A[m][k]*B[k][c] for k in range(32)) for c in range(8)] for m in range(16)]
+        for lane in range(32):
+            g=lane>>2; t=lane&3
+            sg=scale(hdr(g),u); s8_=scale(hdr(g+8),u)
+            c=(C[g][2*t],C[g][2*t+1],C[g+8][2*t],C[g+8][2*t+1])
+            a=ai[lane]; a[0]+=sg*c[0]; a[1]+=sg*c[1]; a[2]+=s8_*c[2]; a[3]+=s8_*c[3]
+    for lane in range(32):
+        g=lane>>2; t=lane&3
+        for i,(row,tok) in enumerate([(g,2*t),(g,2*t+1),(g+8,2*t),(g+8,2*t+1)]):
+            if tok<n:
+                assert ai[lane][i]==ref(row,tok),(trial,lane,i)
+print("Mv2IQ4XS fragments and scales: ok, 300 warps")

@@ -17,6 +17,7 @@
 #          two streams, and the verify-cost table (issue 8)
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
 #          generations long enough that the decode phase dominates
+# iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
 # s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
 set -u -o pipefail
@@ -87,6 +88,14 @@ s16)
     for v in "X=1" "$OLD"; do ST=$v b m32 -n 32 -r 1 --parallel 32; done
     for v in "X=1" "$OLD"; do ST=$v b m32 -n 128 -r 2; done
     echo "== s16 $(el)"
+    ;;
+iq4xs)
+    # IQ4_XS 3..8-token products on mmv2_iq4_xs (REDLINE_MMV2_IQ4XS=1) against the dp4a matvec
+    [ -e /tmp/x27.gguf ] || $R synth --shape qwen3.5-27b --type IQ4_XS -o /tmp/x27.gguf >/tmp/sx27.log 2>&1
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_ 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
+    for v in "X=1" "REDLINE_MMV2_IQ4XS=1" "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 8; done
+    for v in "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 4; done
+    echo "== iq4xs $(el)"
     ;;
 serve)
     wait $SP

@@ -74,6 +74,15 @@ static __device__ __forceinline__ MvV2 mv_ld8(const uint8_t* p, int mode) {
     }
     return v;
 }
+static __device__ __forceinline__ uint32_t mv_ld4(const uint8_t* p, int mode) {
+    uint32_t v;
+    if (mode == 2) {
+        asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    } else {
+        asm("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    }
+    return v;
+}
 static __device__ __forceinline__ uint16_t mv_ld2(const uint8_t* p, int mode) {
     uint16_t v;
     if (mode == 2) {
@@ -905,6 +914,78 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
 #define MMV2_KERNEL(name, M) MMV2_KERNEL1(name, M, , 0) MMV2_KERNEL1(name, M, _emu, 1)
 
 MMV2_KERNEL(q4_k, Mv2Q4K)
+
+// ---- mmv2 IQ4_XS (an experiment: dispatched only with REDLINE_MMV2_IQ4XS=1) ----------------
+//
+// block_iq4_xs: d f16, scales_h u16, scales_l[4], qs[128] (136 bytes: super-blocks 8-byte
+// aligned). Unit u (32 weights): byte i of qs[16u .. 16u + 15] holds the kvalues_iq4nl indices of
+// elements i (low nibble) and 16 + i (high nibble); its scale is ((scales_l[u / 2] >> 4 (u % 2))
+// & 15 | ((scales_h >> 2u) & 3) << 4) - 32. This thread loads word t of each unit (bytes 4t ..
+// 4t + 3) of rows g, g + 8: iq4nl_lookup8 turns it into elements 4t .. 4t + 3 and 16 + 4t ..
+// 16 + 4t + 3, the mma's k-slots of a0 and a2 in the natural order, and x's B words are the same
+// elements of token g (two 4-byte loads, at 4t and 16 + 4t of the unit). Per super-block the C
+// values times the unit's signed scale sum in int32 (|.| <= 8 * 32 * 32 * 127 * 127 < 2^31); one
+// float step (d * dy).
+struct MvIQ4XS {
+    static constexpr int SB = 136;
+    struct Frag {
+        MvV2 h[2];         // rows g, g + 8: d | scales_h << 16, scales_l
+        uint32_t q[2][8];  // rows g, g + 8: word t of each unit's 16 qs bytes
+    };
+    static __device__ __forceinline__ void load(const uint8_t* pg, const uint8_t* pg8, int t, int mode, Frag& f) {
+        f.h[0] = mv_ld8(pg, mode);
+        f.h[1] = mv_ld8(pg8, mode);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            f.q[0][u] = mv_ld4(pg + 8 + 16 * u + 4 * t, mode);
+            f.q[1][u] = mv_ld4(pg8 + 8 + 16 * u + 4 * t, mode);
+        }
+    }
+};
+
+// the signed scale of unit u from a row's header words
+static __device__ __forceinline__ int mv_iq4xs_scale(const MvV2& h, int u) {
+    const int lo = (int)((h.y >> (4 * u)) & 0xFu);        // nibble u of scales_l
+    const int hi = (int)((h.x >> (16 + 2 * u)) & 0x3u);   // bits 2u, 2u + 1 of scales_h
+    return (lo | (hi << 4)) - 32;
+}
+
+struct Mv2IQ4XS {
+    using F = MvIQ4XS;
+    static __device__ __forceinline__ void compute(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
+        MV_EMU_SWITCH(x.emulate, compute_t, f, s, x, acc);
+    }
+    template <bool EMU>
+    static __device__ __forceinline__ void compute_t(const F::Frag& f, int s, const Mv2X& x, float (&acc)[4]) {
+        const int t = threadIdx.x & 3;
+        const int us = 32 * x.n;  // bytes from one unit's tokens to the next unit's
+        // token g's unit 0 of this super-block, at its first byte (x.q points 8t into it)
+        const int8_t* xs = x.q - 8 * t + (long long)(8 * s) * us;
+        int ai[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            uint32_t lo0, hi0, lo8, hi8;
+            iq4nl_lookup8(f.q[0][u], lo0, hi0);
+            iq4nl_lookup8(f.q[1][u], lo8, hi8);
+            const uint32_t b0 = *(const uint32_t*)(xs + u * us + 4 * t);
+            const uint32_t b1 = *(const uint32_t*)(xs + u * us + 16 + 4 * t);
+            const MmaI4 c = mv_mma_k32<EMU>(MmaI4{0, 0, 0, 0}, lo0, lo8, hi0, hi8, b0, b1);
+            const int sg = mv_iq4xs_scale(f.h[0], u), s8 = mv_iq4xs_scale(f.h[1], u);
+            ai[0] += sg * c.x;
+            ai[1] += sg * c.y;
+            ai[2] += s8 * c.z;
+            ai[3] += s8 * c.w;
+        }
+        const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
+        const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF));
+        acc[0] += (dg * y0) * (float)ai[0];
+        acc[1] += (dg * y1) * (float)ai[1];
+        acc[2] += (d8 * y0) * (float)ai[2];
+        acc[3] += (d8 * y1) * (float)ai[3];
+    }
+};
+
+MMV2_KERNEL(iq4_xs, Mv2IQ4XS)
 
 // ---- mmv2 Q6_K: super-blocks staged through shared memory --------------------------------
 //

@@ -448,6 +448,7 @@ fn stem2(ty: GgmlType) -> Option<&'static str> {
     match ty {
         GgmlType::Q4K => Some("q4_k"),
         GgmlType::Q6K => Some("q6_k"),
+        GgmlType::IQ4XS => Some("iq4_xs"),
         _ => None,
     }
 }
@@ -510,7 +511,14 @@ fn warps_per_block2(ty: GgmlType, tiles: usize, n_cols: usize) -> u32 {
 /// 5120x5120 20.3 / 15.5 and 29.9 / 16.7; the 152064x5120 head 401.0 / 224.8 and 676.3 /
 /// 285.1; at one token it loses: 40.8 / 50.6).
 fn dispatched2_format(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+    matches!(ty, GgmlType::Q4K | GgmlType::Q6K) || (ty == GgmlType::IQ4XS && iq4xs2())
+}
+
+/// Whether the mmv2 dispatch takes IQ4_XS too: `REDLINE_MMV2_IQ4XS=1` (an experiment, off; the
+/// kernel `mmv2_iq4_xs` is checked by the GPU tests either way). Read once.
+fn iq4xs2() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_MMV2_IQ4XS").is_ok_and(|v| v == "1"))
 }
 
 /// Most tiles of an mmv2 launch split over K (`ksplit2`: launches of fewer tiles than this).

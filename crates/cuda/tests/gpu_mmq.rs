@@ -759,7 +759,10 @@ fn quantize_q8_k_matches_cpu() {
     }
 }
 
-const MMV2_FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
+const MMV2_FORMATS: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q6K, GgmlType::IQ4XS];
+/// The mmv2 formats the q8_1 tensor-core kernels (mmv) have too: the rounding comparison and the
+/// timing sweep put the paths side by side.
+const MMV2_AND_MMV_FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
 
 #[test]
 fn mmv2_matches_cpu_reference() {
@@ -907,7 +910,9 @@ fn mmv2_segments_with_bias_and_accumulate() {
                     accumulate: i == 1,
                 })
                 .collect();
-            let backend_entry = dev.arch() >= 80 && n >= 3;
+            // (IQ4_XS is dispatched only with REDLINE_MMV2_IQ4XS=1)
+            let iq4xs_on = std::env::var("REDLINE_MMV2_IQ4XS").as_deref() == Ok("1");
+            let backend_entry = dev.arch() >= 80 && n >= 3 && (ty != GgmlType::IQ4XS || iq4xs_on);
             assert_eq!(
                 cuda::mmv::dispatch2(&dev, ty, n),
                 backend_entry,
@@ -966,7 +971,7 @@ fn mmv2_rounding_vs_the_q8_1_paths() {
         return;
     };
     let (rows, cols) = (1024usize, 5120usize);
-    for ty in MMV2_FORMATS {
+    for ty in MMV2_AND_MMV_FORMATS {
         let wbytes = random_matrix(ty, rows, cols, 5);
         let x = random_activations(8 * cols, 6);
         let r1 = reference(ty, &wbytes, rows, cols, &x, 8);
@@ -1068,10 +1073,15 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                 if n == 1 {
                     mv1 = mv;
                 }
-                let mm = time_us(&dev, copies, 40, |i| {
-                    dev.mmv_prequantized(&ws[i], &s, &mut y)
-                })
-                .expect("mmv timing");
+                // (IQ4_XS has no q8_1 tensor-core kernel)
+                let mm = if cuda::mmv::supports(ty, n) {
+                    time_us(&dev, copies, 40, |i| {
+                        dev.mmv_prequantized(&ws[i], &s, &mut y)
+                    })
+                    .expect("mmv timing")
+                } else {
+                    f64::NAN
+                };
                 let qk = time_us(&dev, 1, 40, |_| dev.quantize_q8_k(&x, n, cols, &mut s))
                     .expect("q8_K timing");
                 // a launch the driver refuses (a variant's shared memory, say) times as NaN
