@@ -58,6 +58,24 @@ fn spec_greedy<S: SpecModel>(
     (out, dec.stats())
 }
 
+/// `target` speculating with `draft` (their own fresh states) for n greedy tokens, k drafts.
+fn draft_model_greedy(
+    target: &ModelOn<CudaBackend>,
+    draft: &ModelOn<CudaBackend>,
+    prompt: &[u32],
+    n: usize,
+    k: usize,
+) -> (Vec<u32>, SpecStats) {
+    let mut spec = DraftModelSpec::new(
+        target,
+        target.new_state(256, KvType::F32).unwrap(),
+        draft,
+        draft.new_state(256, KvType::F32).unwrap(),
+    )
+    .unwrap();
+    spec_greedy(&mut spec, prompt, n, k)
+}
+
 #[test]
 #[ignore]
 fn gpu_stories260k_self_draft_is_identical_and_accepts_everything() {
@@ -66,14 +84,7 @@ fn gpu_stories260k_self_draft_is_identical_and_accepts_everything() {
     let draft = load_gpu(&path);
     let prompt = [1u32, 403, 407, 261, 378];
     let want = plain_greedy(&target, &prompt, 60);
-    let mut spec = DraftModelSpec::new(
-        &target,
-        target.new_state(256, KvType::F32).unwrap(),
-        &draft,
-        draft.new_state(256, KvType::F32).unwrap(),
-    )
-    .unwrap();
-    let (got, stats) = spec_greedy(&mut spec, &prompt, 60, 6);
+    let (got, stats) = draft_model_greedy(&target, &draft, &prompt, 60, 6);
     eprintln!("stories260K self-draft on the GPU: {stats:?}");
     assert_eq!(got, want);
     assert!(stats.drafted > 0);
@@ -89,14 +100,7 @@ fn gpu_qwen35_with_q8_0_draft_is_identical() {
     let prompt = [1u32, 42, 7, 300, 9, 11];
     let want = plain_greedy(&target, &prompt, 48);
     for k in [2, 5] {
-        let mut spec = DraftModelSpec::new(
-            &target,
-            target.new_state(256, KvType::F32).unwrap(),
-            &draft,
-            draft.new_state(256, KvType::F32).unwrap(),
-        )
-        .unwrap();
-        let (got, stats) = spec_greedy(&mut spec, &prompt, 48, k);
+        let (got, stats) = draft_model_greedy(&target, &draft, &prompt, 48, k);
         eprintln!("qwen35 + q8_0 draft on the GPU, k={k}: {stats:?}");
         assert_eq!(got, want, "k {k}");
         assert!(stats.accepted > 0);
@@ -148,14 +152,7 @@ fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
         distinct.dedup();
         assert!(distinct.len() > 1, "{name}: degenerate output {want:?}");
         for k in [2, 4] {
-            let mut spec = DraftModelSpec::new(
-                &target,
-                target.new_state(256, KvType::F32).unwrap(),
-                &draft,
-                draft.new_state(256, KvType::F32).unwrap(),
-            )
-            .unwrap();
-            let (got, stats) = spec_greedy(&mut spec, &prompt, 24, k);
+            let (got, stats) = draft_model_greedy(&target, &draft, &prompt, 24, k);
             eprintln!("{name} self-draft on mmv2 at every count, k={k}: {stats:?}");
             assert_eq!(got, want, "{name} k {k}");
             assert!(stats.accepted > 0, "{name} k {k}: no draft accepted");
