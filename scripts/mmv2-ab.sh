@@ -18,6 +18,7 @@
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
 #          generations long enough that the decode phase dominates
 # iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
+# skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
 set -u -o pipefail
@@ -96,6 +97,15 @@ iq4xs)
     for v in "X=1" "REDLINE_MMV2_IQ4XS=1" "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 8; done
     for v in "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 4; done
     echo "== iq4xs $(el)"
+    ;;
+skip8)
+    # graph-mode cost of each op kind in an 8-row step of the 32B (REDLINE_SKIP_OPS: the step
+    # without it; outputs wrong), for issue 6's 6x: which non-product ops an 8-row step pays for
+    wait $SP
+    for s in X attention rope_qk rms_norm swiglu add matmul matmul_many matmul_add; do
+        ST="REDLINE_SKIP_OPS=$s" b m32 -n 32 -r 2 --parallel 8
+    done
+    echo "== skip8 $(el)"
     ;;
 serve)
     wait $SP
