@@ -15,6 +15,7 @@
 # streams: 8 decode streams, variants by their switches with the same binary, rounds alternating
 # onerow:  one-row tg128 with Q4_K products on mmv2 (REDLINE_MMV2_MIN=1) against the dp4a matvec,
 #          two streams, and the verify-cost table (issue 8)
+# spec:    t_gpu_speculative (greedy equality with speculation on mmv2 at every token count)
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
 #          generations long enough that the decode phase dominates
 # iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
@@ -23,14 +24,15 @@
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-STAGE=${STAGE:-kernels}
+STAGE=${STAGE:-kernels} # several: STAGE="s16 skip8"
 . scripts/device-lib.sh
 b() { # model, bench args...; variant env in ST
     local m=$1
     shift
     echo "$m ${ST:-default} $*: $(env ${ST:-X=1} timeout 100 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-)"
 }
-case $STAGE in
+for stage in $STAGE; do
+case $stage in
 kernels)
     timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test |result|panicked|FAIL" | head -16
     echo "== checks $(el)"
@@ -69,6 +71,8 @@ onerow)
         env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4,8 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
     done
     echo "== verify $(el)"
+    ;;
+spec)
     # speculation on mmv2 at every token count: greedy equality and full acceptance (self-draft)
     [ -x devbin/t_gpu_speculative ] && timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 |
         grep -E "^test |result|panicked|self-draft" | head -12
@@ -112,3 +116,4 @@ serve)
     for par in ${PARS:-8 32}; do serve_rows "p$par" "$par" "${STREAMS:-1,8,32}"; done
     ;;
 esac
+done
