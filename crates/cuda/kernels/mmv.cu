@@ -1134,14 +1134,57 @@ static __device__ __forceinline__ void mv_cp16(uint32_t dst_s, uint8_t* dst, con
 #endif
 }
 
-template <int NST>
+// mv_finish8_ks for one warp that owns its tile (the wide kernels: no reduction over warps).
+static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (&acc)[4], int n_tokens,
+                                                       const MvKs& k, float* __restrict__ kpart,
+                                                       int* __restrict__ kcount) {
+    if (k.ks == 1) {
+        mv_store8(tl, acc, n_tokens);
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
+    *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __threadfence();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(kcount + k.tile, 1) == k.ks - 1;
+    last = __shfl_sync(FULL_MASK, last, 0);
+    if (!last) return;
+    __threadfence();
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int q = 0; q < k.ks; q++) {
+        const float4 v = __ldcg((const float4*)(kpart + ((long long)k.tile * k.ks + q) * 128 + 4 * lane));
+        sum[0] += v.x;
+        sum[1] += v.y;
+        sum[2] += v.z;
+        sum[3] += v.w;
+    }
+    if (lane == 0) kcount[k.tile] = 0;
+    mv_store8(tl, sum, n_tokens);
+}
+
+// WIDE = false: the block's warps share one 16-row tile and take its super-blocks in turn
+// (s0 + w, s0 + w + nw, ...), their sums added over the warps at the end.
+// WIDE = true (`mmv2w_q4_k_s*`, REDLINE_MMV2_WIDE): each warp owns a tile (block b: tiles
+// (b / ks) nw + w, part b % ks of their super-blocks) and walks its super-blocks in order, so
+// the block's warps read the same x unit at about the same time: x (for 8 tokens as many bytes
+// per super-block as the tile's weights) comes through L1 once per block of nw tiles instead
+// of once per tile, and from L2 once per nw tiles where it does not fit L1 (the 27648-wide down
+// projections: 221 KB of x for 8 tokens). Per warp and super-block the same fragments and
+// sums as WIDE = false; the order of the float adds differs (one chain per part, not nw).
+template <int NST, bool WIDE>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
     extern __shared__ MvV4 mv4s_stage[];  // [blockDim.y][NST][16 rows * 144 bytes]
-    const MvKs k = mv_ks(ks, p.ncols / 256);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y;
+    // WIDE: one warp per tile, so the stride between a warp's super-blocks is 1 and it starts at s0
+    const int nw = WIDE ? 1 : (int)blockDim.y, w0 = WIDE ? 0 : wid;
+    MvKs k = mv_ks(ks, p.ncols / 256);
+    if (WIDE) k.tile = k.tile * (int)blockDim.y + wid;
     const MvTile tl = mv_tile_at(p, k.tile);
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
+    // (WIDE: a warp past the last tile; the block has no barrier, so it may leave)
+    if (WIDE && tl.row0 >= tl.sel.nrows) return;
     const int nsb = k.s1;
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
@@ -1167,7 +1210,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     };
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
-        const int s = k.s0 + wid + i * nw;
+        const int s = k.s0 + w0 + i * nw;
         if (s < nsb) issue(s, i);
         cp_async_commit();
     }
@@ -1175,7 +1218,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     pdl_trigger();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
-    for (int s = k.s0 + wid; s < nsb; s += nw) {
+    for (int s = k.s0 + w0; s < nsb; s += nw) {
         const int sn = s + (NST - 1) * nw;
         if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
         cp_async_commit();
@@ -1194,19 +1237,25 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
         __syncwarp();
         b = b + 1 == NST ? 0 : b + 1;
     }
-    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+    if (WIDE)
+        mv_finish8_warp(tl, acc, n_tokens, k, kpart, kcount);
+    else
+        mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2S_KERNEL1(NST, SUFFIX, EMU)                                                                    \
+#define MMV2S_KERNEL1(NAME, NST, WIDE, SUFFIX, EMU)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        mmv2s_q4_k_s##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
-                                  const int16_t* __restrict__ bsum, int n_tokens, int load_mode,         \
-                                  int emulate, float* kpart, int* kcount, int ks) {                      \
+        NAME##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,    \
+                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,    \
+                          float* kpart, int* kcount, int ks) {                                           \
         (void)load_mode;                                                                                 \
         (void)emulate;                                                                                   \
-        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                                \
+        mmv2s_q4k<NST, WIDE>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                          \
     }
-#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(NST, , 0) MMV2S_KERNEL1(NST, _emu, 1)
+#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(mmv2s_q4_k_s, NST, false, , 0) MMV2S_KERNEL1(mmv2s_q4_k_s, NST, false, _emu, 1)
+#define MMV2W_KERNEL(NST) MMV2S_KERNEL1(mmv2w_q4_k_s, NST, true, , 0) MMV2S_KERNEL1(mmv2w_q4_k_s, NST, true, _emu, 1)
 MMV2S_KERNEL(2)
 MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
+MMV2W_KERNEL(2)
+MMV2W_KERNEL(3)
