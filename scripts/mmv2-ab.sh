@@ -19,6 +19,7 @@
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
 #          generations long enough that the decode phase dominates
 # iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
+# wide:    session 17's wide staged Q4_K kernels (REDLINE_MMV2_WIDE) against the default, 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
@@ -101,6 +102,24 @@ iq4xs)
     for v in "X=1" "REDLINE_MMV2_IQ4XS=1" "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 8; done
     for v in "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 4; done
     echo "== iq4xs $(el)"
+    ;;
+wide)
+    # session 17's wide staged Q4_K kernels (a tile per warp, REDLINE_MMV2_WIDE=W tiles per block)
+    # against the default: checks, then 8 streams of the 32B and the 27B, rounds alternating
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_ 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
+    echo "== wide checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in "X=1" "REDLINE_MMV2_WIDE=4" "REDLINE_MMV2_WIDE=2" "REDLINE_MMV2_WIDE=8"; do
+            ST=$v b m32 -n 64 -r 2 --parallel 8
+        done
+    done
+    for v in "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_KSPLIT=2" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_STAGE=3"; do
+        ST=$v b m32 -n 64 -r 2 --parallel 8
+    done
+    for v in "X=1" "REDLINE_MMV2_WIDE=4" "REDLINE_MMV2_WIDE=2"; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
+    for v in "X=1" "REDLINE_MMV2_WIDE=4"; do ST=$v b m32 -n 32 -r 1 --parallel 4; done
+    echo "== wide $(el)"
     ;;
 skip8)
     # graph-mode cost of each op kind in an 8-row step of the 32B (REDLINE_SKIP_OPS: the step
