@@ -445,6 +445,35 @@ static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&a
     mv_store8(tl, sum, n_tokens);
 }
 
+// mv_finish8_ks for one warp that owns its tile (the wide kernels: no reduction over warps).
+static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (&acc)[4], int n_tokens,
+                                                       const MvKs& k, float* __restrict__ kpart,
+                                                       int* __restrict__ kcount) {
+    if (k.ks == 1) {
+        mv_store8(tl, acc, n_tokens);
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
+    *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __threadfence();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(kcount + k.tile, 1) == k.ks - 1;
+    last = __shfl_sync(FULL_MASK, last, 0);
+    if (!last) return;
+    __threadfence();
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int q = 0; q < k.ks; q++) {
+        const float4 v = __ldcg((const float4*)(kpart + ((long long)k.tile * k.ks + q) * 128 + 4 * lane));
+        sum[0] += v.x;
+        sum[1] += v.y;
+        sum[2] += v.z;
+        sum[3] += v.w;
+    }
+    if (lane == 0) kcount[k.tile] = 0;
+    mv_store8(tl, sum, n_tokens);
+}
+
 // 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
 template <typename F>
 static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
@@ -1005,15 +1034,22 @@ MMV2_KERNEL(iq4_xs, Mv2IQ4XS)
 // 60 words keeps the 8 rows of a fragment load on distinct banks up to the row's (start & 12)).
 #define MV6_ROW_VECS 15
 
+// WIDE: a tile per warp, super-blocks in order (`mmv2w_q6_k`, as the wide Q4_K kernels).
+template <bool WIDE>
 static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                 int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,
                                                 int ks) {
     extern __shared__ MvV4 mv6_stage[];  // [blockDim.y][16 rows][MV6_ROW_VECS]
     const int ncols = p.ncols;
-    const MvKs k = mv_ks(ks, ncols / 256);
+    MvKs k = mv_ks(ks, ncols / 256);
+    const int wid = threadIdx.y;
+    if (WIDE) k.tile = k.tile * (int)blockDim.y + wid;
     const MvTile tl = mv_tile_at(p, k.tile);
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
+    // (WIDE: a warp past the last tile; the block has no barrier, so it may leave)
+    if (WIDE && tl.row0 >= tl.sel.nrows) return;
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    const int nw = WIDE ? 1 : (int)blockDim.y, w0 = WIDE ? 0 : wid;
     const int nsb = k.s1;
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
@@ -1082,10 +1118,10 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     };
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (k.s0 + wid < nsb) load(k.s0 + wid);
+    if (k.s0 + w0 < nsb) load(k.s0 + w0);
     pdl_wait();
     pdl_trigger();
-    for (int s = k.s0 + wid; s < nsb; s += nw) {
+    for (int s = k.s0 + w0; s < nsb; s += nw) {
         stage();
         __syncwarp();
         if (s + nw < nsb) load(s + nw);
@@ -1094,19 +1130,24 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         Mv2Q6K::compute(f, s, x, acc);
         __syncwarp();
     }
-    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+    if (WIDE)
+        mv_finish8_warp(tl, acc, n_tokens, k, kpart, kcount);
+    else
+        mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2_Q6K_KERNEL(SUFFIX, EMU)                                                                      \
+#define MMV2_Q6K_KERNEL(NAME, WIDE, SUFFIX, EMU)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        mmv2_q6_k##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,   \
-                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,   \
-                          float* kpart, int* kcount, int ks) {                                          \
+        NAME##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,        \
+                     const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,        \
+                     float* kpart, int* kcount, int ks) {                                               \
         (void)emulate;                                                                                   \
-        mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                          \
+        mmv2_q6k<WIDE>(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                    \
     }
-MMV2_Q6K_KERNEL(, 0)
-MMV2_Q6K_KERNEL(_emu, 1)
+MMV2_Q6K_KERNEL(mmv2_q6_k, false, , 0)
+MMV2_Q6K_KERNEL(mmv2_q6_k, false, _emu, 1)
+MMV2_Q6K_KERNEL(mmv2w_q6_k, true, , 0)
+MMV2_Q6K_KERNEL(mmv2w_q6_k, true, _emu, 1)
 
 // ---- mmv2 Q4_K with the weights staged through shared memory (cp.async) ------------------
 //
@@ -1132,35 +1173,6 @@ static __device__ __forceinline__ void mv_cp16(uint32_t dst_s, uint8_t* dst, con
     (void)dst_s;
     *(MvV4*)dst = *(const MvV4*)src;
 #endif
-}
-
-// mv_finish8_ks for one warp that owns its tile (the wide kernels: no reduction over warps).
-static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (&acc)[4], int n_tokens,
-                                                       const MvKs& k, float* __restrict__ kpart,
-                                                       int* __restrict__ kcount) {
-    if (k.ks == 1) {
-        mv_store8(tl, acc, n_tokens);
-        return;
-    }
-    const int lane = threadIdx.x & 31;
-    float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
-    *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    __threadfence();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(kcount + k.tile, 1) == k.ks - 1;
-    last = __shfl_sync(FULL_MASK, last, 0);
-    if (!last) return;
-    __threadfence();
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int q = 0; q < k.ks; q++) {
-        const float4 v = __ldcg((const float4*)(kpart + ((long long)k.tile * k.ks + q) * 128 + 4 * lane));
-        sum[0] += v.x;
-        sum[1] += v.y;
-        sum[2] += v.z;
-        sum[3] += v.w;
-    }
-    if (lane == 0) kcount[k.tile] = 0;
-    mv_store8(tl, sum, n_tokens);
 }
 
 // WIDE = false: the block's warps share one 16-row tile and take its super-blocks in turn

@@ -552,8 +552,8 @@ fn ksplit2(tiles: usize, nsb: usize) -> u32 {
 /// 0: `REDLINE_MMV2_KSPLIT` decides.
 static KSPLIT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Tiles per block of the wide staged Q4_K kernels (`mmv2w_q4_k_s*`: each warp owns a 16-row
-/// tile and walks its super-blocks in order, so the block's warps read x together), 0 = off
+/// Tiles per block of the wide mmv2 kernels (`mmv2w_q4_k_s*`, `mmv2w_q6_k`: each warp owns a
+/// 16-row tile and walks its super-blocks in order, so the block's warps read x together), 0 = off
 /// (the block's warps share one tile): the override ([`set_mmv2_wide`]), else
 /// `REDLINE_MMV2_WIDE` (2..=8), else 0. An experiment (session 17): at 8 tokens x is as many
 /// bytes per super-block as a tile's weights and each warp reads it once per tile; wide blocks
@@ -931,8 +931,12 @@ impl CudaDevice {
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let tiles = total_rows.div_ceil(ROWS_PER_BLOCK);
         let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
-        // wide blocks: a tile per warp (kernels for 2 and 3 stages)
-        let wide = if (2..=3).contains(&stages) { wide2() } else { 0 };
+        // wide blocks: a tile per warp (staged Q4_K of 2 and 3 stages, Q6_K)
+        let wide = if (2..=3).contains(&stages) || ty == GgmlType::Q6K {
+            wide2()
+        } else {
+            0
+        };
         let warps = if wide > 0 {
             wide
         } else {
@@ -961,11 +965,15 @@ impl CudaDevice {
             }
             (f, smem)
         } else {
-            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{emu}"))?;
+            let kind = if wide > 0 { "mmv2w" } else { "mmv2" };
+            let f = self.function(Program::Mmv, &format!("{kind}_{stem}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
         let (ks, groups) = if wide > 0 {
-            (ksplit2_wide(tiles, cols / 256), tiles.div_ceil(wide as usize))
+            (
+                ksplit2_wide(tiles, cols / 256),
+                tiles.div_ceil(wide as usize),
+            )
         } else {
             (ksplit2(blocks, cols / 256), blocks)
         };

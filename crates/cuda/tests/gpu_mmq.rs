@@ -803,10 +803,12 @@ fn mmv2_matches_cpu_reference() {
                 for emulate in [false, true] {
                     // Q4_K: the register-fragment kernel, the staged ones (cp.async, 2..4
                     // stages) and the wide staged ones (a tile per warp: 2..8 tiles per block,
-                    // 2 and 3 stages); Q6_K has one kernel
+                    // 2 and 3 stages); Q6_K: its kernel and the wide one
                     let wide = [2, 3, 4, 8][(n + emulate as usize) % 4];
                     let stage_set: &[(u32, u32)] = if ty == GgmlType::Q4K {
                         &[(0, 0), (2, 0), (3, 0), (4, 0), (2, wide), (3, wide)]
+                    } else if ty == GgmlType::Q6K {
+                        &[(0, 0), (0, wide)]
                     } else {
                         &[(0, 0)]
                     };
@@ -1175,6 +1177,20 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                     cuda::mmv::set_mmv2_wide(None);
                     cuda::mmv::set_mmv2_ksplit(None);
                     cuda::mmv::set_mmv2_stages(None);
+                }
+                if ty == GgmlType::Q6K {
+                    for (wide, ks) in [(2u32, None), (4, None), (8, None), (4, Some(2u32))] {
+                        cuda::mmv::set_mmv2_wide(Some(wide));
+                        cuda::mmv::set_mmv2_ksplit(ks);
+                        let us = time2();
+                        let k = ks.map_or(String::new(), |k| format!("k{k}"));
+                        line += &format!(" W{wide}{k} {us:.1}");
+                        if us < best.0 {
+                            best = (us, format!("wide{wide}{k}"));
+                        }
+                    }
+                    cuda::mmv::set_mmv2_wide(None);
+                    cuda::mmv::set_mmv2_ksplit(None);
                 }
                 sweeps.push(line);
                 cuda::mmv::set_warps_override(0);
