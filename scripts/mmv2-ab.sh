@@ -85,6 +85,7 @@ s16)
     # device-pack.sh); checks first
     timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test |result|panicked|FAIL" | head -16
     echo "== checks $(el)"
+    CHECKED=1
     wait $SP
     OLD="REDLINE_KERNEL_DIR=$PWD/devbin/k_s15"
     for r in 1 2; do
@@ -106,7 +107,7 @@ iq4xs)
 wide)
     # session 17's wide staged Q4_K kernels (a tile per warp, REDLINE_MMV2_WIDE=W tiles per block)
     # against the default: checks, then 8 streams of the 32B and the 27B, rounds alternating
-    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_ 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
+    [ -n "${CHECKED:-}" ] || timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_ 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
     echo "== wide checks $(el)"
     wait $SP
     for r in 1 2; do
