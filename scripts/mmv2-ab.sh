@@ -30,7 +30,8 @@ STAGE=${STAGE:-kernels} # several: STAGE="s16 skip8"
 b() { # model, bench args...; variant env in ST
     local m=$1
     shift
-    echo "$m ${ST:-default} $*: $(env ${ST:-X=1} timeout 100 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-)"
+    echo "== $m ${ST:-default} $*" >>"$OUT/err.txt"
+    echo "$m ${ST:-default} $*: $(env ${ST:-X=1} timeout 100 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-)"
 }
 for stage in $STAGE; do
 case $stage in
