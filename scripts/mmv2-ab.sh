@@ -116,7 +116,7 @@ wide)
             ST=$v b m32 -n 64 -r 2 --parallel 8
         done
     done
-    for v in "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_KSPLIT=2" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_STAGE=3"; do
+    for v in "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_WIDE_COLS=16384" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_KSPLIT=2" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_STAGE=3"; do
         ST=$v b m32 -n 64 -r 2 --parallel 8
     done
     for v in "X=1" "REDLINE_MMV2_WIDE=4" "REDLINE_MMV2_WIDE=2"; do ST=$v b m27 -n 64 -r 2 --parallel 8; done

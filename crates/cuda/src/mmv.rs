@@ -573,6 +573,18 @@ fn wide2() -> u32 {
     }
 }
 
+/// Fewest columns of a launch the wide kernels take: `REDLINE_MMV2_WIDE_COLS` (default 0: every
+/// launch). E.g. 16384: only the down projections, whose x for 8 tokens does not fit L1.
+fn wide_cols2() -> usize {
+    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| {
+        std::env::var("REDLINE_MMV2_WIDE_COLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
 /// u32::MAX: `REDLINE_MMV2_WIDE` decides.
 static WIDE_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
 
@@ -932,7 +944,7 @@ impl CudaDevice {
         let tiles = total_rows.div_ceil(ROWS_PER_BLOCK);
         let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
         // wide blocks: a tile per warp (staged Q4_K of 2 and 3 stages, Q6_K)
-        let wide = if (2..=3).contains(&stages) || ty == GgmlType::Q6K {
+        let wide = if ((2..=3).contains(&stages) || ty == GgmlType::Q6K) && cols >= wide_cols2() {
             wide2()
         } else {
             0
