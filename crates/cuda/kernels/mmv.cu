@@ -415,37 +415,9 @@ static __device__ __forceinline__ MvKs mv_ks(int ks, int nsb) {
     return k;
 }
 
-// mv_finish8 for a K-split launch: kpart [tiles][ks][32 lanes][4], kcount [tiles] (0 between
-// launches).
-static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&acc)[4], int n_tokens, const MvKs& k,
-                                                     float* __restrict__ kpart, int* __restrict__ kcount) {
-    if (k.ks == 1) {
-        mv_finish8(tl, acc, n_tokens);
-        return;
-    }
-    if (!mv_reduce_warps(acc)) return;
-    const int lane = threadIdx.x & 31;
-    float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
-    *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    __threadfence();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(kcount + k.tile, 1) == k.ks - 1;
-    last = __shfl_sync(FULL_MASK, last, 0);
-    if (!last) return;
-    __threadfence();
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int q = 0; q < k.ks; q++) {
-        const float4 v = __ldcg((const float4*)(kpart + ((long long)k.tile * k.ks + q) * 128 + 4 * lane));
-        sum[0] += v.x;
-        sum[1] += v.y;
-        sum[2] += v.z;
-        sum[3] += v.w;
-    }
-    if (lane == 0) kcount[k.tile] = 0;
-    mv_store8(tl, sum, n_tokens);
-}
-
-// mv_finish8_ks for one warp that owns its tile (the wide kernels: no reduction over warps).
+// One warp's sums of its tile (part k.part of k.ks) stored: with a K split into kpart
+// [tiles][ks][32 lanes][4] and kcount [tiles] (0 between launches), the last part to finish adds
+// the parts in order and stores. The wide kernels call it from every warp.
 static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (&acc)[4], int n_tokens,
                                                        const MvKs& k, float* __restrict__ kpart,
                                                        int* __restrict__ kcount) {
@@ -472,6 +444,16 @@ static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (
     }
     if (lane == 0) kcount[k.tile] = 0;
     mv_store8(tl, sum, n_tokens);
+}
+
+// mv_finish8 for a K-split launch (the block's warps share a tile).
+static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&acc)[4], int n_tokens, const MvKs& k,
+                                                     float* __restrict__ kpart, int* __restrict__ kcount) {
+    if (k.ks == 1) {
+        mv_finish8(tl, acc, n_tokens);
+        return;
+    }
+    if (mv_reduce_warps(acc)) mv_finish8_warp(tl, acc, n_tokens, k, kpart, kcount);
 }
 
 // 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
