@@ -19,9 +19,9 @@
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
 #          generations long enough that the decode phase dominates
 # iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
-# core:    the most in one window: checks, 8 streams (s15 / default / wide), one row, verify cost
+# w2:      speculative tests, a verify pass's per-op profile, one-row variants
+# core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
-# wide:    session 17's wide staged Q4_K kernels (REDLINE_MMV2_WIDE) against the default, 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
@@ -107,13 +107,30 @@ iq4xs)
     for v in "X=1" "REDLINE_MMV2_IQ4XS=1"; do ST=$v b x27 -n 64 -r 2 --parallel 4; done
     echo "== iq4xs $(el)"
     ;;
+w2)
+    # session 17's second window: the speculative tests (the exact mode's check on given tokens),
+    # a verify pass's per-op profile (k = 1, 2, 4: where k = 2's extra time goes), one-row variants
+    timeout 150 devbin/t_gpu_speculative --ignored --test-threads 1 --nocapture 2>&1 |
+        grep -E "^test |result|panicked|self-draft|row [0-9]|distinct|differs" | head -30
+    echo "== speculative $(el)"
+    wait $SP
+    REDLINE_PROFILE_OPS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,4 -d 256 -r 3 >"$OUT/verify_profile.txt" 2>&1
+    grep -E '^\| (decode|verify)' "$OUT/verify_profile.txt"
+    echo "== verify profile $(el)"
+    for m in m32 m27; do
+        for v in X=1 "REDLINE_MMV2_MIN=1" "REDLINE_MMV2_SMALL=8192" "REDLINE_MMV2_SMALL=8192 REDLINE_MMV2_KSPLIT=2"; do
+            ST=$v b $m -n 128 -r 2
+        done
+    done
+    echo "== one row $(el)"
+    ;;
 core)
     # one window for the most: every kernel check, 8 streams of the 32B (session 15's kernels,
-    # this session's default, wide), one row (the 6x ratio), verify cost default vs exact mode
+    # this session's default), one row (the 6x ratio), verify cost default vs exact mode
     timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test |result|panicked|FAIL" | head -16
     echo "== checks $(el)"
     wait $SP
-    for v in "X=1" "REDLINE_KERNEL_DIR=$PWD/devbin/k_s15" "REDLINE_MMV2_WIDE=4" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_WIDE_COLS=16384" "X=1" "REDLINE_MMV2_WIDE=2"; do
+    for v in "X=1" "REDLINE_KERNEL_DIR=$PWD/devbin/k_s15" "X=1"; do
         ST=$v b m32 -n 64 -r 2 --parallel 8
     done
     b m32 -n 128 -r 2
@@ -123,27 +140,9 @@ core)
         env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
     done
     echo "== verify $(el)"
-    for v in "X=1" "REDLINE_MMV2_WIDE=4"; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
+    ST=X=1 b m27 -n 64 -r 2 --parallel 8
     b m27 -n 128 -r 2
     echo "== core $(el)"
-    ;;
-wide)
-    # session 17's wide staged Q4_K kernels (a tile per warp, REDLINE_MMV2_WIDE=W tiles per block)
-    # against the default: checks, then 8 streams of the 32B and the 27B, rounds alternating
-    [ -n "${CHECKED:-}" ] || timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_ 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
-    echo "== wide checks $(el)"
-    wait $SP
-    for r in 1 2; do
-        for v in "X=1" "REDLINE_MMV2_WIDE=4" "REDLINE_MMV2_WIDE=2" "REDLINE_MMV2_WIDE=8"; do
-            ST=$v b m32 -n 64 -r 2 --parallel 8
-        done
-    done
-    for v in "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_WIDE_COLS=16384" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_KSPLIT=2" "REDLINE_MMV2_WIDE=4 REDLINE_MMV2_STAGE=3"; do
-        ST=$v b m32 -n 64 -r 2 --parallel 8
-    done
-    for v in "X=1" "REDLINE_MMV2_WIDE=4" "REDLINE_MMV2_WIDE=2"; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
-    for v in "X=1" "REDLINE_MMV2_WIDE=4"; do ST=$v b m32 -n 32 -r 1 --parallel 4; done
-    echo "== wide $(el)"
     ;;
 skip8)
     # graph-mode cost of each op kind in an 8-row step of the 32B (REDLINE_SKIP_OPS: the step

@@ -415,16 +415,15 @@ static __device__ __forceinline__ MvKs mv_ks(int ks, int nsb) {
     return k;
 }
 
-// One warp's sums of its tile (part k.part of k.ks) stored: with a K split into kpart
-// [tiles][ks][32 lanes][4] and kcount [tiles] (0 between launches), the last part to finish adds
-// the parts in order and stores. The wide kernels call it from every warp.
-static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (&acc)[4], int n_tokens,
-                                                       const MvKs& k, float* __restrict__ kpart,
-                                                       int* __restrict__ kcount) {
+// mv_finish8 for a K-split launch: kpart [tiles][ks][32 lanes][4], kcount [tiles] (0 between
+// launches).
+static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&acc)[4], int n_tokens, const MvKs& k,
+                                                     float* __restrict__ kpart, int* __restrict__ kcount) {
     if (k.ks == 1) {
-        mv_store8(tl, acc, n_tokens);
+        mv_finish8(tl, acc, n_tokens);
         return;
     }
+    if (!mv_reduce_warps(acc)) return;
     const int lane = threadIdx.x & 31;
     float* mine = kpart + ((long long)k.tile * k.ks + k.part) * 128 + 4 * lane;
     *(float4*)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -444,16 +443,6 @@ static __device__ __forceinline__ void mv_finish8_warp(const MvTile& tl, float (
     }
     if (lane == 0) kcount[k.tile] = 0;
     mv_store8(tl, sum, n_tokens);
-}
-
-// mv_finish8 for a K-split launch (the block's warps share a tile).
-static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&acc)[4], int n_tokens, const MvKs& k,
-                                                     float* __restrict__ kpart, int* __restrict__ kcount) {
-    if (k.ks == 1) {
-        mv_finish8(tl, acc, n_tokens);
-        return;
-    }
-    if (mv_reduce_warps(acc)) mv_finish8_warp(tl, acc, n_tokens, k, kpart, kcount);
 }
 
 // 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
@@ -1016,22 +1005,15 @@ MMV2_KERNEL(iq4_xs, Mv2IQ4XS)
 // 60 words keeps the 8 rows of a fragment load on distinct banks up to the row's (start & 12)).
 #define MV6_ROW_VECS 15
 
-// WIDE: a tile per warp, super-blocks in order (`mmv2w_q6_k`, as the wide Q4_K kernels).
-template <bool WIDE>
 static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                 int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,
                                                 int ks) {
     extern __shared__ MvV4 mv6_stage[];  // [blockDim.y][16 rows][MV6_ROW_VECS]
     const int ncols = p.ncols;
-    MvKs k = mv_ks(ks, ncols / 256);
-    const int wid = threadIdx.y;
-    if (WIDE) k.tile = k.tile * (int)blockDim.y + wid;
+    const MvKs k = mv_ks(ks, ncols / 256);
     const MvTile tl = mv_tile_at(p, k.tile);
-    // (WIDE: a warp past the last tile; the block has no barrier, so it may leave)
-    if (WIDE && tl.row0 >= tl.sel.nrows) return;
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    const int nw = WIDE ? 1 : (int)blockDim.y, w0 = WIDE ? 0 : wid;
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
     const int nsb = k.s1;
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
@@ -1100,10 +1082,10 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     };
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (k.s0 + w0 < nsb) load(k.s0 + w0);
+    if (k.s0 + wid < nsb) load(k.s0 + wid);
     pdl_wait();
     pdl_trigger();
-    for (int s = k.s0 + w0; s < nsb; s += nw) {
+    for (int s = k.s0 + wid; s < nsb; s += nw) {
         stage();
         __syncwarp();
         if (s + nw < nsb) load(s + nw);
@@ -1112,24 +1094,19 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         Mv2Q6K::compute(f, s, x, acc);
         __syncwarp();
     }
-    if (WIDE)
-        mv_finish8_warp(tl, acc, n_tokens, k, kpart, kcount);
-    else
-        mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2_Q6K_KERNEL(NAME, WIDE, SUFFIX, EMU)                                                          \
+#define MMV2_Q6K_KERNEL(SUFFIX, EMU)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        NAME##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,        \
-                     const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,        \
-                     float* kpart, int* kcount, int ks) {                                               \
+        mmv2_q6_k##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,   \
+                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,   \
+                          float* kpart, int* kcount, int ks) {                                          \
         (void)emulate;                                                                                   \
-        mmv2_q6k<WIDE>(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                    \
+        mmv2_q6k(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                          \
     }
-MMV2_Q6K_KERNEL(mmv2_q6_k, false, , 0)
-MMV2_Q6K_KERNEL(mmv2_q6_k, false, _emu, 1)
-MMV2_Q6K_KERNEL(mmv2w_q6_k, true, , 0)
-MMV2_Q6K_KERNEL(mmv2w_q6_k, true, _emu, 1)
+MMV2_Q6K_KERNEL(, 0)
+MMV2_Q6K_KERNEL(_emu, 1)
 
 // ---- mmv2 Q4_K with the weights staged through shared memory (cp.async) ------------------
 //
@@ -1157,28 +1134,14 @@ static __device__ __forceinline__ void mv_cp16(uint32_t dst_s, uint8_t* dst, con
 #endif
 }
 
-// WIDE = false: the block's warps share one 16-row tile and take its super-blocks in turn
-// (s0 + w, s0 + w + nw, ...), their sums added over the warps at the end.
-// WIDE = true (`mmv2w_q4_k_s*`, REDLINE_MMV2_WIDE): each warp owns a tile (block b: tiles
-// (b / ks) nw + w, part b % ks of their super-blocks) and walks its super-blocks in order, so
-// the block's warps read the same x unit at about the same time: x (for 8 tokens as many bytes
-// per super-block as the tile's weights) comes through L1 once per block of nw tiles instead
-// of once per tile, and from L2 once per nw tiles where it does not fit L1 (the 27648-wide down
-// projections: 221 KB of x for 8 tokens). Per warp and super-block the same fragments and
-// sums as WIDE = false; the order of the float adds differs (one chain per part, not nw).
-template <int NST, bool WIDE>
+template <int NST>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
     extern __shared__ MvV4 mv4s_stage[];  // [blockDim.y][NST][16 rows * 144 bytes]
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y;
-    // WIDE: one warp per tile, so the stride between a warp's super-blocks is 1 and it starts at s0
-    const int nw = WIDE ? 1 : (int)blockDim.y, w0 = WIDE ? 0 : wid;
-    MvKs k = mv_ks(ks, p.ncols / 256);
-    if (WIDE) k.tile = k.tile * (int)blockDim.y + wid;
+    const MvKs k = mv_ks(ks, p.ncols / 256);
     const MvTile tl = mv_tile_at(p, k.tile);
-    // (WIDE: a warp past the last tile; the block has no barrier, so it may leave)
-    if (WIDE && tl.row0 >= tl.sel.nrows) return;
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
     const int nsb = k.s1;
     // (pointers only: x is read after the wait)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
@@ -1204,7 +1167,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     };
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
-        const int s = k.s0 + w0 + i * nw;
+        const int s = k.s0 + wid + i * nw;
         if (s < nsb) issue(s, i);
         cp_async_commit();
     }
@@ -1212,7 +1175,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     pdl_trigger();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
-    for (int s = k.s0 + w0; s < nsb; s += nw) {
+    for (int s = k.s0 + wid; s < nsb; s += nw) {
         const int sn = s + (NST - 1) * nw;
         if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
         cp_async_commit();
@@ -1231,25 +1194,19 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
         __syncwarp();
         b = b + 1 == NST ? 0 : b + 1;
     }
-    if (WIDE)
-        mv_finish8_warp(tl, acc, n_tokens, k, kpart, kcount);
-    else
-        mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2S_KERNEL1(NAME, NST, WIDE, SUFFIX, EMU)                                                        \
+#define MMV2S_KERNEL1(NST, SUFFIX, EMU)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        NAME##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy,    \
-                          const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate,    \
-                          float* kpart, int* kcount, int ks) {                                           \
+        mmv2s_q4_k_s##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
+                                  const int16_t* __restrict__ bsum, int n_tokens, int load_mode,         \
+                                  int emulate, float* kpart, int* kcount, int ks) {                      \
         (void)load_mode;                                                                                 \
         (void)emulate;                                                                                   \
-        mmv2s_q4k<NST, WIDE>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                          \
+        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                                \
     }
-#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(mmv2s_q4_k_s, NST, false, , 0) MMV2S_KERNEL1(mmv2s_q4_k_s, NST, false, _emu, 1)
-#define MMV2W_KERNEL(NST) MMV2S_KERNEL1(mmv2w_q4_k_s, NST, true, , 0) MMV2S_KERNEL1(mmv2w_q4_k_s, NST, true, _emu, 1)
+#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(NST, , 0) MMV2S_KERNEL1(NST, _emu, 1)
 MMV2S_KERNEL(2)
 MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
-MMV2W_KERNEL(2)
-MMV2W_KERNEL(3)

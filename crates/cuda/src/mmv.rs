@@ -552,64 +552,6 @@ fn ksplit2(tiles: usize, nsb: usize) -> u32 {
 /// 0: `REDLINE_MMV2_KSPLIT` decides.
 static KSPLIT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Tiles per block of the wide mmv2 kernels (`mmv2w_q4_k_s*`, `mmv2w_q6_k`: each warp owns a
-/// 16-row tile and walks its super-blocks in order, so the block's warps read x together), 0 = off
-/// (the block's warps share one tile): the override ([`set_mmv2_wide`]), else
-/// `REDLINE_MMV2_WIDE` (2..=8), else 0. An experiment (session 17): at 8 tokens x is as many
-/// bytes per super-block as a tile's weights and each warp reads it once per tile; wide blocks
-/// read it once per block from L1, and the 27648-wide down projections (221 KB of x, more than
-/// L1 holds) once per block from L2.
-fn wide2() -> u32 {
-    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    match WIDE_OVERRIDE.load(Ordering::Relaxed) {
-        u32::MAX => *ENV.get_or_init(|| {
-            std::env::var("REDLINE_MMV2_WIDE")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|w| (2..=MAX_WARPS).contains(w))
-                .unwrap_or(0)
-        }),
-        w => w,
-    }
-}
-
-/// Fewest columns of a launch the wide kernels take: `REDLINE_MMV2_WIDE_COLS` (default 0: every
-/// launch). E.g. 16384: only the down projections, whose x for 8 tokens does not fit L1.
-fn wide_cols2() -> usize {
-    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ENV.get_or_init(|| {
-        std::env::var("REDLINE_MMV2_WIDE_COLS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    })
-}
-
-/// u32::MAX: `REDLINE_MMV2_WIDE` decides.
-static WIDE_OVERRIDE: AtomicU32 = AtomicU32::new(u32::MAX);
-
-/// Forces the wide staged Q4_K kernels' tiles per block (`Some(0)`: off, 2..=8; `None`: back to
-/// `REDLINE_MMV2_WIDE`). For tests and benchmarks.
-pub fn set_mmv2_wide(w: Option<u32>) {
-    WIDE_OVERRIDE.store(
-        w.map_or(u32::MAX, |w| if w < 2 { 0 } else { w.min(MAX_WARPS) }),
-        Ordering::Relaxed,
-    );
-}
-
-/// K split of a wide launch of `tiles` tiles of `nsb` super-blocks: as [`ksplit2`] when it is
-/// set (override or `REDLINE_MMV2_KSPLIT`), else 4 below `KSPLIT_MAX_TILES` tiles (a wide
-/// block of a 320-tile matrix holds 4 of them: 80 blocks for 132 SMs without a split).
-fn ksplit2_wide(tiles: usize, nsb: usize) -> u32 {
-    let set = KSPLIT_OVERRIDE.load(Ordering::Relaxed) != 0
-        || std::env::var("REDLINE_MMV2_KSPLIT").is_ok_and(|v| !v.is_empty());
-    if set || tiles >= KSPLIT_MAX_TILES {
-        ksplit2(tiles, nsb)
-    } else {
-        KSPLIT_MAX.min(nsb).max(1) as u32
-    }
-}
-
 /// Forces the mmv2 K split (1..=4 parts per tile for launches under `KSPLIT_MAX_TILES` tiles;
 /// `None`: back to `REDLINE_MMV2_KSPLIT`). For tests and benchmarks.
 pub fn set_mmv2_ksplit(ks: Option<u32>) {
@@ -941,24 +883,12 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let tiles = total_rows.div_ceil(ROWS_PER_BLOCK);
+        let warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
         let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
-        // wide blocks: a tile per warp (staged Q4_K of 2 and 3 stages, Q6_K)
-        let wide = if ((2..=3).contains(&stages) || ty == GgmlType::Q6K) && cols >= wide_cols2() {
-            wide2()
-        } else {
-            0
-        };
-        let warps = if wide > 0 {
-            wide
-        } else {
-            warps_per_block2(ty, tiles, cols)
-        };
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let emu = emu_suffix(emulate);
         let (f, smem) = if stages > 0 {
-            let kind = if wide > 0 { "mmv2w" } else { "mmv2s" };
-            let f = self.function(Program::Mmv, &format!("{kind}_{stem}_s{stages}{emu}"))?;
+            let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}{emu}"))?;
             let smem = warps * stages * STAGE_BYTES_Q4K;
             if let Some(pct) = carveout2() {
                 // the shared memory / L1 split the driver should prefer (x is read through L1)
@@ -977,20 +907,12 @@ impl CudaDevice {
             }
             (f, smem)
         } else {
-            let kind = if wide > 0 { "mmv2w" } else { "mmv2" };
-            let f = self.function(Program::Mmv, &format!("{kind}_{stem}{emu}"))?;
+            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
-        let (ks, groups) = if wide > 0 {
-            (
-                ksplit2_wide(tiles, cols / 256),
-                tiles.div_ceil(wide as usize),
-            )
-        } else {
-            (ksplit2(blocks, cols / 256), blocks)
-        };
+        let ks = ksplit2(blocks, cols / 256);
         let cfg = LaunchConfig {
-            grid_dim: (groups as u32 * ks, 1, 1),
+            grid_dim: (blocks as u32 * ks, 1, 1),
             block_dim: (32, warps, 1),
             shared_mem_bytes: smem,
         };
@@ -1033,7 +955,7 @@ impl CudaDevice {
             // say which launch the driver refused (a bug report needs the variant and its shape)
             CudaError::Driver(format!(
                 "{e} (mmv2 {} x {cols}, {n_tokens} tokens: grid {}, block 32x{warps}, {smem} B \
-                 shared, {stages} stages, wide {wide}, K split {ks}, PDL {pdl})",
+                 shared, {stages} stages, K split {ks}, PDL {pdl})",
                 ty.name(),
                 cfg.grid_dim.0
             ))

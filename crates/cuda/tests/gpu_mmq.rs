@@ -459,7 +459,6 @@ fn mmv_matches_cpu_reference() {
     cuda::mmv::set_load_mode_override(None);
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
-    cuda::mmv::set_mmv2_wide(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -801,32 +800,27 @@ fn mmv2_matches_cpu_reference() {
             let mut worst = 0f64;
             for n in 1..=MAX_N {
                 for emulate in [false, true] {
-                    // Q4_K: the register-fragment kernel, the staged ones (cp.async, 2..4
-                    // stages) and the wide staged ones (a tile per warp: 2..8 tiles per block,
-                    // 2 and 3 stages); Q6_K: its kernel and the wide one
-                    let wide = [2, 3, 4, 8][(n + emulate as usize) % 4];
-                    let stage_set: &[(u32, u32)] = if ty == GgmlType::Q4K {
-                        &[(0, 0), (2, 0), (3, 0), (4, 0), (2, wide), (3, wide)]
-                    } else if ty == GgmlType::Q6K {
-                        &[(0, 0), (0, wide)]
+                    // Q4_K: the register-fragment kernel and the staged ones (cp.async, 2..4
+                    // stages; Q6_K has one kernel)
+                    let stage_set: &[u32] = if ty == GgmlType::Q4K {
+                        &[0, 2, 3, 4]
                     } else {
-                        &[(0, 0)]
+                        &[0]
                     };
-                    for &(stages, wide) in stage_set {
+                    for &stages in stage_set {
                         let warps =
                             [0, 1, 3, 8, 5, 2][(2 * n + emulate as usize + stages as usize) % 6];
                         cuda::mmv::set_force_emulation(emulate);
                         cuda::mmv::set_warps_override(warps);
                         cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
                         cuda::mmv::set_mmv2_stages(Some(stages));
-                        cuda::mmv::set_mmv2_wide(Some(wide));
                         // K split into 1..4 parts per tile (every shape here has few tiles)
                         let ks = 1 + ((n + stages as usize + emulate as usize) % 4) as u32;
                         cuda::mmv::set_mmv2_ksplit(Some(ks));
                         match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
                             Ok(e) => worst = worst.max(e),
                             Err(e) => failures.push(format!(
-                                "{e} ({}, warps {warps}, stages {stages}, wide {wide}, ksplit {ks})",
+                                "{e} ({}, warps {warps}, stages {stages}, ksplit {ks})",
                                 if emulate { "emulated mma" } else { "mma" }
                             )),
                         }
@@ -846,7 +840,6 @@ fn mmv2_matches_cpu_reference() {
     cuda::mmv::set_load_mode_override(None);
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
-    cuda::mmv::set_mmv2_wide(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -872,20 +865,13 @@ fn mmv2_segments_with_bias_and_accumulate() {
     for ty in MMV2_FORMATS {
         for n in [2usize, 5, 8] {
             // the K split (parts of a tile meeting in the last one to finish: bias and the
-            // accumulated output applied once) and, for Q4_K, the staged kernel at 5 tokens and
-            // the wide one at 8 (4 tiles per block: block 0 holds tiles of the first two
-            // segments)
+            // accumulated output applied once) and, for Q4_K, the staged kernel at 5 tokens
             cuda::mmv::set_mmv2_ksplit(Some(match n {
                 2 => 2,
                 5 => 4,
                 _ => 3,
             }));
-            cuda::mmv::set_mmv2_stages(Some(match n {
-                5 => 2,
-                8 => 3,
-                _ => 0,
-            }));
-            cuda::mmv::set_mmv2_wide(Some(if n == 8 { 4 } else { 0 }));
+            cuda::mmv::set_mmv2_stages(Some(if n == 5 { 2 } else { 0 }));
             let rows = [40usize, 17, 1];
             let x = random_activations(n * cols, 11 + n as u64);
             let xd = dev.stream().clone_htod(&x).expect("x");
@@ -971,7 +957,6 @@ fn mmv2_segments_with_bias_and_accumulate() {
     cuda::mmv::set_mmv2(None);
     cuda::mmv::set_mmv2_ksplit(None);
     cuda::mmv::set_mmv2_stages(None);
-    cuda::mmv::set_mmv2_wide(None);
 }
 
 /// RMS error over all outputs (relative to the RMS output) of the dp4a matvec, mmv (both q8_1
@@ -1155,42 +1140,7 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                         }
                     }
                     cuda::mmv::set_mmv2_ksplit(None);
-                    // the wide kernels (a tile per warp), their default K split, then 2 and 1
-                    for (stages, wide, ks) in [
-                        (2u32, 2u32, None),
-                        (2, 4, None),
-                        (2, 8, None),
-                        (3, 4, None),
-                        (2, 4, Some(2u32)),
-                        (2, 4, Some(1)),
-                    ] {
-                        cuda::mmv::set_mmv2_stages(Some(stages));
-                        cuda::mmv::set_mmv2_wide(Some(wide));
-                        cuda::mmv::set_mmv2_ksplit(ks);
-                        let us = time2();
-                        let k = ks.map_or(String::new(), |k| format!("k{k}"));
-                        line += &format!(" s{stages}W{wide}{k} {us:.1}");
-                        if us < best.0 {
-                            best = (us, format!("s{stages} wide{wide}{k}"));
-                        }
-                    }
-                    cuda::mmv::set_mmv2_wide(None);
-                    cuda::mmv::set_mmv2_ksplit(None);
                     cuda::mmv::set_mmv2_stages(None);
-                }
-                if ty == GgmlType::Q6K {
-                    for (wide, ks) in [(2u32, None), (4, None), (8, None), (4, Some(2u32))] {
-                        cuda::mmv::set_mmv2_wide(Some(wide));
-                        cuda::mmv::set_mmv2_ksplit(ks);
-                        let us = time2();
-                        let k = ks.map_or(String::new(), |k| format!("k{k}"));
-                        line += &format!(" W{wide}{k} {us:.1}");
-                        if us < best.0 {
-                            best = (us, format!("wide{wide}{k}"));
-                        }
-                    }
-                    cuda::mmv::set_mmv2_wide(None);
-                    cuda::mmv::set_mmv2_ksplit(None);
                 }
                 sweeps.push(line);
                 cuda::mmv::set_warps_override(0);
