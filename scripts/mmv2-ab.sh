@@ -19,7 +19,8 @@
 # serve:   issue 6's serve rows at 1, 8 and 32 streams (bench-full.sh's stdlib client); TOKENS=256 for
 #          generations long enough that the decode phase dominates
 # iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
-# w2:      speculative tests, a verify pass's per-op profile, one-row variants
+# w2:      speculative tests, a verify pass's per-op profile
+# onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
@@ -117,6 +118,9 @@ w2)
     REDLINE_PROFILE_OPS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,4 -d 256 -r 3 >"$OUT/verify_profile.txt" 2>&1
     grep -E '^\| (decode|verify)' "$OUT/verify_profile.txt"
     echo "== verify profile $(el)"
+    ;;
+onerow2)
+    wait $SP
     for m in m32 m27; do
         for v in X=1 "REDLINE_MMV2_MIN=1" "REDLINE_MMV2_SMALL=8192" "REDLINE_MMV2_SMALL=8192 REDLINE_MMV2_KSPLIT=2"; do
             ST=$v b $m -n 128 -r 2
