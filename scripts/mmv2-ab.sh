@@ -20,6 +20,8 @@
 #          generations long enough that the decode phase dominates
 # iq4xs:   the 27B at IQ4_XS, 4 and 8 streams, with REDLINE_MMV2_IQ4XS=1 against the matvec
 # w2:      speculative tests, a verify pass's per-op profile
+# convrows: the DeltaNet conv chain for several rows in one launch (REDLINE_FUSED_CONV_ROWS=1):
+#          checks, then the 27B verify cost with and without it
 # onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
@@ -118,6 +120,19 @@ w2)
     REDLINE_PROFILE_OPS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,4 -d 256 -r 3 >"$OUT/verify_profile.txt" 2>&1
     grep -E '^\| (decode|verify)' "$OUT/verify_profile.txt"
     echo "== verify profile $(el)"
+    ;;
+convrows)
+    # session 17's mo_conv1d_qkv_rows (REDLINE_FUSED_CONV_ROWS=1): checks (bit-equal to the separate
+    # ops), then the 27B verify cost with and without it
+    timeout 150 devbin/t_backend_conformance --ignored --test-threads 1 conv1d_qkv 2>&1 | grep -E "^test |result|panicked" | head -6
+    timeout 200 devbin/t_gpu_decode --ignored --test-threads 1 staged_fusions 2>&1 | grep -E "^test |result|panicked" | head -6
+    echo "== conv rows checks $(el)"
+    wait $SP
+    for v in X=1 REDLINE_FUSED_CONV_ROWS=1 X=1 REDLINE_FUSED_CONV_ROWS=1; do
+        echo "verify $v:"
+        env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
+    done
+    echo "== conv rows $(el)"
     ;;
 onerow2)
     wait $SP

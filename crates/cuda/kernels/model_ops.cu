@@ -468,6 +468,64 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
         o2[r * w2 + (c - off2)] = v;
 }
 
+// mo_conv1d_qkv for runs of several rows per sequence (speculative verify passes: k <= 8 rows):
+// rows / n_rows for one sequence (tab null), or sequence z = blockIdx.y owns rows[runs[z] ..
+// runs[z + 1]) with the state at tab[z]. Each thread walks its channel through the sequence's
+// rows in order, carrying the window. The arithmetic is the separate ops' at this row count
+// (conv1d_qkv_each): a sequence of one row sums the conv as mo_conv1d (the newest tap first),
+// one of several as dn_conv1d_out (Conv1dForm::Auto's parallel form: taps in order from 0),
+// then silu_f and, per row, one element per thread into block_sum (mo_l2_norm's order when the
+// group is at most 256, its block size): the same bits. Taps loaded before the wait.
+extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const float* __restrict__ w,
+                                              const int* __restrict__ rows, int n_rows, float* state, int ch,
+                                              int d_conv, const int* __restrict__ runs,
+                                              const unsigned long long* __restrict__ tab, int norm_cols, float eps,
+                                              float* o0, float* o1, float* o2, int off1, int off2, int w0, int w1,
+                                              int w2) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
+    const int nw = d_conv - 1;
+    float wt[MO_CONV_MAX];
+    for (int j = 0; j <= nw; j++) wt[j] = w[(long long)c * d_conv + j];
+    pdl_wait();
+    pdl_trigger();
+    if (tab) {
+        const int z = blockIdx.y;
+        rows += runs[z];
+        n_rows = runs[z + 1] - runs[z];
+        state = (float*)tab[z];
+    }
+    float win[MO_CONV_MAX];
+    for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
+    const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
+    for (int t = 0; t < n_rows; t++) {
+        const long long r = rows[t];
+        const float xv = x[r * ch + c];
+        float s;
+        if (n_rows == 1) {
+            s = wt[nw] * xv;
+            for (int j = 0; j < nw; j++) s += wt[j] * win[j];
+        } else {
+            s = 0.0f;
+            for (int j = 0; j < nw; j++) s += wt[j] * win[j];
+            s += wt[nw] * xv;
+        }
+        for (int j = 0; j + 1 < nw; j++) win[j] = win[j + 1];
+        if (nw > 0) win[nw - 1] = xv;
+        float v = silu_f(s);
+        if (normed) {
+            const float ss = block_sum(v * v);
+            v *= rsqrtf(ss + eps);
+        }
+        if (c < off1)
+            o0[r * w0 + c] = v;
+        else if (c < off2)
+            o1[r * w1 + (c - off1)] = v;
+        else
+            o2[r * w2 + (c - off2)] = v;
+    }
+    for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
+}
+
 // grid (n_v_heads), threads over d_v: thread i owns row i of S_h [d_v, d_k].
 // S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q / sqrt(d_k). Value head h reads key head h % n_k_heads.
 extern "C" __global__ void mo_delta_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,

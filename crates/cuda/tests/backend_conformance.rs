@@ -132,6 +132,30 @@ fn conformance_conv1d_qkv_fused_and_not() {
     assert_same_bits("fused vs separate ops", &one, &each);
 }
 
+/// The conv chain for several rows of a sequence in one launch (`mo_conv1d_qkv_rows`,
+/// `StagedFusions::conv_rows`): the prompt call (5 and 3 rows of two sequences) takes it too,
+/// against the naive host code and bit for bit the separate ops.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_conv1d_qkv_rows_staged_and_not() {
+    let b = gpu();
+    b.set_staged(StagedFusions {
+        conv_rows: true,
+        ..StagedFusions::default()
+    });
+    let rows = conformance::conv1d_qkv_outputs(&b).unwrap();
+    assert_eq!(
+        b.fused_conv1d_qkv_calls(),
+        7,
+        "calls that took one launch: the prompt call and the 6 decode steps"
+    );
+    b.set_staged(StagedFusions::default());
+    b.set_fused(false);
+    let each = conformance::conv1d_qkv_outputs(&b).unwrap();
+    assert_eq!(b.fused_conv1d_qkv_calls(), 7, "fused off: the separate ops");
+    assert_same_bits("one launch per call vs separate ops", &rows, &each);
+}
+
 /// The staged fusions of a Gated DeltaNet layer's tail (`StagedFusions`: the gates inside
 /// `dn_recurrent`, the gated norm writing the out-projection's q8_1 copy, `dn_recurrent` under
 /// PDL) and the separate launches: both against the naive host code, and the same bits.

@@ -149,6 +149,10 @@ pub struct CudaBackend {
 /// norm and SwiGLU kernels write the q8_K copy too, and an x no kernel quantized gets its q8_1
 /// and q8_K copies in one launch. Measured slower (the norm's block-wide q8_K reductions cost
 /// more than the launches they save; 8 streams far slower, not yet understood).
+/// `REDLINE_FUSED_CONV_ROWS`: Gated DeltaNet's conv1d / silu / L2 norm / split chain in one
+/// launch (`mo_conv1d_qkv_rows`) for up to 8 rows per sequence too (verify passes), where the
+/// separate ops cost five launches (H200, session 17: +1.0 ms of a 27B verify pass of 2 rows
+/// against its one-token step's fused launch). Written without a card; not yet run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagedFusions {
     pub dn_pdl: bool,
@@ -156,6 +160,7 @@ pub struct StagedFusions {
     pub norm_q8: bool,
     pub attn_q8: bool,
     pub q8k: bool,
+    pub conv_rows: bool,
 }
 
 impl StagedFusions {
@@ -166,6 +171,7 @@ impl StagedFusions {
         norm_q8: true,
         attn_q8: true,
         q8k: true,
+        conv_rows: true,
     };
 
     /// The process default: the measured wins on unless their variable is `0`, `q8k` only
@@ -179,6 +185,7 @@ impl StagedFusions {
             norm_q8: unless_0("REDLINE_FUSED_NORM_Q8"),
             attn_q8: unless_0("REDLINE_FUSED_ATTN_Q8"),
             q8k: var("REDLINE_FUSED_Q8K").as_deref() == Some("1"),
+            conv_rows: var("REDLINE_FUSED_CONV_ROWS").as_deref() == Some("1"),
         }
     }
 
@@ -188,6 +195,7 @@ impl StagedFusions {
             | (self.norm_q8 as u8) << 2
             | (self.attn_q8 as u8) << 3
             | (self.q8k as u8) << 4
+            | (self.conv_rows as u8) << 5
     }
 
     fn from_bits(b: u8) -> StagedFusions {
@@ -197,6 +205,7 @@ impl StagedFusions {
             norm_q8: b & 4 != 0,
             attn_q8: b & 8 != 0,
             q8k: b & 16 != 0,
+            conv_rows: b & 32 != 0,
         }
     }
 }

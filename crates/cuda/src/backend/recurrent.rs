@@ -126,6 +126,10 @@ pub fn configured_forms() -> (DeltaRuleForm, Conv1dForm) {
     })
 }
 
+/// Most rows per sequence `mo_conv1d_qkv_rows` takes (a speculative verify pass of up to 8
+/// tokens; longer runs are prefill, where the separate ops' token-parallel conv is the better form).
+const CONV_ROWS_MAX: usize = 8;
+
 /// Row indices of each sequence, in batch order.
 /// What a token-by-token launch (`mo_conv1d`, `dn_recurrent`, `mo_delta_rule`) walks: the
 /// rows of one sequence with its state, or the runs of several sequences, each with its own
@@ -493,7 +497,8 @@ impl CudaBackend {
     }
 
     /// The batch rows by sequence when one launch takes the chain: the fused paths on
-    /// (`REDLINE_FUSED_CONV=0` turns just this off), one row per sequence (a decode step), f32
+    /// (`REDLINE_FUSED_CONV=0` turns just this off), one row per sequence (a decode step) or,
+    /// with `StagedFusions::conv_rows`, up to `CONV_ROWS_MAX` (norm groups of at most 256), f32
     /// taps of at most `MO_CONV_MAX`, norm groups of 32..=1024 (a multiple of 32) that divide
     /// the channels, the normed columns and three contiguous outputs covering them. Shapes
     /// only, so every step of one recorded key decides alike.
@@ -517,7 +522,12 @@ impl CudaBackend {
         }
         let by_seq = rows_by_seq(rows, states.len())?;
         let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
-        let takes = by_seq.iter().all(|i| i.len() <= 1)
+        // several rows of a sequence (mo_conv1d_qkv_rows, StagedFusions::conv_rows): groups of at
+        // most 256 (mo_l2_norm's block size: one element per thread, the same sum order)
+        let most = by_seq.iter().map(Vec::len).max().unwrap_or(0);
+        let rows_ok =
+            most <= 1 || (self.staged().conv_rows && most <= CONV_ROWS_MAX && group <= 256);
+        let takes = rows_ok
             && w.dense.is_some()
             && w.rows == ch
             && (1..=MAX_D_CONV).contains(&w.cols)
@@ -537,7 +547,8 @@ impl CudaBackend {
         Ok(takes.then_some(by_seq))
     }
 
-    /// The `mo_conv1d_qkv` launch; `by_seq`: the batch rows of each sequence (at most one).
+    /// The `mo_conv1d_qkv` launch, or `mo_conv1d_qkv_rows` when a sequence has several rows;
+    /// `by_seq`: the batch rows of each sequence.
     #[allow(clippy::too_many_arguments)]
     fn conv1d_qkv_fused(
         &self,
@@ -560,7 +571,7 @@ impl CudaBackend {
             let r = self.host_ints(&by_seq[used[0]])?;
             let a = Runs::One {
                 rows: &r,
-                n_rows: 1,
+                n_rows: by_seq[used[0]].len(),
                 state: dev_ptr(&states[used[0]].conv, stream),
             }
             .args();
@@ -575,7 +586,12 @@ impl CudaBackend {
             return Ok(());
         }
         let wd = w.dense.as_ref().expect("checked by conv1d_qkv_takes");
-        let f = self.function("mo_conv1d_qkv")?;
+        let several = by_seq.iter().any(|i| i.len() > 1);
+        let f = self.function(if several {
+            "mo_conv1d_qkv_rows"
+        } else {
+            "mo_conv1d_qkv"
+        })?;
         let cfg = LaunchConfig {
             grid_dim: ((ch / group) as u32, a.n_seqs, 1),
             block_dim: (group as u32, 1, 1),
@@ -584,8 +600,11 @@ impl CudaBackend {
         let mut p = pdl::Args::new();
         p.push(dev_ptr(&x.data, stream))
             .push(dev_ptr(wd, stream))
-            .push(a.rows)
-            .push(a.state)
+            .push(a.rows);
+        if several {
+            p.push(a.n_rows);
+        }
+        p.push(a.state)
             .push(ch as i32)
             .push(d_conv as i32)
             .push(a.runs)
@@ -601,7 +620,9 @@ impl CudaBackend {
             .push(outs[1].cols as i32)
             .push(outs[2].cols as i32);
         // SAFETY: matches mo_conv1d_qkv(x, w, rows, state, ch, d_conv, runs, tab, norm_cols,
-        // eps, o0, o1, o2, off1, off2, w0, w1, w2); one row per sequence with its state
+        // eps, o0, o1, o2, off1, off2, w0, w1, w2), or with `several` mo_conv1d_qkv_rows (the
+        // same with n_rows after rows; up to CONV_ROWS_MAX rows per sequence, its rows / n_rows
+        // or runs / tab); one row per sequence with its state
         // [d_conv - 1, ch] (one sequence: rows / state; several: runs / tab), w [ch, d_conv]
         // with d_conv <= MO_CONV_MAX, the block (the norm group, a multiple of 32) divides ch,
         // norm_cols and each output's range, outputs contiguous over [0, ch) with their rows
