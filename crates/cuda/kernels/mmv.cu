@@ -794,6 +794,17 @@ static __device__ __forceinline__ int mv2_min_dot(const MvV4& bs, const MvK4Scal
     return mv2_dp2a_lo(bs.x, k.mn_lo, mv2_dp2a_hi(bs.y, k.mn_lo, mv2_dp2a_lo(bs.z, k.mn_hi, mv2_dp2a_hi(bs.w, k.mn_hi, 0))));
 }
 
+// acc (c-fragment order) += the super-block's integer sums ai times the rows' scales (dg: row g,
+// d8: row g + 8) times the tokens' dy (2t, 2t + 1) of super-block s: one float step per sum.
+static __device__ __forceinline__ void mv2_add_scaled(const int (&ai)[4], float dg, float d8, int s, const Mv2X& x,
+                                                      float (&acc)[4]) {
+    const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
+    acc[0] += (dg * y0) * (float)ai[0];
+    acc[1] += (dg * y1) * (float)ai[1];
+    acc[2] += (d8 * y0) * (float)ai[2];
+    acc[3] += (d8 * y1) * (float)ai[3];
+}
+
 struct Mv2Q4K {
     using F = MvQ4K;
     // acc (c-fragment order) += super-block s of rows g, g + 8 against tokens 2t, 2t + 1
@@ -874,13 +885,9 @@ struct Mv2Q6K {
             ai[2] += s80 * c[0].z + s81 * c[1].z;
             ai[3] += s80 * c[0].w + s81 * c[1].w;
         }
-        const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
         // d / 4: the weights are 4 (q - 32) (q6k_weights4); exact, a power of two
-        const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
-        acc[0] += (dg * y0) * (float)ai[0];
-        acc[1] += (dg * y1) * (float)ai[1];
-        acc[2] += (d8 * y0) * (float)ai[2];
-        acc[3] += (d8 * y1) * (float)ai[3];
+        mv2_add_scaled(ai, 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), 0.25f * f16_to_f32((uint16_t)(f.d >> 16)), s,
+                       x, acc);
     }
 };
 
@@ -976,12 +983,8 @@ struct Mv2IQ4XS {
             ai[2] += s8 * c.z;
             ai[3] += s8 * c.w;
         }
-        const float y0 = x.dy0[s * x.n], y1 = x.dy1[s * x.n];
-        const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF));
-        acc[0] += (dg * y0) * (float)ai[0];
-        acc[1] += (dg * y1) * (float)ai[1];
-        acc[2] += (d8 * y0) * (float)ai[2];
-        acc[3] += (d8 * y1) * (float)ai[3];
+        mv2_add_scaled(ai, f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), s, x,
+                       acc);
     }
 };
 

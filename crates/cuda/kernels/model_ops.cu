@@ -422,6 +422,25 @@ extern "C" __global__ void mo_conv1d(const float* __restrict__ x, const float* _
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
 }
 
+// The conv chain's tail for channel c of batch row r (mo_conv1d_qkv, mo_conv1d_qkv_rows): silu,
+// the L2 norm over the block (one element per thread; `normed` block-uniform), and the split:
+// channel c goes to column c - off_j of output j.
+static __device__ __forceinline__ void conv_qkv_out(float s, bool normed, float eps, long long r, int c, float* o0,
+                                                    float* o1, float* o2, int off1, int off2, int w0, int w1,
+                                                    int w2) {
+    float v = silu_f(s);
+    if (normed) {
+        const float ss = block_sum(v * v);
+        v *= rsqrtf(ss + eps);
+    }
+    if (c < off1)
+        o0[r * w0 + c] = v;
+    else if (c < off2)
+        o1[r * w1 + (c - off1)] = v;
+    else
+        o2[r * w2 + (c - off2)] = v;
+}
+
 // Gated DeltaNet's input chain of a decode step in one launch (CudaBackend::conv1d_qkv): for
 // one row per sequence (rows / state, or runs / tab, as mo_conv1d), mo_conv1d, silu, mo_l2_norm
 // of the channels below norm_cols, and the split: channel c goes to column c - off_j of output
@@ -455,17 +474,8 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     for (int j = 0; j + 1 < nw; j++) win[j] = win[j + 1];
     if (nw > 0) win[nw - 1] = xv;
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
-    float v = silu_f(s);
-    if ((int)(blockIdx.x * blockDim.x) < norm_cols) {  // block-uniform: norm_cols % blockDim.x == 0
-        const float ss = block_sum(v * v);
-        v *= rsqrtf(ss + eps);
-    }
-    if (c < off1)
-        o0[r * w0 + c] = v;
-    else if (c < off2)
-        o1[r * w1 + (c - off1)] = v;
-    else
-        o2[r * w2 + (c - off2)] = v;
+    // block-uniform: norm_cols % blockDim.x == 0
+    conv_qkv_out(s, (int)(blockIdx.x * blockDim.x) < norm_cols, eps, r, c, o0, o1, o2, off1, off2, w0, w1, w2);
 }
 
 // mo_conv1d_qkv for runs of several rows per sequence (speculative verify passes: k <= 8 rows):
@@ -511,17 +521,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
         }
         for (int j = 0; j + 1 < nw; j++) win[j] = win[j + 1];
         if (nw > 0) win[nw - 1] = xv;
-        float v = silu_f(s);
-        if (normed) {
-            const float ss = block_sum(v * v);
-            v *= rsqrtf(ss + eps);
-        }
-        if (c < off1)
-            o0[r * w0 + c] = v;
-        else if (c < off2)
-            o1[r * w1 + (c - off1)] = v;
-        else
-            o2[r * w2 + (c - off2)] = v;
+        conv_qkv_out(s, normed, eps, r, c, o0, o1, o2, off1, off2, w0, w1, w2);
     }
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
 }
