@@ -22,6 +22,8 @@
 # w2:      speculative tests, a verify pass's per-op profile
 # convrows: the DeltaNet conv chain for several rows in one launch (REDLINE_FUSED_CONV_ROWS=1):
 #          checks, then the 27B verify cost with and without it
+# tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
+#          27B verify cost with and without it
 # onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
@@ -125,7 +127,7 @@ convrows)
     # session 17's mo_conv1d_qkv_rows (REDLINE_FUSED_CONV_ROWS=1): checks (bit-equal to the separate
     # ops), then the 27B verify cost with and without it
     timeout 150 devbin/t_backend_conformance --ignored --test-threads 1 conv1d_qkv 2>&1 | grep -E "^test |result|panicked" | head -6
-    timeout 200 devbin/t_gpu_decode --ignored --test-threads 1 staged_fusions 2>&1 | grep -E "^test |result|panicked" | head -6
+    timeout 200 devbin/t_gpu_decode --test-threads 1 staged_fusions 2>&1 | grep -E "^test |result|panicked" | head -6
     echo "== conv rows checks $(el)"
     wait $SP
     for v in X=1 REDLINE_FUSED_CONV_ROWS=1 X=1 REDLINE_FUSED_CONV_ROWS=1; do
@@ -133,6 +135,26 @@ convrows)
         env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
     done
     echo "== conv rows $(el)"
+    ;;
+tiled)
+    # session 18's tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks (the matvec against the CPU
+    # reference, segments, decode logits bit-equal to the natural layout), then one row and the
+    # 27B verify cost with and without it, alternating
+    timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures|tiled q8_1 true" | head -12
+    timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    echo "== tiled checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for m in m32 m27; do
+            for v in X=1 REDLINE_Q8_1_TILED=1; do ST=$v b $m -n 128 -r 2; done
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_Q8_1_TILED=1; do
+        echo "verify $v:"
+        env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
+    done
+    echo "== tiled $(el)"
     ;;
 onerow2)
     wait $SP

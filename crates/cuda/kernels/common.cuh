@@ -14,6 +14,7 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
 
 #define WARP_SIZE 32
 #define NEG_INF __int_as_float(0xff800000)
@@ -115,15 +116,35 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The tiled q8_1 layout (REDLINE_Q8_1_TILED; the host takes it for x of 1-2 tokens whose rows
+// are a multiple of 512 values, crate::matvec::q8_1_tiled): within every 512 values the 16-byte
+// pieces are stored transposed, natural piece 4 i + k (i = 0..7, k = 0..3) at position 8 k + i.
+// A dp4a matvec lane reads the 64 bytes of two consecutive units in four 16-byte loads (lane l:
+// bytes [64 l, 64 l + 64) of a 2048-value group); naturally each load's 8 lanes of a quarter
+// warp touch 4 cache lines (16 L1 wavefronts a warp), tiled they read one line (4 wavefronts).
+// Pieces stay whole, so any aligned load of up to 16 bytes reads the same values at its mapped
+// address. `i`: the value's index in the row (or the flat index: rows are multiples of 512).
+static __device__ __forceinline__ long long q8_1_at(long long i, bool tiled) {
+    return tiled ? (i & ~511ll) | ((i & 48) << 3) | ((i & 448) >> 2) | (i & 15) : i;
+}
+
+// The producers' xds pointer carries the layout in its low bit (f32 addresses are even): the
+// host tags it (with_q8_of, quantize_for_matvec) and the writers below untag it.
+static __device__ __forceinline__ bool q8_1_tagged(const float* xds) { return ((uintptr_t)xds & 1) != 0; }
+static __device__ __forceinline__ float* q8_1_untag(float* xds) { return (float*)((uintptr_t)xds & ~(uintptr_t)1); }
+
 // The q8_1 copy a product reads (matvec_quant.cu `quantize_q8_1`: int8 per value, (d, d * sum q)
 // per 32 values), written by the kernel that produced the values. Max and the sum of integer
 // q's are exact in any order, so these give quantize_q8_1's bits.
 // One warp holds 32 consecutive values v (lane i: value 32u + i); writes their q8_1 unit u.
+// xds may be tagged (tiled layout, above).
 static __device__ __forceinline__ void q8_1_unit(float v, int8_t* xq, float* xds, long long i, long long u) {
+    const bool tiled = q8_1_tagged(xds);
+    xds = q8_1_untag(xds);
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[i] = (int8_t)q;
+    xq[q8_1_at(i, tiled)] = (int8_t)q;
     const float sum = warp_sum((float)q);
     if ((threadIdx.x & 31) == 0) {
         xds[2 * u] = d;
@@ -208,16 +229,21 @@ static __device__ __forceinline__ void q8_k_unit_block(float v, bool ok, int8_t*
 
 // The same for a pair of values per lane: the 16 lanes of a half warp hold the unit's 32 values
 // (lane l: values 2 (l % 16) and 2 (l % 16) + 1 at i, i + 1). Every lane of the warp calls it.
+// xds may be tagged (tiled layout).
 static __device__ __forceinline__ void q8_1_unit_pairs(float a, float b, int8_t* xq, float* xds, long long i,
                                                        long long u) {
+    const bool tiled = q8_1_tagged(xds);
+    xds = q8_1_untag(xds);
     float amax = fmaxf(fabsf(a), fabsf(b));
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
     const float d = amax / 127.0f;
     const int qa = amax == 0.0f ? 0 : __float2int_rn(a / d);
     const int qb = amax == 0.0f ? 0 : __float2int_rn(b / d);
-    xq[i] = (int8_t)qa;
-    xq[i + 1] = (int8_t)qb;
+    // i is even: both values are in one piece
+    const long long at = q8_1_at(i, tiled);
+    xq[at] = (int8_t)qa;
+    xq[at + 1] = (int8_t)qb;
     float sum = (float)qa + (float)qb;
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);

@@ -38,48 +38,30 @@ template <typename F, int NT, int R> struct MvMinBlocks { static constexpr int v
 template <> struct MvMinBlocks<FmtQ6_K, 1, 4> { static constexpr int value = 3; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 2> { static constexpr int value = 5; };
 
-// x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements.
+// x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements (xds may be tagged:
+// the tiled layout, common.cuh q8_1_at).
 // grid: (ncols/32 / 8 rounded up, n_tokens), block (32, 8): one warp per 32 elements.
-extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq,
-                                         float* __restrict__ xds, int ncols) {
+static __device__ __forceinline__ void quantize_q8_1_body(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                                          float* xds, int ncols) {
     const int unit = blockIdx.x * blockDim.y + threadIdx.y;
     const int t = blockIdx.y;
     if (unit * 32 >= ncols) return;
     const long long i = (long long)t * ncols + unit * 32 + threadIdx.x;
-    const float v = x[i];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[i] = (int8_t)q;
-    const float sum = warp_sum((float)q);
-    if (threadIdx.x == 0) {
-        const long long u = (long long)t * (ncols / 32) + unit;
-        xds[2 * u] = d;
-        xds[2 * u + 1] = d * sum;
-    }
+    q8_1_unit(x[i], xq, xds, i, (long long)t * (ncols / 32) + unit);
+}
+
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ xq, float* xds,
+                                         int ncols) {
+    quantize_q8_1_body(x, xq, xds, ncols);
 }
 
 // quantize_q8_1 for launches with programmatic serialization (REDLINE_PDL): waits for the
 // kernel that wrote x.
-extern "C" __global__ void quantize_q8_1_pdl(const float* __restrict__ x, int8_t* __restrict__ xq,
-                                             float* __restrict__ xds, int ncols) {
+extern "C" __global__ void quantize_q8_1_pdl(const float* __restrict__ x, int8_t* __restrict__ xq, float* xds,
+                                             int ncols) {
     pdl_wait();
     pdl_trigger();
-    const int unit = blockIdx.x * blockDim.y + threadIdx.y;
-    const int t = blockIdx.y;
-    if (unit * 32 >= ncols) return;
-    const long long i = (long long)t * ncols + unit * 32 + threadIdx.x;
-    const float v = x[i];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[i] = (int8_t)q;
-    const float sum = warp_sum((float)q);
-    if (threadIdx.x == 0) {
-        const long long u = (long long)t * (ncols / 32) + unit;
-        xds[2 * u] = d;
-        xds[2 * u + 1] = d * sum;
-    }
+    quantize_q8_1_body(x, xq, xds, ncols);
 }
 
 // One staged group in registers: this lane's share of the group's 16-byte vectors.
@@ -214,7 +196,7 @@ template <typename F, int NT, int R>
 static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const int (&off)[R],
                                                     const int8_t* __restrict__ xq, const float* __restrict__ xds,
                                                     int ncols, int n_tokens, int g, int nb, int lane,
-                                                    float (&acc)[R][NT]) {
+                                                    bool tiled, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
     // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
     constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
@@ -237,8 +219,10 @@ static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const
                 for (int j = 0; j < 2; j++) {
                     const int tt = min(tp + t, n_tokens - 1);
                     const int xu = xu0 + (j == 1 && !second_ok ? 0 : tu[j]);
-                    const u32x4* xp = (const u32x4*)(xq + (long long)tt * ncols + 32 * xu);
-                    const u32x4 xa = xp[0], xb = xp[1];
+                    // (tiled: ncols % 512 == 0, so the row-relative position is the flat one)
+                    const int8_t* xrow = xq + (long long)tt * ncols;
+                    const u32x4 xa = *(const u32x4*)(xrow + q8_1_at(32 * xu, tiled));
+                    const u32x4 xb = *(const u32x4*)(xrow + q8_1_at(32 * xu + 16, tiled));
                     xr.q[t][j][0] = (int)xa.x; xr.q[t][j][1] = (int)xa.y;
                     xr.q[t][j][2] = (int)xa.z; xr.q[t][j][3] = (int)xa.w;
                     xr.q[t][j][4] = (int)xb.x; xr.q[t][j][5] = (int)xb.y;
@@ -271,6 +255,9 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
+    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at)
+    const bool tiled = (load_mode & 256) != 0;
+    load_mode &= 255;
     constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
     const int lane = threadIdx.x;
@@ -314,7 +301,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
         }
-        mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, acc);
+        mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, tiled, acc);
         __syncwarp();
     }
 }

@@ -34,6 +34,35 @@ pub fn set_ksplit_override(k: u32) {
     KSPLIT_OVERRIDE.store(k, Ordering::Relaxed);
 }
 
+/// The tiled q8_1 layout's switch (`REDLINE_Q8_1_TILED=1`, read once; [`set_q8_1_tiled`]
+/// overrides): 0 unset, 1 off, 2 on.
+static Q8_1_TILED_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the tiled q8_1 layout on or off for every device of this process (`None`: back to
+/// `REDLINE_Q8_1_TILED`). For tests and benchmarks; set it between steps, not between a
+/// product's quantize and the product.
+pub fn set_q8_1_tiled(on: Option<bool>) {
+    Q8_1_TILED_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
+}
+
+/// Whether the tiled q8_1 layout is switched on ([`set_q8_1_tiled`], else `REDLINE_Q8_1_TILED`).
+pub fn q8_1_tiled_enabled() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match Q8_1_TILED_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| std::env::var("REDLINE_Q8_1_TILED").is_ok_and(|v| v == "1")),
+        v => v == 2,
+    }
+}
+
+/// Whether the q8_1 copy of x of `n_tokens` x `cols` is stored tiled (kernels/common.cuh
+/// `q8_1_at`: in every 512 values the 16-byte pieces transposed, so the dp4a matvec's x loads
+/// read one cache line per quarter warp instead of four). Only for 1-2 tokens, which only the
+/// dp4a matvec reads ([`crate::mmv::dispatch`] and [`crate::mmq::dispatch`] leave them to it
+/// while the switch is on), and rows of a multiple of 512 values.
+pub fn q8_1_tiled(n_tokens: usize, cols: usize) -> bool {
+    n_tokens <= 2 && cols.is_multiple_of(512) && q8_1_tiled_enabled()
+}
+
 /// Rows per warp of a block-format matvec of `n_rows` x `n_cols` for `n` tokens (n <= 8,
 /// a power of two): one warp reads R rows at once and shares its x registers between them
 /// (kernels/matvec_quant.cu), so a larger R reads x from L1 fewer times and has more bytes in
@@ -85,6 +114,15 @@ pub fn ksplit() -> u32 {
         forced
     } else {
         1
+    }
+}
+
+/// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
+fn tiled_bit(xq: &MatvecScratch) -> i32 {
+    if xq.tiled {
+        256
+    } else {
+        0
     }
 }
 
@@ -149,6 +187,8 @@ pub struct MatvecScratch {
     /// Shape of the x last quantized into it.
     cols: usize,
     n_tokens: usize,
+    /// Whether the q8_1 copy is in the tiled layout ([`q8_1_tiled`]).
+    tiled: bool,
     /// The q8_K copy of the same x for the mmv2 kernels (crate::mmv), when made.
     pub(crate) q8k: crate::mmv::Q8kScratch,
 }
@@ -159,14 +199,21 @@ impl MatvecScratch {
         (&self.xq, &self.xds, self.n_tokens, self.cols)
     }
 
+    /// Whether the x it holds is in the tiled q8_1 layout (only the dp4a matvec reads that).
+    pub(crate) fn tiled(&self) -> bool {
+        self.tiled
+    }
+
     /// The q8_1 buffers (xq int8 `[n, cols]`, xds `(d, d * sum)` per 32) for a kernel that
     /// writes x's quantization itself (norm / SwiGLU producers), after which the scratch
-    /// holds x of `n_tokens` x `cols`. Errors if they are too small.
+    /// holds x of `n_tokens` x `cols`, and whether the kernel must write the tiled layout
+    /// ([`q8_1_tiled`]; the kernels take it as the low bit of the xds address, see
+    /// [`CudaDevice::q8_1_xds_address`]). Errors if they are too small.
     pub(crate) fn buffers_for(
         &mut self,
         n_tokens: usize,
         cols: usize,
-    ) -> Result<(&mut CudaSlice<i8>, &mut CudaSlice<f32>)> {
+    ) -> Result<(&mut CudaSlice<i8>, &mut CudaSlice<f32>, bool)> {
         if !cols.is_multiple_of(32)
             || self.xq.len() < n_tokens * cols
             || self.xds.len() < n_tokens * cols / 16
@@ -177,8 +224,9 @@ impl MatvecScratch {
         }
         self.cols = cols;
         self.n_tokens = n_tokens;
+        self.tiled = q8_1_tiled(n_tokens, cols);
         self.q8k.forget();
-        Ok((&mut self.xq, &mut self.xds))
+        Ok((&mut self.xq, &mut self.xds, self.tiled))
     }
 }
 
@@ -227,6 +275,13 @@ impl CudaDevice {
     pub fn device_address<T>(&self, s: &CudaSlice<T>) -> u64 {
         let (ptr, _sync) = s.device_ptr(self.stream());
         ptr
+    }
+
+    /// The address of a q8_1 scratch's xds as the q8_1 writers take it: its low bit set when
+    /// they must write the tiled layout (kernels/common.cuh `q8_1_tagged`; f32 addresses are
+    /// even).
+    pub(crate) fn q8_1_xds_address(&self, xds: &CudaSlice<f32>, tiled: bool) -> u64 {
+        self.device_address(xds) | tiled as u64
     }
 
     /// Uploads `bytes` (GGUF layout of a [n_rows, n_cols] tensor of type `ty`).
@@ -285,6 +340,7 @@ impl CudaDevice {
             xds: self.stream().alloc_zeros::<f32>(n / 16)?,
             cols: 0,
             n_tokens: 0,
+            tiled: false,
             q8k: crate::mmv::Q8kScratch::new(self, n)?,
         })
     }
@@ -340,12 +396,13 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let mut cols_i = cols as i32;
+        let tiled = q8_1_tiled(n_tokens, cols);
         if crate::pdl::enabled(self.arch()) {
             let f = self.function(Program::MatvecQuant, "quantize_q8_1_pdl")?;
             let (mut px, mut pq, mut pd) = (
                 self.device_address(x),
                 self.device_address(&scratch.xq),
-                self.device_address(&scratch.xds),
+                self.q8_1_xds_address(&scratch.xds, tiled),
             );
             let mut params = [
                 crate::pdl::arg(&mut px),
@@ -353,23 +410,24 @@ impl CudaDevice {
                 crate::pdl::arg(&mut pd),
                 crate::pdl::arg(&mut cols_i),
             ];
-            // SAFETY: matches quantize_q8_1_pdl(x, xq, xds, ncols), which waits for the
-            // previous kernel before reading x; sizes checked above.
+            // SAFETY: matches quantize_q8_1_pdl(x, xq, xds, ncols) (xds tagged with the
+            // layout), which waits for the previous kernel before reading x; sizes checked above.
             unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
             scratch.cols = cols;
             scratch.n_tokens = n_tokens;
+            scratch.tiled = tiled;
             return Ok(());
         }
         let f = self.function(Program::MatvecQuant, "quantize_q8_1")?;
+        let pd = self.q8_1_xds_address(&scratch.xds, tiled);
         let mut b = self.stream().launch_builder(&f);
-        b.arg(x)
-            .arg(&mut scratch.xq)
-            .arg(&mut scratch.xds)
-            .arg(&cols_i);
-        // SAFETY: matches quantize_q8_1(x, xq, xds, ncols); sizes checked above.
+        b.arg(x).arg(&mut scratch.xq).arg(&pd).arg(&cols_i);
+        // SAFETY: matches quantize_q8_1(x, xq, xds, ncols), xds as its address tagged with
+        // the layout (same stream as every other use of the scratch); sizes checked above.
         unsafe { b.launch(cfg) }?;
         scratch.cols = cols;
         scratch.n_tokens = n_tokens;
+        scratch.tiled = tiled;
         Ok(())
     }
 
@@ -391,7 +449,7 @@ impl CudaDevice {
             )));
         }
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
-        let load_mode = self.matvec_load_mode();
+        let load_mode = self.matvec_load_mode() | tiled_bit(xq);
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
@@ -508,7 +566,7 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes: 0,
         };
-        let mut load_mode = self.matvec_load_mode();
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;

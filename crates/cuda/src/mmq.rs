@@ -99,7 +99,10 @@ pub fn dispatch_min_tokens() -> usize {
 /// The backend's question: should a product of `n` tokens of weight type `ty` on `dev` take
 /// the tensor-core path ([`enabled`], [`supports_device`], at least [`dispatch_min_tokens`]).
 pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
-    n >= dispatch_min_tokens() && enabled() && supports_device(dev, ty, n)
+    n >= dispatch_min_tokens()
+        && enabled()
+        && supports_device(dev, ty, n)
+        && !(n <= 2 && crate::matvec::q8_1_tiled_enabled())
 }
 
 /// Warps per block for a rows x cols product: the warps split the 256-weight chunks of one
@@ -191,8 +194,14 @@ impl CudaDevice {
         if n_tokens == 0 || rows == 0 {
             return Ok(());
         }
+        // these kernels read the natural q8_1 layout only (the dispatch keeps tiled x away)
+        if scratch.tiled() {
+            return Err(CudaError::Shape(format!(
+                "mmq of {n_tokens} tokens with x in the tiled q8_1 layout"
+            )));
+        }
         // checks cols % 32 and the buffer sizes; x is what the caller quantized into it
-        let (xq, xds) = scratch.buffers_for(n_tokens, cols)?;
+        let (xq, xds, _) = scratch.buffers_for(n_tokens, cols)?;
         let st = stages(self.arch());
         let per_warp = st * stage_bytes(chunk_bytes, align);
         let warps = warps_per_block(rows, cols).min((MAX_SHARED_BYTES / per_warp) as u32);

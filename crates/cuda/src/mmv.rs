@@ -177,6 +177,7 @@ pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
         && n >= dispatch_min_tokens()
         && dispatched_format(ty)
         && supports(ty, n)
+        && !(n <= 2 && crate::matvec::q8_1_tiled_enabled())
 }
 
 /// Warps per block for `tiles` 16-row tiles of `n_cols` columns and `n` tokens: the warps
@@ -230,9 +231,11 @@ impl CudaDevice {
         let (ty, cols) = (first.w.ty, first.w.n_cols);
         let (xqd, xds, n_tokens, xcols) = xq.quantized();
         let stem = stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
+        // (these kernels read the natural q8_1 layout only: the dispatch keeps tiled x away)
         if segs.len() > MAX_SEGMENTS
             || !(1..=MAX_TOKENS).contains(&n_tokens)
             || xcols != cols
+            || xq.tiled()
             || !cols.is_multiple_of(256)
             || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
             || xqd.len() < n_tokens * cols
@@ -809,8 +812,8 @@ impl CudaDevice {
                 x.len()
             )));
         }
-        let (xq, xds) = s.buffers_for(n_tokens, cols)?;
-        let (xq, xds) = (self.device_address(xq), self.device_address(xds));
+        let (xq, xds, tiled) = s.buffers_for(n_tokens, cols)?;
+        let (xq, xds) = (self.device_address(xq), self.q8_1_xds_address(xds, tiled));
         let (q, dy, bsum) = s.q8k_buffers_for(self, n_tokens, cols)?;
         if n_tokens == 0 {
             return Ok(());
@@ -830,7 +833,8 @@ impl CudaDevice {
             .push(dy)
             .push(bsum)
             .push(cols as i32);
-        // SAFETY: matches quantize_q8_1_k(x, xq, xds, q, dy, bsum, ncols); x holds n_tokens *
+        // SAFETY: matches quantize_q8_1_k(x, xq, xds, q, dy, bsum, ncols) (xds tagged with the
+        // q8_1 layout, common.cuh q8_1_tagged); x holds n_tokens *
         // cols f32, the scratch buffers their shares of it (buffers_for, q8k_buffers_for
         // checked); one 256-thread block per 256 values. It waits for the previous kernel
         // before reading x (PDL).

@@ -621,6 +621,140 @@ fn fused_matches_unfused_on_synth_q4_k_m_shapes() {
 /// a Qwen3.5-27B cut to 4 (3 DeltaNet + 1 gated attention).
 const SYNTH_CUTS: [(&str, usize); 2] = [("qwen2.5-1.5b", 2), ("qwen3.5-27b", 4)];
 
+/// The tiled q8_1 layout (`REDLINE_Q8_1_TILED`: x of 1-2 tokens with rows of a multiple of 512
+/// values stored with its 16-byte pieces transposed, kernels/common.cuh `q8_1_at`) against the
+/// natural one, every staged fusion on (so every q8_1 writer runs: the quantize launch, the
+/// norm, SwiGLU, gated-norm and attention writers): the values and their quantization are the
+/// same, only where they sit differs, so the logits must be the same bits.
+#[test]
+fn q8_1_tiled_matches_natural_on_synth_q4_k_m_shapes() {
+    if gpu().is_none() {
+        return;
+    }
+    for (name, layers) in SYNTH_CUTS {
+        let path = synth_q4_k_m(name, layers, "tiled");
+        let load = || {
+            let b = gpu().unwrap();
+            b.set_graphs_enabled(true);
+            b.set_fused(true);
+            b.set_staged(StagedFusions::ALL);
+            let file = gguf::GgufFile::open(&path).unwrap();
+            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
+        };
+        let (d, s) = (load(), load());
+        same_logits_both_ways(name, &d, &s, &|is_s| {
+            cuda::matvec::set_q8_1_tiled(Some(is_s))
+        });
+        cuda::matvec::set_q8_1_tiled(None);
+        println!("{name}: tiled q8_1 logits equal the natural layout's");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Runs `d` and `s` side by side on the same tokens (a prompt, 12 steps, batched steps of 2, 3
+/// and 8 sequences, verify passes of 4 and 2 rows and the steps after them) and asserts every
+/// logit the same bits. `before(is_s)` runs before each of the two models' calls (a process-wide
+/// switch that must differ between them).
+fn same_logits_both_ways(
+    name: &str,
+    d: &ModelOn<CudaBackend>,
+    s: &ModelOn<CudaBackend>,
+    before: &dyn Fn(bool),
+) {
+    let same = |what: String, a: &[f32], b: &[f32]| {
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            (a.len(), differ),
+            (b.len(), 0),
+            "{name}: {what}: logits that differ"
+        );
+    };
+    let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
+    let mut sd = d.new_state(128, KvType::F16).unwrap();
+    let mut ss = s.new_state(128, KvType::F16).unwrap();
+    before(false);
+    let ld = d.forward(&mut sd, &prompt, false).unwrap();
+    before(true);
+    let ls = s.forward(&mut ss, &prompt, false).unwrap();
+    same("prefill".into(), &ls, &ld);
+    let mut next = argmax(&ld);
+    for step in 0..12 {
+        before(false);
+        let ld = d.forward(&mut sd, &[next], false).unwrap();
+        before(true);
+        let ls = s.forward(&mut ss, &[next], false).unwrap();
+        same(format!("step {step}"), &ls, &ld);
+        next = argmax(&ld);
+    }
+    // batched steps of 2 (the dp4a matvec), 3 and 8 sequences (the most the q8_K path takes)
+    let mut bt = Vec::new();
+    for n_seq in [2usize, 3, 8] {
+        let mut bd: Vec<_> = (0..n_seq)
+            .map(|_| d.new_state(128, KvType::F16).unwrap())
+            .collect();
+        let mut bs: Vec<_> = (0..n_seq)
+            .map(|_| s.new_state(128, KvType::F16).unwrap())
+            .collect();
+        for (i, (a, b)) in bd.iter_mut().zip(bs.iter_mut()).enumerate() {
+            let p = &prompt[..prompt.len() - i];
+            before(false);
+            d.forward(a, p, false).unwrap();
+            before(true);
+            s.forward(b, p, false).unwrap();
+        }
+        bt = vec![prompt[0]; n_seq];
+        for step in 0..8 {
+            let mut rd: Vec<&mut _> = bd.iter_mut().collect();
+            let mut rs: Vec<&mut _> = bs.iter_mut().collect();
+            before(false);
+            let ld = d.forward_batch(&mut rd, &bt).unwrap();
+            before(true);
+            let ls = s.forward_batch(&mut rs, &bt).unwrap();
+            same(
+                format!("batched step {step} of {n_seq} sequences"),
+                &ls,
+                &ld,
+            );
+            let nv = d.config().n_vocab;
+            bt = (0..n_seq)
+                .map(|i| argmax(&ld[i * nv..(i + 1) * nv]))
+                .collect();
+        }
+    }
+    let mut bd = [d.new_state(128, KvType::F16).unwrap()];
+    let mut bs = [s.new_state(128, KvType::F16).unwrap()];
+    before(false);
+    d.forward(&mut bd[0], &prompt, false).unwrap();
+    before(true);
+    s.forward(&mut bs[0], &prompt, false).unwrap();
+    // verify passes of 4 rows (mmv2) and of 2 (the dp4a matvec)
+    for round in 0..4 {
+        let k = if round % 2 == 0 { 4 } else { 2 };
+        let draft: Vec<u32> = (0..k).map(|j| bt[j % bt.len()]).collect();
+        let base = bd[0].len();
+        bd[0].snapshot();
+        bs[0].snapshot();
+        before(false);
+        let ld = d.forward(&mut bd[0], &draft, true).unwrap();
+        before(true);
+        let ls = s.forward(&mut bs[0], &draft, true).unwrap();
+        same(format!("verify pass {round}"), &ls, &ld);
+        for st in [&mut bd[0], &mut bs[0]] {
+            st.truncate(base).unwrap();
+            st.drop_snapshot(base);
+        }
+        before(false);
+        let ld = d.forward(&mut bd[0], &draft[..1], false).unwrap();
+        before(true);
+        let ls = s.forward(&mut bs[0], &draft[..1], false).unwrap();
+        same(format!("step after verify pass {round}"), &ls, &ld);
+    }
+}
+
 /// Writes the synthetic Q4_K_M file of preset `name` cut to `layers` layers, with a vocabulary
 /// of at most 32k, into the temporary folder (the caller removes it).
 fn synth_q4_k_m(name: &str, layers: usize, tag: &str) -> PathBuf {
@@ -652,84 +786,7 @@ fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
             ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
         };
         let (d, s) = (load(StagedFusions::default()), load(StagedFusions::ALL));
-        let same = |what: String, a: &[f32], b: &[f32]| {
-            let differ = a
-                .iter()
-                .zip(b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
-            assert_eq!(
-                (a.len(), differ),
-                (b.len(), 0),
-                "{name}: {what}: staged vs default logits that differ"
-            );
-        };
-        let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
-        let mut sd = d.new_state(128, KvType::F16).unwrap();
-        let mut ss = s.new_state(128, KvType::F16).unwrap();
-        let (ld, ls) = (
-            d.forward(&mut sd, &prompt, false).unwrap(),
-            s.forward(&mut ss, &prompt, false).unwrap(),
-        );
-        same("prefill".into(), &ls, &ld);
-        let mut next = argmax(&ld);
-        for step in 0..12 {
-            let ld = d.forward(&mut sd, &[next], false).unwrap();
-            let ls = s.forward(&mut ss, &[next], false).unwrap();
-            same(format!("step {step}"), &ls, &ld);
-            next = argmax(&ld);
-        }
-        // batched steps of 3 and of 8 sequences (the most the q8_K path takes)
-        let mut bt = Vec::new();
-        for n_seq in [3usize, 8] {
-            let mut bd: Vec<_> = (0..n_seq)
-                .map(|_| d.new_state(128, KvType::F16).unwrap())
-                .collect();
-            let mut bs: Vec<_> = (0..n_seq)
-                .map(|_| s.new_state(128, KvType::F16).unwrap())
-                .collect();
-            for (i, (a, b)) in bd.iter_mut().zip(bs.iter_mut()).enumerate() {
-                let p = &prompt[..prompt.len() - i];
-                d.forward(a, p, false).unwrap();
-                s.forward(b, p, false).unwrap();
-            }
-            bt = vec![prompt[0]; n_seq];
-            for step in 0..8 {
-                let mut rd: Vec<&mut _> = bd.iter_mut().collect();
-                let mut rs: Vec<&mut _> = bs.iter_mut().collect();
-                let ld = d.forward_batch(&mut rd, &bt).unwrap();
-                let ls = s.forward_batch(&mut rs, &bt).unwrap();
-                same(
-                    format!("batched step {step} of {n_seq} sequences"),
-                    &ls,
-                    &ld,
-                );
-                let nv = d.config().n_vocab;
-                bt = (0..n_seq)
-                    .map(|i| argmax(&ld[i * nv..(i + 1) * nv]))
-                    .collect();
-            }
-        }
-        let mut bd = [d.new_state(128, KvType::F16).unwrap()];
-        let mut bs = [s.new_state(128, KvType::F16).unwrap()];
-        d.forward(&mut bd[0], &prompt, false).unwrap();
-        s.forward(&mut bs[0], &prompt, false).unwrap();
-        for round in 0..3 {
-            let draft: Vec<u32> = (0..4).map(|j| bt[j % 3]).collect();
-            let base = bd[0].len();
-            bd[0].snapshot();
-            bs[0].snapshot();
-            let ld = d.forward(&mut bd[0], &draft, true).unwrap();
-            let ls = s.forward(&mut bs[0], &draft, true).unwrap();
-            same(format!("verify pass {round}"), &ls, &ld);
-            for st in [&mut bd[0], &mut bs[0]] {
-                st.truncate(base).unwrap();
-                st.drop_snapshot(base);
-            }
-            let ld = d.forward(&mut bd[0], &draft[..1], false).unwrap();
-            let ls = s.forward(&mut bs[0], &draft[..1], false).unwrap();
-            same(format!("step after verify pass {round}"), &ls, &ld);
-        }
+        same_logits_both_ways(name, &d, &s, &|_| {});
         let (b, bdef) = (s.backend(), d.backend());
         println!(
             "{name}: staged calls: gates {}, gated norm q8 {}, attention q8 {}, q8_K {}",

@@ -154,6 +154,8 @@ fn matvec_matches_cpu_reference_for_every_format() {
             // whose row sets end mid-block
             shapes.push((7, 77 * bs));
             shapes.push((523, 10 * bs));
+            // rows of a multiple of 512 values: the tiled q8_1 layout at 1-2 tokens
+            shapes.push((45, 4608));
         }
         for &(rows, cols) in &shapes {
             for tokens in [1, 2, 3, 8, 11] {
@@ -165,6 +167,9 @@ fn matvec_matches_cpu_reference_for_every_format() {
                     // cycle the weight-load cache policies and the warps per row set (1, 2,
                     // 4) independently: every shape sees each
                     dev.set_matvec_load_mode((seed % 3) as i32);
+                    // the tiled q8_1 layout on every other case (it applies to 1-2 tokens
+                    // of rows of a multiple of 512 values)
+                    cuda::matvec::set_q8_1_tiled(Some(seed.is_multiple_of(2)));
                     let ks = [1, 2, 4][(seed / 3 % 3) as usize];
                     cuda::matvec::set_rows_per_warp_override(rpw);
                     cuda::matvec::set_ksplit_override(ks);
@@ -178,7 +183,10 @@ fn matvec_matches_cpu_reference_for_every_format() {
                         },
                         seed,
                     ) {
-                        failures.push(format!("{e} (rows/warp {rpw}, ksplit {ks})"));
+                        failures.push(format!(
+                            "{e} (rows/warp {rpw}, ksplit {ks}, tiled q8_1 {})",
+                            cuda::matvec::q8_1_tiled(tokens, cols)
+                        ));
                     }
                 }
             }
@@ -186,6 +194,7 @@ fn matvec_matches_cpu_reference_for_every_format() {
     }
     cuda::matvec::set_rows_per_warp_override(0);
     cuda::matvec::set_ksplit_override(0);
+    cuda::matvec::set_q8_1_tiled(None);
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
@@ -311,9 +320,12 @@ fn matvec_segments_match_single_matvecs() {
             for (ri, rows) in SEGMENT_ROW_SETS.into_iter().enumerate() {
                 for rpw in [0u32, 2, 4] {
                     // every row set at one token; two of them also at 3 and 8 tokens
-                    let counts: &[usize] = if ri % 2 == 0 { &[1, 3, 8] } else { &[1] };
+                    let counts: &[usize] = if ri % 2 == 0 { &[1, 2, 3, 8] } else { &[1] };
                     for &nt in counts {
                         seed += 1;
+                        // the tiled q8_1 layout on every other case (1-2 tokens, widths of
+                        // a multiple of 512)
+                        cuda::matvec::set_q8_1_tiled(Some(seed.is_multiple_of(2)));
                         check_segments(
                             &dev,
                             ty,
@@ -336,6 +348,7 @@ fn matvec_segments_match_single_matvecs() {
         );
     }
     cuda::matvec::set_rows_per_warp_override(0);
+    cuda::matvec::set_q8_1_tiled(None);
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
@@ -350,9 +363,10 @@ const SEGMENT_ROW_SETS: [&[usize]; 4] = [&[37], &[1, 129], &[64, 7, 523], &[5, 1
 /// Widths of the segment checks: several groups with a partial last one; one block (32-wide
 /// formats: an odd number).
 fn segment_widths(ty: GgmlType) -> Vec<usize> {
+    // (4608: a multiple of 512, which the tiled q8_1 layout needs)
     if ty.block_size() == 32 {
-        vec![33 * 32, 5 * 256]
+        vec![33 * 32, 5 * 256, 4608]
     } else {
-        vec![5 * 256, 256]
+        vec![5 * 256, 256, 4608]
     }
 }

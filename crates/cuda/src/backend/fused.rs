@@ -565,8 +565,12 @@ impl CudaBackend {
         let seq = self.ops.load(Ordering::Relaxed);
         let ptr = dev_ptr(&*out.data, self.dev.stream());
         self.with_q8(rows, cols, |s, holds| {
-            let (xq, xds) = s.buffers_for(rows, cols).map_err(dev_err)?;
-            let q8 = (self.dev.device_address(xq), self.dev.device_address(xds));
+            // xds tagged with the layout the writer must use (common.cuh q8_1_tagged)
+            let (xq, xds, tiled) = s.buffers_for(rows, cols).map_err(dev_err)?;
+            let q8 = (
+                self.dev.device_address(xq),
+                self.dev.q8_1_xds_address(xds, tiled),
+            );
             let k = if with_k {
                 s.q8k_buffers_for(&self.dev, rows, cols).map_err(dev_err)?
             } else {
