@@ -24,6 +24,7 @@
 #          checks, then the 27B verify cost with and without it
 # tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
 #          27B verify cost with and without it
+# xt:      two-token Q6_K / Q4_K matvec one token at a time (built-in vs devbin/k_q6, devbin/k_prev)
 # onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
@@ -155,6 +156,27 @@ tiled)
         env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
     done
     echo "== tiled $(el)"
+    ;;
+xt)
+    # session 18's two-token matvec with one token's x in registers at a time (Q6_K and Q4_K at 4
+    # rows per warp: one wave of blocks for the 5120-row products): checks, then the 27B verify
+    # cost and two streams, built-in (both) against devbin/k_q6 (Q6_K only) and devbin/k_prev
+    # (before), the tiled q8_1 layout and the multi-row conv chain on in all of them
+    timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -12
+    timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    echo "== xt checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_q6 REDLINE_KERNEL_DIR=$PWD/devbin/k_prev; do
+            echo "verify $v:"
+            env $v REDLINE_Q8_1_TILED=1 REDLINE_FUSED_CONV_ROWS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_prev; do
+        for m in m32 m27; do ST="$v REDLINE_Q8_1_TILED=1" b $m -n 64 -r 2 --parallel 2; done
+    done
+    echo "== xt $(el)"
     ;;
 onerow2)
     wait $SP

@@ -37,6 +37,22 @@ struct alignas(8) float2v {
 template <typename F, int NT, int R> struct MvMinBlocks { static constexpr int value = 0; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 4> { static constexpr int value = 3; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 2> { static constexpr int value = 5; };
+// Two tokens, 4 rows of Q6_K: with both tokens' x in registers the kernel took 250 registers,
+// 2 blocks per SM, so a 5120-row product (320 blocks) ran in two waves on 132 SMs and cost 1.45x
+// the one-token kernel (27B verify profile, session 18). It now takes the tokens one at a time
+// (MvXTokens: the rows decoded twice) within the one-token kernel's 3 blocks per SM.
+template <> struct MvMinBlocks<FmtQ6_K, 2, 4> { static constexpr int value = 3; };
+// Q4_K the same way: 167 registers (3 blocks per SM) with both tokens' x, the one-token
+// kernel's 128 (4 blocks) one token at a time (its decode is a few shifts and masks).
+template <> struct MvMinBlocks<FmtQ4_K, 2, 4> { static constexpr int value = 4; };
+
+// Tokens whose x a lane holds in registers at once (x of 4 tokens = 80 registers): all of them
+// up to 3; 4 beside 2 rows, 2 beside 4; Q6_K at 2 tokens and 4 rows one (above).
+template <typename F, int NT, int R> struct MvXTokens {
+    static constexpr int value = NT < 4 ? NT : (R <= 2 ? 4 : 2);
+};
+template <> struct MvXTokens<FmtQ6_K, 2, 4> { static constexpr int value = 1; };
+template <> struct MvXTokens<FmtQ4_K, 2, 4> { static constexpr int value = 1; };
 
 // x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements (xds may be tagged:
 // the tiled layout, common.cuh q8_1_at).
@@ -198,8 +214,7 @@ static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const
                                                     int ncols, int n_tokens, int g, int nb, int lane,
                                                     bool tiled, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
-    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
-    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
+    constexpr int XT = MvXTokens<F, NT, R>::value;
     const int n_units_x = ncols / 32;
     const int blk = (lane / Ge::TASKS_PER_BLOCK) * Ge::BLOCKS_PER_TASK;  // this lane's block in the group
     const int task = lane % Ge::TASKS_PER_BLOCK;
@@ -431,7 +446,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
         mvm_quant<F, 1, R>(p, xq, xds, 1, load_mode);                                                  \
     }
 #define MVM_KERNEL_NT(name, F, NT, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvMinBlocks<F, NT, R>::value))       \
         mvm_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
         mvm_quant<F, NT, R>(p, xq, xds, n_tokens, load_mode);                                          \
