@@ -25,6 +25,7 @@
 # tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
 #          27B verify cost with and without it
 # xt:      two-token Q6_K / Q4_K matvec one token at a time (built-in vs devbin/k_q6, devbin/k_prev)
+#          and the multi-row attention preparation (REDLINE_FUSED_ATTN_ROWS=1)
 # onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
@@ -159,23 +160,29 @@ tiled)
     ;;
 xt)
     # session 18's two-token matvec with one token's x in registers at a time (Q6_K and Q4_K at 4
-    # rows per warp: one wave of blocks for the 5120-row products): checks, then the 27B verify
-    # cost and two streams, built-in (both) against devbin/k_q6 (Q6_K only) and devbin/k_prev
-    # (before), the tiled q8_1 layout and the multi-row conv chain on in all of them
+    # rows per warp: one wave of blocks for the 5120-row products) and the multi-row attention
+    # preparation in one launch (REDLINE_FUSED_ATTN_ROWS=1): checks, then the 27B verify cost,
+    # built-in (both) against devbin/k_q6 (Q6_K only) and devbin/k_prev (before), with and
+    # without attn rows; the tiled q8_1 layout and the multi-row conv chain on in all of them;
+    # then two streams and the 27B at 8 streams
     timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -12
-    timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ|staged calls" | head -8
+    timeout 100 devbin/t_backend_conformance --ignored --test-threads 1 attention 2>&1 | grep -E "^test |result|panicked" | head -8
     echo "== xt checks $(el)"
     wait $SP
+    export REDLINE_Q8_1_TILED=1 REDLINE_FUSED_CONV_ROWS=1
     for r in 1 2; do
-        for v in X=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_q6 REDLINE_KERNEL_DIR=$PWD/devbin/k_prev; do
+        for v in X=1 REDLINE_FUSED_ATTN_ROWS=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_q6 REDLINE_KERNEL_DIR=$PWD/devbin/k_prev; do
             echo "verify $v:"
-            env $v REDLINE_Q8_1_TILED=1 REDLINE_FUSED_CONV_ROWS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
+            env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
         done
         echo "round $r $(el)"
     done
     for v in X=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_prev; do
-        for m in m32 m27; do ST="$v REDLINE_Q8_1_TILED=1" b $m -n 64 -r 2 --parallel 2; done
+        for m in m32 m27; do ST="$v" b $m -n 64 -r 2 --parallel 2; done
     done
+    for v in X=1 REDLINE_FUSED_ATTN_ROWS=1; do ST="$v" b m27 -n 64 -r 2 --parallel 8; done
+    unset REDLINE_Q8_1_TILED REDLINE_FUSED_CONV_ROWS
     echo "== xt $(el)"
     ;;
 onerow2)

@@ -716,6 +716,56 @@ extern "C" __global__ void mo_rope_qk(float* q, float* k, const int* __restrict_
     }
 }
 
+// The query / key preparation of an attention block for any number of rows in one launch
+// (StagedFusions::attn_rows): for each row and head, the query head copied out of a strided q
+// (and its gate head, Qwen3.5's gated attention, into `gate`), the per-head RMS norm (qw / kw,
+// or none), RoPE — what mo_copy_cols, mo_group_rms_norm (one head per block of head_dim
+// threads) and mo_rope_qk compute, with the same expressions and the same block sum, so the
+// same bits. grid (n_rows, n_heads_q + n_heads_k), block head_dim threads (a multiple of 32,
+// <= 1024); q: rows of n_heads_q * q_stride (head h at h * q_stride, its gate at + gate_off
+// when gate is not null), qo: rows of n_heads_q * head_dim (may be q itself when q_stride ==
+// head_dim), k: rows of n_heads_k * head_dim, in place.
+extern "C" __global__ void mo_attn_prep_rows(const float* q, float* qo, float* __restrict__ gate, float* k,
+                                             const float* __restrict__ qw, const float* __restrict__ kw,
+                                             const int* __restrict__ pos, const float* __restrict__ factors,
+                                             int n_heads_q, int n_heads_k, int head_dim, int q_stride, int gate_off,
+                                             int dv, int n_rot, float freq_base, float freq_scale, int neox,
+                                             float eps) {
+    __shared__ float hs[1024];
+    const int i = threadIdx.x, r = blockIdx.x;
+    const bool is_q = (int)blockIdx.y < n_heads_q;
+    const int h = is_q ? blockIdx.y : blockIdx.y - n_heads_q;
+    const float* w = is_q ? qw : kw;
+    // weights and angles before the wait (REDLINE_PDL), as mo_group_rms_norm and mo_rope_qk
+    const float w0 = w ? w[i] : 0.0f;
+    const float p = (float)pos[r];
+    const int half = n_rot / 2;
+    float c = 1.0f, sn = 0.0f;
+    if (i < half) rope_cos_sin(p, i, n_rot, freq_base, freq_scale, factors, c, sn);
+    pdl_wait();
+    pdl_trigger();
+    const float* src = is_q ? q + ((long long)r * n_heads_q + h) * q_stride : k + ((long long)r * n_heads_k + h) * head_dim;
+    float* dst = is_q ? qo + ((long long)r * n_heads_q + h) * head_dim : k + ((long long)r * n_heads_k + h) * head_dim;
+    float v = src[i];
+    if (is_q && gate)
+        for (int j = i; j < dv; j += blockDim.x) gate[((long long)r * n_heads_q + h) * dv + j] = src[gate_off + j];
+    if (w) {
+        const float ss = block_sum(v * v);
+        const float s = rsqrtf(ss / head_dim + eps);
+        v = v * s * w0;
+    }
+    hs[i] = v;
+    __syncthreads();
+    if (i < half) {
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float a = hs[i0], b = hs[i1];
+        rope_rotate(a, b, c, sn, hs[i0], hs[i1]);
+    }
+    __syncthreads();
+    dst[i] = hs[i];
+}
+
 // ---- one-token products of small f32 matrices (decode fusion) --------------------------------
 
 // y_s = W_s x for up to F32_MAX_SEGS f32 matrices [nrows_s, cols] that share x [n_tokens, cols]

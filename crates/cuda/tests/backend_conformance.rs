@@ -113,6 +113,32 @@ fn conformance_attention_q8_staged_and_not() {
     assert_same_bits("products, staged vs separate quantize", &one.1, &each.1);
 }
 
+/// The query / key preparation of attention blocks the one-row chain does not take (prompts,
+/// both sequences' steps together) in one launch (`mo_attn_prep_rows`, the staged `attn_rows`)
+/// and as the separate copies, norms and RoPE: both against host code, and the same bits in
+/// the outputs and the products after them.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_attention_rows_staged_and_not() {
+    let b = gpu();
+    b.set_staged(StagedFusions::default());
+    let each = conformance::attention_block_with_products(&b).unwrap();
+    assert_eq!(b.attn_rows_calls(), 0);
+    b.set_staged(StagedFusions {
+        attn_rows: true,
+        ..StagedFusions::default()
+    });
+    let rows = conformance::attention_block_with_products(&b).unwrap();
+    // 2 layer kinds x (2 prompt calls + the 40 steps of both sequences together)
+    assert_eq!(
+        b.attn_rows_calls(),
+        84,
+        "calls whose preparation took one launch"
+    );
+    assert_same_bits("outputs, one launch vs separate ops", &rows.0, &each.0);
+    assert_same_bits("products, one launch vs separate ops", &rows.1, &each.1);
+}
+
 /// Gated DeltaNet's conv1d, silu, L2 norm and split in one launch (decode rows) and as
 /// separate ops: both against the naive host code, and the same bits.
 #[test]

@@ -789,11 +789,12 @@ fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
         same_logits_both_ways(name, &d, &s, &|_| {});
         let (b, bdef) = (s.backend(), d.backend());
         println!(
-            "{name}: staged calls: gates {}, gated norm q8 {}, attention q8 {}, q8_K {}",
+            "{name}: staged calls: gates {}, gated norm q8 {}, attention q8 {}, q8_K {}, attention rows {}",
             b.fused_gates_calls(),
             b.norm_q8_calls(),
             b.attn_q8_calls(),
-            b.q8k_calls()
+            b.q8k_calls(),
+            b.attn_rows_calls()
         );
         assert_eq!(
             (
@@ -806,8 +807,13 @@ fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
             "{name}: the default paths took a staged one"
         );
         assert!(
-            b.attn_q8_calls() > 0 && b.q8k_calls() > 0,
+            b.attn_q8_calls() > 0 && b.q8k_calls() > 0 && b.attn_rows_calls() > 0,
             "{name}: staged paths not taken"
+        );
+        assert_eq!(
+            bdef.attn_rows_calls(),
+            0,
+            "{name}: the default took attn_rows"
         );
         if name.starts_with("qwen3.5") {
             assert!(

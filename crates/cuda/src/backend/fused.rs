@@ -114,7 +114,7 @@ impl CudaBackend {
     }
 
     /// Whether the fused kernels launch with programmatic serialization ([`crate::pdl`]).
-    fn pdl(&self) -> bool {
+    pub(super) fn pdl(&self) -> bool {
         pdl::enabled(self.dev.arch())
     }
 

@@ -133,6 +133,9 @@ pub struct CudaBackend {
     attn_q8: AtomicU64,
     /// Launches that wrote a q8_K copy beside the q8_1 one (the staged `q8k`).
     q8k: AtomicU64,
+    /// `attention_block` calls whose query / key preparation took one launch (the staged
+    /// `attn_rows`).
+    attn_rows: AtomicU64,
 }
 
 /// Decode-step fusions written in session 14 without a card, then measured on the H200
@@ -152,7 +155,12 @@ pub struct CudaBackend {
 /// `REDLINE_FUSED_CONV_ROWS`: Gated DeltaNet's conv1d / silu / L2 norm / split chain in one
 /// launch (`mo_conv1d_qkv_rows`) for up to 8 rows per sequence too (verify passes), where the
 /// separate ops cost five launches (H200, session 17: +1.0 ms of a 27B verify pass of 2 rows
-/// against its one-token step's fused launch). Written without a card; not yet run.
+/// against its one-token step's fused launch). H100, session 18: 27B verify k = 2 -0.12 ms,
+/// k = 3 -0.15..-0.29 ms.
+/// `REDLINE_FUSED_ATTN_ROWS`: an attention block the fused one-row chain does not take (several
+/// rows: verify passes, batched decode) gets its query / key preparation — query and gate heads
+/// copied out of the strided q, the q and k norms, RoPE, five launches — as one
+/// (`mo_attn_prep_rows`). Written without a card; not yet run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagedFusions {
     pub dn_pdl: bool,
@@ -161,6 +169,7 @@ pub struct StagedFusions {
     pub attn_q8: bool,
     pub q8k: bool,
     pub conv_rows: bool,
+    pub attn_rows: bool,
 }
 
 impl StagedFusions {
@@ -172,6 +181,7 @@ impl StagedFusions {
         attn_q8: true,
         q8k: true,
         conv_rows: true,
+        attn_rows: true,
     };
 
     /// The process default: the measured wins on unless their variable is `0`, `q8k` only
@@ -186,6 +196,7 @@ impl StagedFusions {
             attn_q8: unless_0("REDLINE_FUSED_ATTN_Q8"),
             q8k: var("REDLINE_FUSED_Q8K").as_deref() == Some("1"),
             conv_rows: var("REDLINE_FUSED_CONV_ROWS").as_deref() == Some("1"),
+            attn_rows: var("REDLINE_FUSED_ATTN_ROWS").as_deref() == Some("1"),
         }
     }
 
@@ -196,6 +207,7 @@ impl StagedFusions {
             | (self.attn_q8 as u8) << 3
             | (self.q8k as u8) << 4
             | (self.conv_rows as u8) << 5
+            | (self.attn_rows as u8) << 6
     }
 
     fn from_bits(b: u8) -> StagedFusions {
@@ -206,6 +218,7 @@ impl StagedFusions {
             attn_q8: b & 8 != 0,
             q8k: b & 16 != 0,
             conv_rows: b & 32 != 0,
+            attn_rows: b & 64 != 0,
         }
     }
 }
@@ -260,6 +273,7 @@ impl CudaBackend {
             norm_q8: AtomicU64::new(0),
             attn_q8: AtomicU64::new(0),
             q8k: AtomicU64::new(0),
+            attn_rows: AtomicU64::new(0),
         };
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
@@ -307,6 +321,11 @@ impl CudaBackend {
     /// Launches so far that wrote a q8_K copy beside the q8_1 one (the staged `q8k`).
     pub fn q8k_calls(&self) -> u64 {
         self.q8k.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `attention_block` calls so far whose query / key preparation took one launch.
+    pub fn attn_rows_calls(&self) -> u64 {
+        self.attn_rows.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The staged fusions in use.

@@ -250,8 +250,148 @@ impl CudaBackend {
                 || "attention_block".to_string(),
                 || self.attention_block_fused(kernel, a, rows[0], caches[rows[0].seq], p, out),
             ),
+            None if self.attn_prep_takes(&a, p) => {
+                self.attention_block_rows(a, rows, caches, p, out)
+            }
             None => backend::attention_block_each(self, a, rows, caches, p, out),
         }
+    }
+
+    /// Whether [`Self::attention_block_rows`] takes a block the fused one-row chain does not:
+    /// the staged `attn_rows` fusion and the fused paths on, head sizes of a multiple of 32 up
+    /// to 1024 (one thread per value), norms as f32 vectors of one head, RoPE within the head,
+    /// a gate inside each head's stride. Shapes only.
+    fn attn_prep_takes(&self, a: &AttnBlock<'_, CudaBackend>, p: &AttentionParams) -> bool {
+        let d = p.head_dim_k;
+        let n = a.k.rows;
+        let one_head =
+            |w: Option<&CudaWeight>| w.is_none_or(|w| w.dense.is_some() && w.rows * w.cols == d);
+        let r = a.rope;
+        self.fused()
+            && self.staged().attn_rows
+            && d.is_multiple_of(32)
+            && d <= 1024
+            && (a.q.rows, a.q.cols) == (n, p.n_head * a.q_head_stride)
+            && a.q_head_stride >= d
+            && a.gate_offset
+                .is_none_or(|g| g >= d && g + p.head_dim_v <= a.q_head_stride)
+            && (a.k.rows, a.k.cols) == (n, p.n_kv_head * d)
+            && a.positions.len() == n
+            && one_head(a.q_norm)
+            && one_head(a.k_norm)
+            && r.n_rot.is_multiple_of(2)
+            && r.n_rot <= d
+            && r.freq_factors
+                .as_ref()
+                .is_none_or(|f| f.len() >= r.n_rot / 2)
+    }
+
+    /// [`backend::attention_block_each`] with its query / key preparation (the query and gate
+    /// heads copied out of a strided q, the q and k norms, RoPE: five launches) as one
+    /// (kernels/model_ops.cu `mo_attn_prep_rows`, the same bits), then `attention` and the
+    /// gate's `mul_sigmoid` as there. For any number of rows (verify passes, batched decode).
+    fn attention_block_rows(
+        &self,
+        a: AttnBlock<'_, CudaBackend>,
+        rows: &[Row],
+        caches: &mut [&mut CudaKvCache],
+        p: &AttentionParams,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        use backend::Backend;
+        let n = a.k.rows;
+        let (d, dv) = (p.head_dim_k, p.head_dim_v);
+        // taken before the replay check: a replayed step must take the same arena blocks
+        let mut gate = match a.gate_offset {
+            Some(_) => Some(self.scratch_tensor(n, p.n_head * dv)?),
+            None => None,
+        };
+        let mut own = if a.q_head_stride != d {
+            Some(self.scratch_tensor(n, p.n_head * d)?)
+        } else {
+            None
+        };
+        self.timed(
+            || "attn_prep_rows".to_string(),
+            || self.attn_prep_rows_launch(&a, own.as_mut(), gate.as_mut(), p),
+        )?;
+        self.attn_rows
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let q: &CudaTensor = match &own {
+            Some(t) => t,
+            None => a.q,
+        };
+        self.attention(q, a.k, a.v, rows, caches, p, out)?;
+        if let Some(g) = &gate {
+            self.mul_sigmoid(out, g)?;
+        }
+        Ok(())
+    }
+
+    /// The `mo_attn_prep_rows` launch of [`Self::attention_block_rows`]: q into `qo` (or in
+    /// place when None), the gate heads into `gate`, k in place.
+    fn attn_prep_rows_launch(
+        &self,
+        a: &AttnBlock<'_, CudaBackend>,
+        qo: Option<&mut CudaTensor>,
+        gate: Option<&mut CudaTensor>,
+        p: &AttentionParams,
+    ) -> Result<(), BackendError> {
+        let n = a.k.rows;
+        if n == 0 {
+            return Ok(());
+        }
+        let stream = self.dev.stream();
+        let r = a.rope;
+        let pos: Vec<i32> = a.positions.iter().map(|&v| v as i32).collect();
+        let pos = self.host_ints(&pos)?;
+        let factors = match &r.freq_factors {
+            Some(f) => Some(self.host_floats(f)?),
+            None => None,
+        };
+        if self.replaying() {
+            return Ok(());
+        }
+        let f = self.function("mo_attn_prep_rows")?;
+        let d = p.head_dim_k;
+        let dense = |w: Option<&CudaWeight>| {
+            w.and_then(|w| w.dense.as_ref())
+                .map_or(0, |x| super::step::dev_ptr(x, stream))
+        };
+        let q = super::step::dev_ptr(&*a.q.data, stream);
+        let neox = i32::from(!matches!(r.mode, backend::RopeMode::Normal));
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, (p.n_head + p.n_kv_head) as u32, 1),
+            block_dim: (d as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = pdl::Args::new();
+        args.push(q)
+            .push(qo.map_or(q, |t| super::step::dev_ptr(&*t.data, stream)))
+            .push(gate.map_or(0, |t| super::step::dev_ptr(&*t.data, stream)))
+            .push(super::step::dev_ptr(&*a.k.data, stream))
+            .push(dense(a.q_norm))
+            .push(dense(a.k_norm))
+            .push(pos.ptr)
+            .push(factors.as_ref().map_or(0, |f| f.ptr))
+            .push(p.n_head as i32)
+            .push(p.n_kv_head as i32)
+            .push(d as i32)
+            .push(a.q_head_stride as i32)
+            .push(a.gate_offset.unwrap_or(0) as i32)
+            .push(p.head_dim_v as i32)
+            .push(r.n_rot as i32)
+            .push(r.freq_base)
+            .push(r.freq_scale)
+            .push(neox)
+            .push(a.norm_eps);
+        // SAFETY: matches mo_attn_prep_rows(q, qo, gate, k, qw, kw, pos, factors, n_heads_q,
+        // n_heads_k, head_dim, q_stride, gate_off, dv, n_rot, freq_base, freq_scale, neox, eps);
+        // attn_prep_takes checked the shapes: q holds n rows of n_head * q_stride, qo (q itself
+        // when the stride is d) and gate n rows of n_head * d / dv, k n rows of n_kv_head * d,
+        // the norms d values or none, n positions, the factors n_rot / 2; one block of d <= 1024
+        // threads per row and head. With PDL it reads only weights and host inputs before its wait.
+        unsafe { args.launch(stream, &f, cfg, self.pdl()) }.map_err(dev_err)
     }
 
     /// The fused decode chain's kernel when it takes this call: the fused paths and flash
