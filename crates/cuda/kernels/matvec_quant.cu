@@ -37,22 +37,6 @@ struct alignas(8) float2v {
 template <typename F, int NT, int R> struct MvMinBlocks { static constexpr int value = 0; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 4> { static constexpr int value = 3; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 2> { static constexpr int value = 5; };
-// Two tokens, 4 rows of Q6_K: with both tokens' x in registers the kernel took 250 registers,
-// 2 blocks per SM, so a 5120-row product (320 blocks) ran in two waves on 132 SMs and cost 1.45x
-// the one-token kernel (27B verify profile, session 18). It now takes the tokens one at a time
-// (MvXTokens: the rows decoded twice) within the one-token kernel's 3 blocks per SM.
-template <> struct MvMinBlocks<FmtQ6_K, 2, 4> { static constexpr int value = 3; };
-// Q4_K the same way: 167 registers (3 blocks per SM) with both tokens' x, the one-token
-// kernel's 128 (4 blocks) one token at a time (its decode is a few shifts and masks).
-template <> struct MvMinBlocks<FmtQ4_K, 2, 4> { static constexpr int value = 4; };
-
-// Tokens whose x a lane holds in registers at once (x of 4 tokens = 80 registers): all of them
-// up to 3; 4 beside 2 rows, 2 beside 4; Q6_K at 2 tokens and 4 rows one (above).
-template <typename F, int NT, int R> struct MvXTokens {
-    static constexpr int value = NT < 4 ? NT : (R <= 2 ? 4 : 2);
-};
-template <> struct MvXTokens<FmtQ6_K, 2, 4> { static constexpr int value = 1; };
-template <> struct MvXTokens<FmtQ4_K, 2, 4> { static constexpr int value = 1; };
 
 // x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements (xds may be tagged:
 // the tiled layout, common.cuh q8_1_at).
@@ -214,7 +198,8 @@ static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const
                                                     int ncols, int n_tokens, int g, int nb, int lane,
                                                     bool tiled, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
-    constexpr int XT = MvXTokens<F, NT, R>::value;
+    // tokens whose x is held in registers at once (x of 4 tokens = 80 registers)
+    constexpr int XT = NT < 4 ? NT : (R <= 2 ? 4 : 2);
     const int n_units_x = ncols / 32;
     const int blk = (lane / Ge::TASKS_PER_BLOCK) * Ge::BLOCKS_PER_TASK;  // this lane's block in the group
     const int task = lane % Ge::TASKS_PER_BLOCK;
@@ -270,8 +255,11 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
-    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at)
+    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at); bit 9: the group
+    // after the next one is prefetched to L2 (REDLINE_MV_PREFETCH: no registers, no shared
+    // memory, so two groups per warp are on their way from DRAM instead of one)
     const bool tiled = (load_mode & 256) != 0;
+    const bool prefetch = (load_mode & 512) != 0;
     load_mode &= 255;
     constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
@@ -290,11 +278,23 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
 
     auto group_len = [&](int g) { return min(G, nblocks - g * G) * F::BLOCK_BYTES; };
+    // the 128-byte lines of group g of every row, one line per lane
+    auto prefetch_group = [&](int g) {
+        const long long gofs = (long long)g * G * F::BLOCK_BYTES;
+        const int len = group_len(g);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const long long a = (row_start[r] + gofs) & ~127ll;
+            if (lane * 128 < (int)(row_start[r] + gofs - a) + len)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(W + a + lane * 128));
+        }
+    };
     Staged<L> st[R];
     if (g_first < ngroups) {
         const long long gofs = (long long)g_first * G * F::BLOCK_BYTES;
 #pragma unroll
         for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
+        if (prefetch && g_first + g_step < ngroups) prefetch_group(g_first + g_step);
     }
     if constexpr (PDL) {
         // the first group's weights are in flight; x comes from the previous kernel
@@ -315,6 +315,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
 #pragma unroll
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
+            if (prefetch && g + 2 * g_step < ngroups) prefetch_group(g + 2 * g_step);
         }
         mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, tiled, acc);
         __syncwarp();
@@ -446,7 +447,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
         mvm_quant<F, 1, R>(p, xq, xds, 1, load_mode);                                                  \
     }
 #define MVM_KERNEL_NT(name, F, NT, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvMinBlocks<F, NT, R>::value))       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
         mvm_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
         mvm_quant<F, NT, R>(p, xq, xds, n_tokens, load_mode);                                          \

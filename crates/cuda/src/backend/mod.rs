@@ -147,12 +147,14 @@ pub struct CudaBackend {
 /// `REDLINE_FUSED_ATTN_Q8`: the fused one-row attention chain writes the q8_1 copy of its
 /// output for the o-projection (no quantize launch; every attention layer). Together: 27B
 /// tg128 +2.0–2.4 %, 32B +0.2–0.8 % (three windows).
-/// Off by default, `=1` turns it on: `REDLINE_FUSED_Q8K`: for 3..8 rows (decode streams,
+/// Off by default, `=1` turns it on (the one staged fusion measured slower):
+/// `REDLINE_FUSED_Q8K`: for 3..8 rows (decode streams,
 /// verify passes), whose Q4_K / Q6_K products take the mmv2 kernels on q8_K activations, the
 /// norm and SwiGLU kernels write the q8_K copy too, and an x no kernel quantized gets its q8_1
 /// and q8_K copies in one launch. Measured slower (the norm's block-wide q8_K reductions cost
 /// more than the launches they save; 8 streams far slower, not yet understood).
-/// `REDLINE_FUSED_CONV_ROWS`: Gated DeltaNet's conv1d / silu / L2 norm / split chain in one
+/// Session 17 and 18's, on by default (`=0` turns one off): `REDLINE_FUSED_CONV_ROWS`: Gated
+/// DeltaNet's conv1d / silu / L2 norm / split chain in one
 /// launch (`mo_conv1d_qkv_rows`) for up to 8 rows per sequence too (verify passes), where the
 /// separate ops cost five launches (H200, session 17: +1.0 ms of a 27B verify pass of 2 rows
 /// against its one-token step's fused launch). H100, session 18: 27B verify k = 2 -0.12 ms,
@@ -160,7 +162,9 @@ pub struct CudaBackend {
 /// `REDLINE_FUSED_ATTN_ROWS`: an attention block the fused one-row chain does not take (several
 /// rows: verify passes, batched decode) gets its query / key preparation — query and gate heads
 /// copied out of the strided q, the q and k norms, RoPE, five launches — as one
-/// (`mo_attn_prep_rows`). Written without a card; not yet run.
+/// (`mo_attn_prep_rows`). H100, session 18, with the tiled q8_1 layout, three rounds: these
+/// two and the layout together take a 27B verify pass of 2 rows from 11.21 to 10.54 ms (3 and 4
+/// rows −0.3 ms), one row +0.6–1.2 %, the 27B at 8 streams +1.3 %.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StagedFusions {
     pub dn_pdl: bool,
@@ -184,8 +188,8 @@ impl StagedFusions {
         attn_rows: true,
     };
 
-    /// The process default: the measured wins on unless their variable is `0`, `q8k` only
-    /// when `REDLINE_FUSED_Q8K=1`.
+    /// The process default: the measured wins (all but `q8k`) on unless their variable is
+    /// `0`, `q8k` only when `REDLINE_FUSED_Q8K=1`.
     pub fn from_env() -> StagedFusions {
         let var = |k: &str| std::env::var(k).ok();
         let unless_0 = |k: &str| var(k).as_deref() != Some("0");
@@ -195,8 +199,8 @@ impl StagedFusions {
             norm_q8: unless_0("REDLINE_FUSED_NORM_Q8"),
             attn_q8: unless_0("REDLINE_FUSED_ATTN_Q8"),
             q8k: var("REDLINE_FUSED_Q8K").as_deref() == Some("1"),
-            conv_rows: var("REDLINE_FUSED_CONV_ROWS").as_deref() == Some("1"),
-            attn_rows: var("REDLINE_FUSED_ATTN_ROWS").as_deref() == Some("1"),
+            conv_rows: unless_0("REDLINE_FUSED_CONV_ROWS"),
+            attn_rows: unless_0("REDLINE_FUSED_ATTN_ROWS"),
         }
     }
 
