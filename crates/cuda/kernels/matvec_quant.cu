@@ -255,11 +255,11 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
-    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at); bit 9: the group
-    // after the next one is prefetched to L2 (REDLINE_MV_PREFETCH: no registers, no shared
-    // memory, so two groups per warp are on their way from DRAM instead of one)
+    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at); bits 9-10: how many
+    // groups past the next one are prefetched to L2 (REDLINE_MV_PREFETCH: no registers, no
+    // shared memory, so more groups per warp are on their way from DRAM than the one loaded)
     const bool tiled = (load_mode & 256) != 0;
-    const bool prefetch = (load_mode & 512) != 0;
+    const int pf = (load_mode >> 9) & 3;
     load_mode &= 255;
     constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
@@ -294,7 +294,8 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         const long long gofs = (long long)g_first * G * F::BLOCK_BYTES;
 #pragma unroll
         for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
-        if (prefetch && g_first + g_step < ngroups) prefetch_group(g_first + g_step);
+        for (int j = 1; j <= pf; j++)
+            if (g_first + j * g_step < ngroups) prefetch_group(g_first + j * g_step);
     }
     if constexpr (PDL) {
         // the first group's weights are in flight; x comes from the previous kernel
@@ -315,7 +316,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
 #pragma unroll
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
-            if (prefetch && g + 2 * g_step < ngroups) prefetch_group(g + 2 * g_step);
+            if (pf && g + (pf + 1) * g_step < ngroups) prefetch_group(g + (pf + 1) * g_step);
         }
         mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, tiled, acc);
         __syncwarp();
