@@ -119,13 +119,18 @@ pub fn ksplit() -> u32 {
     }
 }
 
-/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and the L2
-/// prefetch of the group after the next one (512, `REDLINE_MV_PREFETCH=1`, read once).
+/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and how many
+/// groups past the next one each warp prefetches to L2 (bits 9-10, `REDLINE_MV_PREFETCH=1..3`,
+/// read once; 0 by default).
 fn tiled_bit(xq: &MatvecScratch) -> i32 {
-    static PREFETCH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let prefetch =
-        *PREFETCH.get_or_init(|| std::env::var("REDLINE_MV_PREFETCH").is_ok_and(|v| v == "1"));
-    (if xq.tiled { 256 } else { 0 }) | (if prefetch { 512 } else { 0 })
+    static PREFETCH: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let pf = *PREFETCH.get_or_init(|| {
+        std::env::var("REDLINE_MV_PREFETCH")
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok())
+            .map_or(0, |d| d.clamp(0, 3))
+    });
+    (if xq.tiled { 256 } else { 0 }) | pf << 9
 }
 
 /// Kernel name stem of a weight type, and whether x is quantized to q8_1 for it.
