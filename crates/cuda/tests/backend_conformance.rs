@@ -145,6 +145,11 @@ fn conformance_attention_rows_staged_and_not() {
 #[ignore = "needs a CUDA device"]
 fn conformance_conv1d_qkv_fused_and_not() {
     let b = gpu();
+    // the one-row fusion alone (the multi-row one, on by default, has its own test below)
+    b.set_staged(StagedFusions {
+        conv_rows: false,
+        ..StagedFusions::from_env()
+    });
     let one = conformance::conv1d_qkv_outputs(&b).unwrap();
     // the 6 decode steps (both sequences together, then one alone); the prompt call is separate
     assert_eq!(
