@@ -24,6 +24,7 @@
 #          checks, then the 27B verify cost with and without it
 # tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
 #          27B verify cost with and without it
+# prefetch: the dp4a matvec's L2 prefetch distance (REDLINE_MV_PREFETCH=1..3) against none
 # xt:      two-token Q6_K / Q4_K matvec one token at a time (built-in vs devbin/k_q6, devbin/k_prev)
 #          and the multi-row attention preparation (REDLINE_FUSED_ATTN_ROWS=1)
 # onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
@@ -157,6 +158,23 @@ tiled)
         env $v timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
     done
     echo "== tiled $(el)"
+    ;;
+prefetch)
+    # session 18's L2 prefetch in the dp4a matvec (REDLINE_MV_PREFETCH=1..3 groups past the next
+    # one; ncu showed the kernel latency-bound, one group per warp in flight): one row of both
+    # models, two streams of the 27B and its verify cost, rounds alternating
+    timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_PREFETCH=1 REDLINE_MV_PREFETCH=2 REDLINE_MV_PREFETCH=3; do
+            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+            ST=$v b m27 -n 64 -r 2 --parallel 2
+            echo "verify $v:"
+            env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 5 2>&1 | grep -E '^\| (decode|verify)' | head -4
+        done
+        echo "round $r $(el)"
+    done
+    echo "== prefetch $(el)"
     ;;
 xt)
     # session 18's two-token matvec with one token's x in registers at a time (Q6_K and Q4_K at 4
