@@ -163,7 +163,7 @@ prefetch)
     # session 18's L2 prefetch in the dp4a matvec (REDLINE_MV_PREFETCH=1..3 groups past the next
     # one; ncu showed the kernel latency-bound, one group per warp in flight): one row of both
     # models, two streams of the 27B and its verify cost, rounds alternating
-    timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    REDLINE_MV_PREFETCH=3 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
     wait $SP
     for r in 1 2; do
         for v in X=1 REDLINE_MV_PREFETCH=1 REDLINE_MV_PREFETCH=2 REDLINE_MV_PREFETCH=3; do
