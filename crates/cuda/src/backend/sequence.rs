@@ -19,6 +19,28 @@ const ATT_SPLIT_POSITIONS: usize = 16;
 /// Most attention splits.
 const MAX_ATT_SPLITS: usize = 32;
 
+/// The query / key preparation shapes both attention-block fusions take: `n` rows of q
+/// (`n_head` heads `q_head_stride` apart, each at least a head of `head_dim_k`, a gate past the
+/// head) and k, `n` positions, norms as f32 vectors of one head, RoPE within the head.
+fn prep_shapes_ok(a: &AttnBlock<'_, CudaBackend>, p: &AttentionParams, n: usize) -> bool {
+    let d = p.head_dim_k;
+    let one_head =
+        |w: Option<&CudaWeight>| w.is_none_or(|w| w.dense.is_some() && w.rows * w.cols == d);
+    let r = a.rope;
+    (a.q.rows, a.q.cols) == (n, p.n_head * a.q_head_stride)
+        && a.q_head_stride >= d
+        && a.gate_offset.is_none_or(|g| g >= d)
+        && (a.k.rows, a.k.cols) == (n, p.n_kv_head * d)
+        && a.positions.len() == n
+        && one_head(a.q_norm)
+        && one_head(a.k_norm)
+        && r.n_rot.is_multiple_of(2)
+        && r.n_rot <= d
+        && r.freq_factors
+            .as_ref()
+            .is_none_or(|f| f.len() >= r.n_rot / 2)
+}
+
 /// K and V of one layer of one sequence: `n_ctx` positions of `n_kv_head * head_dim` values
 /// each, stored as `kv_type` rows (ggml block layouts for q8_0 / q4_0).
 pub struct CudaKvCache {
@@ -263,27 +285,13 @@ impl CudaBackend {
     /// a gate inside each head's stride. Shapes only.
     fn attn_prep_takes(&self, a: &AttnBlock<'_, CudaBackend>, p: &AttentionParams) -> bool {
         let d = p.head_dim_k;
-        let n = a.k.rows;
-        let one_head =
-            |w: Option<&CudaWeight>| w.is_none_or(|w| w.dense.is_some() && w.rows * w.cols == d);
-        let r = a.rope;
         self.fused()
             && self.staged().attn_rows
             && d.is_multiple_of(32)
             && d <= 1024
-            && (a.q.rows, a.q.cols) == (n, p.n_head * a.q_head_stride)
-            && a.q_head_stride >= d
+            && prep_shapes_ok(a, p, a.k.rows)
             && a.gate_offset
-                .is_none_or(|g| g >= d && g + p.head_dim_v <= a.q_head_stride)
-            && (a.k.rows, a.k.cols) == (n, p.n_kv_head * d)
-            && a.positions.len() == n
-            && one_head(a.q_norm)
-            && one_head(a.k_norm)
-            && r.n_rot.is_multiple_of(2)
-            && r.n_rot <= d
-            && r.freq_factors
-                .as_ref()
-                .is_none_or(|f| f.len() >= r.n_rot / 2)
+                .is_none_or(|g| g + p.head_dim_v <= a.q_head_stride)
     }
 
     /// [`backend::attention_block_each`] with its query / key preparation (the query and gate
@@ -418,26 +426,12 @@ impl CudaBackend {
         let kernel = attention::fused_decode_kernel(p, KvType::F16)?;
         let c = caches.get(row.seq)?;
         let d = p.head_dim_k;
-        let one_head =
-            |w: Option<&CudaWeight>| w.is_none_or(|w| w.dense.is_some() && w.rows * w.cols == d);
-        let r = a.rope;
         let takes = (c.kv_type, c.n_kv_head, c.head_dim_k, c.head_dim_v)
             == (KvType::F16, p.n_kv_head, d, p.head_dim_v)
-            && (a.q.rows, a.q.cols) == (1, p.n_head * a.q_head_stride)
-            && a.q_head_stride >= d
-            && a.gate_offset
-                .is_none_or(|g| g >= d && g + d <= a.q_head_stride)
-            && (a.k.rows, a.k.cols) == (1, p.n_kv_head * d)
+            && prep_shapes_ok(a, p, 1)
+            && a.gate_offset.is_none_or(|g| g + d <= a.q_head_stride)
             && (a.v.rows, a.v.cols) == (1, p.n_kv_head * d)
-            && (out.rows, out.cols) == (1, p.n_head * d)
-            && a.positions.len() == 1
-            && one_head(a.q_norm)
-            && one_head(a.k_norm)
-            && r.n_rot.is_multiple_of(2)
-            && r.n_rot <= d
-            && r.freq_factors
-                .as_ref()
-                .is_none_or(|f| f.len() >= r.n_rot / 2);
+            && (out.rows, out.cols) == (1, p.n_head * d);
         takes.then_some(kernel)
     }
 
