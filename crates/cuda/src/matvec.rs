@@ -122,7 +122,7 @@ pub fn ksplit() -> u32 {
 /// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and how many
 /// groups past the next one each warp prefetches to L2 (bits 9-10, `REDLINE_MV_PREFETCH=1..3`,
 /// read once; 0 by default).
-fn tiled_bit(xq: &MatvecScratch) -> i32 {
+fn load_mode_bits(xq: &MatvecScratch) -> i32 {
     static PREFETCH: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     let pf = *PREFETCH.get_or_init(|| {
         std::env::var("REDLINE_MV_PREFETCH")
@@ -456,7 +456,7 @@ impl CudaDevice {
             )));
         }
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
-        let load_mode = self.matvec_load_mode() | tiled_bit(xq);
+        let load_mode = self.matvec_load_mode() | load_mode_bits(xq);
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
@@ -573,7 +573,7 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes: 0,
         };
-        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
+        let mut load_mode = self.matvec_load_mode() | load_mode_bits(xq);
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;

@@ -2,7 +2,7 @@
 //! checked here; the kernels (kernels/model_ops.cu, and the matvec/get_rows of the kernels
 //! engineer) trust them.
 
-use backend::{BackendError, ColumnCopy, RopeMode, RopeParams};
+use backend::{BackendError, ColumnCopy, RopeParams};
 use cudarc::driver::{DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use gguf::GgmlType;
@@ -445,20 +445,11 @@ impl CudaBackend {
         if x.rows == 0 || n_heads == 0 || p.n_rot == 0 {
             return Ok(());
         }
-        let pos: Vec<i32> = positions.iter().map(|&q| q as i32).collect();
-        let pos = self.host_ints(&pos)?;
-        let factors = match &p.freq_factors {
-            Some(f) => Some(self.host_floats(f)?),
-            None => None,
-        };
+        let (pos, factors) = self.rope_host_inputs(positions, p)?;
         if self.replaying() {
             return Ok(());
         }
-        // Multimodal RoPE on text: every section carries the same position, so NeoX pairing.
-        let neox: i32 = match p.mode {
-            RopeMode::Normal => 0,
-            RopeMode::Neox | RopeMode::Mrope { .. } => 1,
-        };
+        let neox = i32::from(super::rope_neox(&p.mode));
         let f = self.function("mo_rope")?;
         let cfg = LaunchConfig {
             grid_dim: (x.rows as u32, n_heads as u32, 1),

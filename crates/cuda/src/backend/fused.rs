@@ -20,7 +20,7 @@
 
 use std::sync::atomic::Ordering;
 
-use backend::{BackendError, RopeMode, RopeParams};
+use backend::{BackendError, RopeParams};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gguf::GgmlType;
 
@@ -730,19 +730,11 @@ impl CudaBackend {
         if q.rows == 0 || hq + hk == 0 || p.n_rot == 0 {
             return Ok(());
         }
-        let pos: Vec<i32> = positions.iter().map(|&v| v as i32).collect();
-        let pos = self.host_ints(&pos)?;
-        let factors = match &p.freq_factors {
-            Some(f) => Some(self.host_floats(f)?),
-            None => None,
-        };
+        let (pos, factors) = self.rope_host_inputs(positions, p)?;
         if self.replaying() {
             return Ok(());
         }
-        let neox: i32 = match p.mode {
-            RopeMode::Normal => 0,
-            RopeMode::Neox | RopeMode::Mrope { .. } => 1,
-        };
+        let neox = i32::from(super::rope_neox(&p.mode));
         let f = self.function("mo_rope_qk")?;
         let cfg = LaunchConfig {
             grid_dim: (q.rows as u32, (hq + hk) as u32, 1),

@@ -410,6 +410,22 @@ impl CudaBackend {
         self.host_ints(&bits)
     }
 
+    /// The host inputs of a RoPE launch, staged in this order: the positions, then the
+    /// frequency factors when there are any.
+    fn rope_host_inputs(
+        &self,
+        positions: &[u32],
+        p: &backend::RopeParams,
+    ) -> Result<(HostInts, Option<HostInts>), BackendError> {
+        let pos: Vec<i32> = positions.iter().map(|&v| v as i32).collect();
+        let pos = self.host_ints(&pos)?;
+        let factors = match &p.freq_factors {
+            Some(f) => Some(self.host_floats(f)?),
+            None => None,
+        };
+        Ok((pos, factors))
+    }
+
     pub fn device(&self) -> &CudaDevice {
         &self.dev
     }
@@ -478,6 +494,12 @@ fn bytemuck_i32(v: &[i32]) -> &[u32] {
 }
 
 /// Ops without host inputs do nothing while a recorded step replays.
+/// The RoPE kernels' pairing flag: NeoX pairs (i, i + n_rot / 2), else (2i, 2i + 1).
+/// Multimodal RoPE on text: every section carries the same position, so NeoX pairing.
+fn rope_neox(mode: &backend::RopeMode) -> bool {
+    !matches!(mode, backend::RopeMode::Normal)
+}
+
 macro_rules! skip_in_replay {
     ($self:ident) => {
         if $self.replaying() {

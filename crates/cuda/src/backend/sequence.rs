@@ -351,12 +351,7 @@ impl CudaBackend {
         }
         let stream = self.dev.stream();
         let r = a.rope;
-        let pos: Vec<i32> = a.positions.iter().map(|&v| v as i32).collect();
-        let pos = self.host_ints(&pos)?;
-        let factors = match &r.freq_factors {
-            Some(f) => Some(self.host_floats(f)?),
-            None => None,
-        };
+        let (pos, factors) = self.rope_host_inputs(a.positions, r)?;
         if self.replaying() {
             return Ok(());
         }
@@ -367,7 +362,7 @@ impl CudaBackend {
                 .map_or(0, |x| super::step::dev_ptr(x, stream))
         };
         let q = super::step::dev_ptr(&*a.q.data, stream);
-        let neox = i32::from(!matches!(r.mode, backend::RopeMode::Normal));
+        let neox = i32::from(super::rope_neox(&r.mode));
         let cfg = LaunchConfig {
             grid_dim: (n as u32, (p.n_head + p.n_kv_head) as u32, 1),
             block_dim: (d as u32, 1, 1),
@@ -455,11 +450,7 @@ impl CudaBackend {
         }
         let row_ids = self.host_ints(&[0])?;
         let pos = self.host_ints(&[row.pos as i32])?;
-        let rope_pos = self.host_ints(&[a.positions[0] as i32])?;
-        let factors = match &a.rope.freq_factors {
-            Some(f) => Some(self.host_floats(f)?),
-            None => None,
-        };
+        let (rope_pos, factors) = self.rope_host_inputs(&a.positions[..1], a.rope)?;
         let mode = self.mode();
         let tile = attention::decode_tile_for(p, KvType::F16)
             .ok_or_else(|| shape_err("attention_block", format!("no decode tile for {p:?}")))?;
@@ -485,7 +476,7 @@ impl CudaBackend {
             factors: factors.as_ref().map_or(0, |f| f.ptr),
             rope_pos: rope_pos.ptr,
             n_rot: a.rope.n_rot,
-            neox: !matches!(a.rope.mode, backend::RopeMode::Normal),
+            neox: super::rope_neox(&a.rope.mode),
             freq_base: a.rope.freq_base,
             freq_scale: a.rope.freq_scale,
             q_stride: a.q_head_stride,
