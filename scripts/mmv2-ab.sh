@@ -25,6 +25,9 @@
 # tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
 #          27B verify cost with and without it
 # prefetch: the dp4a matvec's L2 prefetch distance (REDLINE_MV_PREFETCH=1..3) against none
+# suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
+#          speculative)
+# ncu:     ncu's per-instruction stall samples of the one-token Q4_K / Q6_K segment kernels
 # xt:      two-token Q6_K / Q4_K matvec one token at a time (built-in vs devbin/k_q6, devbin/k_prev)
 #          and the multi-row attention preparation (REDLINE_FUSED_ATTN_ROWS=1)
 # onerow2: one-row variants (REDLINE_MMV2_MIN=1, REDLINE_MMV2_SMALL with and without a K split)
@@ -162,11 +165,11 @@ tiled)
 prefetch)
     # session 18's L2 prefetch in the dp4a matvec (REDLINE_MV_PREFETCH=1..3 groups past the next
     # one; ncu showed the kernel latency-bound, one group per warp in flight): one row of both
-    # models, two streams of the 27B and its verify cost, rounds alternating
-    REDLINE_MV_PREFETCH=3 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    # models, two streams of the 27B and its verify cost, rounds alternating (ROUNDS, PFS)
+    [ -n "${CHECKED:-}" ] || REDLINE_MV_PREFETCH=3 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
     wait $SP
-    for r in 1 2; do
-        for v in X=1 REDLINE_MV_PREFETCH=1 REDLINE_MV_PREFETCH=2 REDLINE_MV_PREFETCH=3; do
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 ${PFS:-REDLINE_MV_PREFETCH=1 REDLINE_MV_PREFETCH=2 REDLINE_MV_PREFETCH=3}; do
             for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
             ST=$v b m27 -n 64 -r 2 --parallel 2
             echo "verify $v:"
@@ -244,6 +247,33 @@ skip8)
 serve)
     wait $SP
     for par in ${PARS:-8 32}; do serve_rows "p$par" "$par" "${STREAMS:-1,8,32}"; done
+    ;;
+suites)
+    # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
+    # prefetch kernels split out of the default ones)
+    REDLINE_MV_PREFETCH=3 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    timeout 150 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED|failures:" | head -8
+    timeout 300 devbin/t_gpu_decode --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED|failures:|differ" | head -8
+    timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -6
+    CHECKED=1
+    echo "== suites $(el)"
+    ;;
+ncu)
+    # where the one-token dp4a matvec's warps stall, instruction by instruction (ncu's source
+    # page: SASS with the warp-state samples), on eager 27B steps: gate/up and the in-projections
+    # (mvm_q4_k_r4) and the Q6_K down (mvm_q6_k_r4)
+    wait $SP
+    NCU=/usr/local/cuda/bin/ncu
+    for k in mvm_q4_k_r4 mvm_q6_k_r4; do
+        REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 60 --launch-count 2 \
+            --section SourceCounters --section WarpStateStats --section SchedulerStats --section LaunchStats \
+            --section Occupancy --section SpeedOfLight -o "$OUT/$k" -f \
+            $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 4 -r 1 >"$OUT/ncu_$k.log" 2>&1
+        $NCU -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$k.csv" 2>&1
+        $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
+        ls -la "$OUT" | grep "$k"
+    done
+    echo "== ncu $(el)"
     ;;
 esac
 done

@@ -249,17 +249,19 @@ static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const
 // This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
 // are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
 // of the rows. Only __syncwarp inside.
-template <typename F, int NT, int R, bool PDL = false>
+template <typename F, int NT, int R, bool PDL = false, bool PF = false>
 static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                      const float* __restrict__ xds, int nrows, int ncols,
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
-    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at); bits 9-10: how many
-    // groups past the next one are prefetched to L2 (REDLINE_MV_PREFETCH: no registers, no
-    // shared memory, so more groups per warp are on their way from DRAM than the one loaded)
+    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at); bits 9-10 (PF
+    // kernels only): how many groups past the next one are prefetched to L2
+    // (REDLINE_MV_PREFETCH: no shared memory, so more groups per warp are on their way from
+    // DRAM than the one loaded). A compile-time switch: the prefetch's address arithmetic took
+    // mvm_q4_k_r4 from 128 to 150 registers (3 blocks per SM instead of 4) even when off.
     const bool tiled = (load_mode & 256) != 0;
-    const int pf = (load_mode >> 9) & 3;
+    const int pf = PF ? (load_mode >> 9) & 3 : 0;
     load_mode &= 255;
     constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
@@ -294,8 +296,9 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         const long long gofs = (long long)g_first * G * F::BLOCK_BYTES;
 #pragma unroll
         for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
-        for (int j = 1; j <= pf; j++)
-            if (g_first + j * g_step < ngroups) prefetch_group(g_first + j * g_step);
+        if constexpr (PF)
+            for (int j = 1; j <= pf; j++)
+                if (g_first + j * g_step < ngroups) prefetch_group(g_first + j * g_step);
     }
     if constexpr (PDL) {
         // the first group's weights are in flight; x comes from the previous kernel
@@ -316,7 +319,8 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
 #pragma unroll
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
-            if (pf && g + (pf + 1) * g_step < ngroups) prefetch_group(g + (pf + 1) * g_step);
+            if constexpr (PF)
+                if (pf && g + (pf + 1) * g_step < ngroups) prefetch_group(g + (pf + 1) * g_step);
         }
         mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, tiled, acc);
         __syncwarp();
@@ -425,7 +429,7 @@ static __device__ __forceinline__ void mv_seg_store(const MvSegSel& sel, int row
     }
 }
 
-template <typename F, int NT, int R>
+template <typename F, int NT, int R, bool PF = false>
 static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
                                                  const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
@@ -435,7 +439,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
     if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
     float acc[R][NT];
-    mv_quant_rows<F, NT, R, true>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1,
+    mv_quant_rows<F, NT, R, true, PF>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1,
                                   acc);
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
@@ -457,6 +461,18 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     MVM_KERNEL(name, F, 2) MVM_KERNEL(name, F, 4)                                                       \
     MVM_KERNEL_NT(name, F, 2, 2) MVM_KERNEL_NT(name, F, 2, 4) MVM_KERNEL_NT(name, F, 4, 2)             \
     MVM_KERNEL_NT(name, F, 4, 4) MVM_KERNEL_NT(name, F, 8, 2) MVM_KERNEL_NT(name, F, 8, 4)
+
+// The L2-prefetch experiment (REDLINE_MV_PREFETCH=1..3): one-token Q4_K / Q6_K segment
+// kernels with the prefetch compiled in, mvm_<fmt>_r<R>_pf, capped to the registers of the
+// kernels without it (MB blocks per SM).
+#define MVM_KERNEL_PF(name, F, R, MB)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MB)                                   \
+        mvm_##name##_r##R##_pf(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
+                               int load_mode) {                                                        \
+        mvm_quant<F, 1, R, true>(p, xq, xds, 1, load_mode);                                            \
+    }
+MVM_KERNEL_PF(q4_k, FmtQ4_K, 2, 5) MVM_KERNEL_PF(q4_k, FmtQ4_K, 4, 4)
+MVM_KERNEL_PF(q6_k, FmtQ6_K, 2, 5) MVM_KERNEL_PF(q6_k, FmtQ6_K, 4, 3)
 
 MVM_FORMAT(q4_0, FmtQ4_0)
 MVM_FORMAT(q4_1, FmtQ4_1)

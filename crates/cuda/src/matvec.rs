@@ -119,18 +119,24 @@ pub fn ksplit() -> u32 {
     }
 }
 
-/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and how many
-/// groups past the next one each warp prefetches to L2 (bits 9-10, `REDLINE_MV_PREFETCH=1..3`,
-/// read once; 0 by default).
-fn load_mode_bits(xq: &MatvecScratch) -> i32 {
+/// How many groups past the next one each warp of the one-token Q4_K / Q6_K segment kernels
+/// prefetches to L2 (`REDLINE_MV_PREFETCH=1..3`, read once; 0 by default: an experiment).
+/// With it set those products run the `mvm_<fmt>_r<R>_pf` kernels, which have the prefetch
+/// compiled in.
+fn prefetch_distance() -> i32 {
     static PREFETCH: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    let pf = *PREFETCH.get_or_init(|| {
+    *PREFETCH.get_or_init(|| {
         std::env::var("REDLINE_MV_PREFETCH")
             .ok()
             .and_then(|v| v.parse::<i32>().ok())
             .map_or(0, |d| d.clamp(0, 3))
-    });
-    (if xq.tiled { 256 } else { 0 }) | pf << 9
+    })
+}
+
+/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and the
+/// prefetch distance (bits 9-10; only the `_pf` kernels read it).
+fn load_mode_bits(xq: &MatvecScratch) -> i32 {
+    (if xq.tiled { 256 } else { 0 }) | prefetch_distance() << 9
 }
 
 /// Kernel name stem of a weight type, and whether x is quantized to q8_1 for it.
@@ -561,11 +567,14 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        let name = if nt == 1 {
-            format!("mvm_{stem}_r{r}")
-        } else {
-            format!("mvm_{stem}_n{nt}_r{r}")
-        };
+        let name =
+            if nt == 1 && prefetch_distance() > 0 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+                format!("mvm_{stem}_r{r}_pf")
+            } else if nt == 1 {
+                format!("mvm_{stem}_r{r}")
+            } else {
+                format!("mvm_{stem}_n{nt}_r{r}")
+            };
         let f = self.function(Program::MatvecQuant, &name)?;
         let mut n_i = n_tokens as i32;
         let cfg = LaunchConfig {
