@@ -264,11 +264,13 @@ ncu)
     # (mvm_q4_k_r4) and the Q6_K down (mvm_q6_k_r4)
     wait $SP
     NCU=/usr/local/cuda/bin/ncu
-    for k in mvm_q4_k_r4 mvm_q6_k_r4; do
+    # ... and the 8-token products of an 8-stream 32B step (mmv2s_q4_k_s2, mmv2_q6_k: issue 6)
+    for kp in "mvm_q4_k_r4 m27 1" "mvm_q6_k_r4 m27 1" "mmv2s_q4_k_s2 m32 8" "mmv2_q6_k m32 8"; do
+        read -r k m par <<<"$kp"
         REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 60 --launch-count 2 \
             --section SourceCounters --section WarpStateStats --section SchedulerStats --section LaunchStats \
             --section Occupancy --section SpeedOfLight -o "$OUT/$k" -f \
-            $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 4 -r 1 >"$OUT/ncu_$k.log" 2>&1
+            $R bench --device cuda -m /tmp/$m.gguf -p 0 -n 4 -r 1 --parallel $par >"$OUT/ncu_$k.log" 2>&1
         $NCU -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$k.csv" 2>&1
         $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
         ls -la "$OUT" | grep "$k"
