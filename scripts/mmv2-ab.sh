@@ -273,6 +273,7 @@ ncu)
             $R bench --device cuda -m /tmp/$m.gguf -p 0 -n 4 -r 1 --parallel $par >"$OUT/ncu_$k.log" 2>&1
         $NCU -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$k.csv" 2>&1
         $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
+        python3 scripts/ncu-top.py "$OUT/src_$k.csv" 25 | cut -c1-220
         ls -la "$OUT" | grep "$k"
     done
     echo "== ncu $(el)"
