@@ -25,6 +25,7 @@
 # tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
 #          27B verify cost with and without it
 # prefetch: the dp4a matvec's L2 prefetch distance (REDLINE_MV_PREFETCH=1..3) against none
+# xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1)
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
 # ncu:     ncu's per-instruction stall samples of the one-token Q4_K / Q6_K segment kernels
@@ -247,6 +248,25 @@ skip8)
 serve)
     wait $SP
     for par in ${PARS:-8 32}; do serve_rows "p$par" "$par" "${STREAMS:-1,8,32}"; done
+    ;;
+xsmem)
+    # x staged in shared memory in the one- and two-token Q4_K / Q6_K segment kernels
+    # (REDLINE_MV_XSMEM=1, the mvm_*_xs kernels): checks, then one row of both models, two
+    # streams and the 27B verify cost, rounds alternating
+    REDLINE_MV_XSMEM=1 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    REDLINE_MV_XSMEM=1 timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    echo "== xsmem checks $(el)"
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MV_XSMEM=1; do
+            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+            ST=$v b m27 -n 64 -r 2 --parallel 2
+            echo "verify $v:"
+            env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3 -d 256 -r 5 2>&1 | grep -E '^\| (decode|verify)' | head -4
+        done
+        echo "round $r $(el)"
+    done
+    echo "== xsmem $(el)"
     ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the

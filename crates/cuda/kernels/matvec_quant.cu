@@ -249,7 +249,23 @@ static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const
 // This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
 // are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
 // of the rows. Only __syncwarp inside.
-template <typename F, int NT, int R, bool PDL = false, bool PF = false>
+// Copies x (q8_1 of n_tokens tokens: the int8 values, then from the next 16-byte boundary the
+// (d, d * sum) pairs) into this block's dynamic shared memory, every thread of the block.
+static __device__ __forceinline__ void mv_stage_x(const int8_t* __restrict__ xq, const float* __restrict__ xds,
+                                                  int ncols, int n_tokens, uint8_t* xs) {
+    const int tid = threadIdx.y * 32 + threadIdx.x, nth = 32 * MV_WARPS;
+    const int qbytes = n_tokens * ncols;  // a multiple of 32
+    for (int i = tid; i < qbytes / 16; i += nth) ((u32x4*)xs)[i] = ((const u32x4*)xq)[i];
+    const int nds = n_tokens * (ncols / 32);
+    float2v* ds = (float2v*)(xs + qbytes);
+    for (int i = tid; i < nds; i += nth) ds[i] = ((const float2v*)xds)[i];
+}
+
+// XS: x is staged in the block's dynamic shared memory (the mvm _xs kernels of <= 2 tokens,
+// REDLINE_MV_XSMEM): its loads in the dot are then shared-memory loads, not L1/L2 round trips
+// that queue behind the weight stream (ncu on the H200: 14 % of the one-token Q4_K gate/up
+// kernel's stall samples were its first dp4a waiting for x, as many as its wait for weights).
+template <typename F, int NT, int R, bool PDL = false, bool PF = false, bool XS = false>
 static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                      const float* __restrict__ xds, int nrows, int ncols,
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
@@ -304,6 +320,13 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         // the first group's weights are in flight; x comes from the previous kernel
         pdl_wait();
         pdl_trigger();
+    }
+    if constexpr (XS) {
+        extern __shared__ u32x4 mv_xs[];
+        mv_stage_x(xq, xds, ncols, n_tokens, (uint8_t*)mv_xs);
+        __syncthreads();
+        xq = (const int8_t*)mv_xs;
+        xds = (const float*)((const uint8_t*)mv_xs + n_tokens * ncols);
     }
     for (int g = g_first; g < ngroups; g += g_step) {
         const int nb = min(G, nblocks - g * G);
@@ -429,18 +452,28 @@ static __device__ __forceinline__ void mv_seg_store(const MvSegSel& sel, int row
     }
 }
 
-template <typename F, int NT, int R, bool PF = false>
+template <typename F, int NT, int R, bool PF = false, bool XS = false>
 static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
                                                  const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
     const int lane = threadIdx.x;
     const int row0 = (((int)blockIdx.x - sel.block0) * MV_WARPS + threadIdx.y) * R;
-    if (row0 >= sel.nrows) return;
+    if (row0 >= sel.nrows) {
+        if constexpr (XS) {
+            // a warp past the last row still helps stage x and meets the block's barrier
+            extern __shared__ u32x4 mv_xs[];
+            pdl_wait();
+            pdl_trigger();
+            mv_stage_x(xq, xds, p.ncols, n_tokens, (uint8_t*)mv_xs);
+            __syncthreads();
+        }
+        return;
+    }
     // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
     if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
     float acc[R][NT];
-    mv_quant_rows<F, NT, R, true, PF>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0, 1,
-                                  acc);
+    mv_quant_rows<F, NT, R, true, PF, XS>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0,
+                                          0, 1, acc);
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
 
@@ -473,6 +506,23 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     }
 MVM_KERNEL_PF(q4_k, FmtQ4_K, 2, 5) MVM_KERNEL_PF(q4_k, FmtQ4_K, 4, 4)
 MVM_KERNEL_PF(q6_k, FmtQ6_K, 2, 5) MVM_KERNEL_PF(q6_k, FmtQ6_K, 4, 3)
+
+// x staged in shared memory (REDLINE_MV_XSMEM=1): one- and two-token Q4_K / Q6_K segment kernels,
+// mvm_<fmt>_r<R>_xs and mvm_<fmt>_n2_r<R>_xs, launched with the staged x's bytes of dynamic
+// shared memory.
+#define MVM_KERNEL_XS(name, F, R, MB)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MB)                                   \
+        mvm_##name##_r##R##_xs(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
+                               int load_mode) {                                                        \
+        mvm_quant<F, 1, R, false, true>(p, xq, xds, 1, load_mode);                                     \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvm_##name##_n2_r##R##_xs(const MvSegs p, const int8_t* __restrict__ xq,                      \
+                                  const float* __restrict__ xds, int n_tokens, int load_mode) {        \
+        mvm_quant<F, 2, R, false, true>(p, xq, xds, n_tokens, load_mode);                              \
+    }
+MVM_KERNEL_XS(q4_k, FmtQ4_K, 2, 5) MVM_KERNEL_XS(q4_k, FmtQ4_K, 4, 4)
+MVM_KERNEL_XS(q6_k, FmtQ6_K, 2, 5) MVM_KERNEL_XS(q6_k, FmtQ6_K, 4, 3)
 
 MVM_FORMAT(q4_0, FmtQ4_0)
 MVM_FORMAT(q4_1, FmtQ4_1)

@@ -133,6 +133,13 @@ fn prefetch_distance() -> i32 {
     })
 }
 
+/// Whether the one- and two-token Q4_K / Q6_K segment products stage x in shared memory
+/// (`REDLINE_MV_XSMEM=1`, read once; off by default: an experiment), the `mvm_*_xs` kernels.
+fn x_in_shared() -> bool {
+    static XS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *XS.get_or_init(|| std::env::var("REDLINE_MV_XSMEM").is_ok_and(|v| v == "1"))
+}
+
 /// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and the
 /// prefetch distance (bits 9-10; only the `_pf` kernels read it).
 fn load_mode_bits(xq: &MatvecScratch) -> i32 {
@@ -567,20 +574,37 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        let name =
-            if nt == 1 && prefetch_distance() > 0 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
-                format!("mvm_{stem}_r{r}_pf")
-            } else if nt == 1 {
-                format!("mvm_{stem}_r{r}")
-            } else {
-                format!("mvm_{stem}_n{nt}_r{r}")
-            };
-        let f = self.function(Program::MatvecQuant, &name)?;
+        let k_quant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
+        let base = if nt == 1 && prefetch_distance() > 0 && k_quant {
+            format!("mvm_{stem}_r{r}_pf")
+        } else if nt == 1 {
+            format!("mvm_{stem}_r{r}")
+        } else {
+            format!("mvm_{stem}_n{nt}_r{r}")
+        };
+        // x staged in shared memory (the _xs kernels) where it fits beside the kernel's own
+        // staging buffers in the 48 KB a launch gets without opting in
+        let xs_bytes = (n_tokens * cols + n_tokens * (cols / 32) * 8) as u32;
+        let mut f = None;
+        if nt <= 2 && k_quant && x_in_shared() && prefetch_distance() == 0 {
+            let fx = self.function(Program::MatvecQuant, &format!("{base}_xs"))?;
+            let own = fx.get_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )?;
+            if own as u32 + xs_bytes <= 48 * 1024 {
+                f = Some(fx);
+            }
+        }
+        let shared_mem_bytes = if f.is_some() { xs_bytes } else { 0 };
+        let f = match f {
+            Some(f) => f,
+            None => self.function(Program::MatvecQuant, &base)?,
+        };
         let mut n_i = n_tokens as i32;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (32, WARPS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes,
         };
         let mut load_mode = self.matvec_load_mode() | load_mode_bits(xq);
         if crate::pdl::enabled(self.arch()) {
