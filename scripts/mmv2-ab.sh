@@ -26,6 +26,7 @@
 #          27B verify cost with and without it
 # prefetch: the dp4a matvec's L2 prefetch distance (REDLINE_MV_PREFETCH=1..3) against none
 # xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1)
+# ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
 # ncu:     ncu's per-instruction stall samples of the one-token Q4_K / Q6_K segment kernels
@@ -267,6 +268,15 @@ xsmem)
         echo "round $r $(el)"
     done
     echo "== xsmem $(el)"
+    ;;
+ks8)
+    # the mmv2 K split (REDLINE_MMV2_KSPLIT, launches under 600 tiles: the 5120-row down / o
+    # projections) at 8 streams: ncu on the H200 showed the 32B's 8-row down projection at 0.4
+    # waves of blocks, 18 % occupancy, 29 % of DRAM bandwidth
+    wait $SP
+    for v in X=1 REDLINE_MMV2_KSPLIT=2 REDLINE_MMV2_KSPLIT=4 X=1 REDLINE_MMV2_KSPLIT=2; do ST=$v b m32 -n 64 -r 2 --parallel 8; done
+    for v in X=1 REDLINE_MMV2_KSPLIT=2; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
+    echo "== ks8 $(el)"
     ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
