@@ -25,7 +25,9 @@
 # tiled:   the tiled q8_1 layout (REDLINE_Q8_1_TILED=1): checks, one row of both models and the
 #          27B verify cost with and without it
 # prefetch: the dp4a matvec's L2 prefetch distance (REDLINE_MV_PREFETCH=1..3) against none
-# xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1)
+#          (session 19: lost 7-10 %; the _pf kernels are removed, the stage is the record)
+# xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1;
+#          session 19's first version; since then two tokens only and on by default: XS0 below)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
@@ -254,12 +256,12 @@ xsmem)
     # x staged in shared memory in the one- and two-token Q4_K / Q6_K segment kernels
     # (REDLINE_MV_XSMEM=1, the mvm_*_xs kernels): checks, then one row of both models, two
     # streams and the 27B verify cost, rounds alternating
-    REDLINE_MV_XSMEM=1 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
-    REDLINE_MV_XSMEM=1 timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    [ -n "${CHECKED:-}" ] || REDLINE_MV_XSMEM=1 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    [ -n "${CHECKED:-}" ] || REDLINE_MV_XSMEM=1 timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ" | head -6
     echo "== xsmem checks $(el)"
     wait $SP
     for r in ${ROUNDS:-1 2}; do
-        for v in X=1 REDLINE_MV_XSMEM=1; do
+        for v in X=1 ${XS0:-REDLINE_MV_XSMEM=1}; do
             for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
             ST=$v b m27 -n 64 -r 2 --parallel 2
             echo "verify $v:"
@@ -281,7 +283,7 @@ ks8)
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
     # prefetch kernels split out of the default ones)
-    REDLINE_MV_PREFETCH=3 timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
+    timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
     timeout 150 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED|failures:" | head -8
     timeout 300 devbin/t_gpu_decode --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED|failures:|differ" | head -8
     timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -6

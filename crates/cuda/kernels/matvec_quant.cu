@@ -261,23 +261,18 @@ static __device__ __forceinline__ void mv_stage_x(const int8_t* __restrict__ xq,
     for (int i = tid; i < nds; i += nth) ds[i] = ((const float2v*)xds)[i];
 }
 
-// XS: x is staged in the block's dynamic shared memory (the mvm _xs kernels of <= 2 tokens,
+// XS: x is staged in the block's dynamic shared memory (the two-token mvm _xs kernels,
 // REDLINE_MV_XSMEM): its loads in the dot are then shared-memory loads, not L1/L2 round trips
 // that queue behind the weight stream (ncu on the H200: 14 % of the one-token Q4_K gate/up
 // kernel's stall samples were its first dp4a waiting for x, as many as its wait for weights).
-template <typename F, int NT, int R, bool PDL = false, bool PF = false, bool XS = false>
+template <typename F, int NT, int R, bool PDL = false, bool XS = false>
 static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                      const float* __restrict__ xds, int nrows, int ncols,
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
-    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at); bits 9-10 (PF
-    // kernels only): how many groups past the next one are prefetched to L2
-    // (REDLINE_MV_PREFETCH: no shared memory, so more groups per warp are on their way from
-    // DRAM than the one loaded). A compile-time switch: the prefetch's address arithmetic took
-    // mvm_q4_k_r4 from 128 to 150 registers (3 blocks per SM instead of 4) even when off.
+    // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at)
     const bool tiled = (load_mode & 256) != 0;
-    const int pf = PF ? (load_mode >> 9) & 3 : 0;
     load_mode &= 255;
     constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
@@ -296,25 +291,11 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
 
     auto group_len = [&](int g) { return min(G, nblocks - g * G) * F::BLOCK_BYTES; };
-    // the 128-byte lines of group g of every row, one line per lane
-    auto prefetch_group = [&](int g) {
-        const long long gofs = (long long)g * G * F::BLOCK_BYTES;
-        const int len = group_len(g);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const long long a = (row_start[r] + gofs) & ~127ll;
-            if (lane * 128 < (int)(row_start[r] + gofs - a) + len)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(W + a + lane * 128));
-        }
-    };
     Staged<L> st[R];
     if (g_first < ngroups) {
         const long long gofs = (long long)g_first * G * F::BLOCK_BYTES;
 #pragma unroll
         for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
-        if constexpr (PF)
-            for (int j = 1; j <= pf; j++)
-                if (g_first + j * g_step < ngroups) prefetch_group(g_first + j * g_step);
     }
     if constexpr (PDL) {
         // the first group's weights are in flight; x comes from the previous kernel
@@ -342,8 +323,6 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
 #pragma unroll
             for (int r = 0; r < R; r++)
                 mv_load_group(W, row_start[r] + gofs, group_len(g + g_step), lane, st[r], load_mode);
-            if constexpr (PF)
-                if (pf && g + (pf + 1) * g_step < ngroups) prefetch_group(g + (pf + 1) * g_step);
         }
         mv_group_dot<F, NT, R>(sbytes, off, xq, xds, ncols, n_tokens, g, nb, lane, tiled, acc);
         __syncwarp();
@@ -452,7 +431,7 @@ static __device__ __forceinline__ void mv_seg_store(const MvSegSel& sel, int row
     }
 }
 
-template <typename F, int NT, int R, bool PF = false, bool XS = false>
+template <typename F, int NT, int R, bool XS = false>
 static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* __restrict__ xq,
                                                  const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
@@ -472,8 +451,8 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     // the epilogue's bias (a weight) toward L2 now, so its DRAM round trip is not in the tail
     if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
     float acc[R][NT];
-    mv_quant_rows<F, NT, R, true, PF, XS>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0,
-                                          0, 1, acc);
+    mv_quant_rows<F, NT, R, true, XS>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, 0,
+                                      1, acc);
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
 
@@ -495,34 +474,18 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
     MVM_KERNEL_NT(name, F, 2, 2) MVM_KERNEL_NT(name, F, 2, 4) MVM_KERNEL_NT(name, F, 4, 2)             \
     MVM_KERNEL_NT(name, F, 4, 4) MVM_KERNEL_NT(name, F, 8, 2) MVM_KERNEL_NT(name, F, 8, 4)
 
-// The L2-prefetch experiment (REDLINE_MV_PREFETCH=1..3): one-token Q4_K / Q6_K segment
-// kernels with the prefetch compiled in, mvm_<fmt>_r<R>_pf, capped to the registers of the
-// kernels without it (MB blocks per SM).
-#define MVM_KERNEL_PF(name, F, R, MB)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MB)                                   \
-        mvm_##name##_r##R##_pf(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
-                               int load_mode) {                                                        \
-        mvm_quant<F, 1, R, true>(p, xq, xds, 1, load_mode);                                            \
-    }
-MVM_KERNEL_PF(q4_k, FmtQ4_K, 2, 5) MVM_KERNEL_PF(q4_k, FmtQ4_K, 4, 4)
-MVM_KERNEL_PF(q6_k, FmtQ6_K, 2, 5) MVM_KERNEL_PF(q6_k, FmtQ6_K, 4, 3)
-
-// x staged in shared memory (REDLINE_MV_XSMEM=1): one- and two-token Q4_K / Q6_K segment kernels,
-// mvm_<fmt>_r<R>_xs and mvm_<fmt>_n2_r<R>_xs, launched with the staged x's bytes of dynamic
-// shared memory.
-#define MVM_KERNEL_XS(name, F, R, MB)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MB)                                   \
-        mvm_##name##_r##R##_xs(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds,  \
-                               int load_mode) {                                                        \
-        mvm_quant<F, 1, R, false, true>(p, xq, xds, 1, load_mode);                                     \
-    }                                                                                                   \
+// Two-token Q4_K / Q6_K segment kernels with x staged in shared memory, mvm_<fmt>_n2_r<R>_xs,
+// launched with the staged x's bytes of dynamic shared memory (the default for 2 tokens;
+// REDLINE_MV_XSMEM=0: the kernels above). At one token the staging lost (H100: 32B 104.0 ->
+// 102.8 tok/s); at two it won (27B two streams 188 -> 192, verify k = 2 10.56 -> 10.45 ms).
+#define MVM_KERNEL_XS(name, F, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
         mvm_##name##_n2_r##R##_xs(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
-        mvm_quant<F, 2, R, false, true>(p, xq, xds, n_tokens, load_mode);                              \
+        mvm_quant<F, 2, R, true>(p, xq, xds, n_tokens, load_mode);                                     \
     }
-MVM_KERNEL_XS(q4_k, FmtQ4_K, 2, 5) MVM_KERNEL_XS(q4_k, FmtQ4_K, 4, 4)
-MVM_KERNEL_XS(q6_k, FmtQ6_K, 2, 5) MVM_KERNEL_XS(q6_k, FmtQ6_K, 4, 3)
+MVM_KERNEL_XS(q4_k, FmtQ4_K, 2) MVM_KERNEL_XS(q4_k, FmtQ4_K, 4)
+MVM_KERNEL_XS(q6_k, FmtQ6_K, 2) MVM_KERNEL_XS(q6_k, FmtQ6_K, 4)
 
 MVM_FORMAT(q4_0, FmtQ4_0)
 MVM_FORMAT(q4_1, FmtQ4_1)

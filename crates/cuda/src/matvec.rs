@@ -119,31 +119,36 @@ pub fn ksplit() -> u32 {
     }
 }
 
-/// How many groups past the next one each warp of the one-token Q4_K / Q6_K segment kernels
-/// prefetches to L2 (`REDLINE_MV_PREFETCH=1..3`, read once; 0 by default: an experiment).
-/// With it set those products run the `mvm_<fmt>_r<R>_pf` kernels, which have the prefetch
-/// compiled in.
-fn prefetch_distance() -> i32 {
-    static PREFETCH: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *PREFETCH.get_or_init(|| {
-        std::env::var("REDLINE_MV_PREFETCH")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok())
-            .map_or(0, |d| d.clamp(0, 3))
-    })
-}
-
-/// Whether the one- and two-token Q4_K / Q6_K segment products stage x in shared memory
-/// (`REDLINE_MV_XSMEM=1`, read once; off by default: an experiment), the `mvm_*_xs` kernels.
+/// Whether the two-token Q4_K / Q6_K segment products stage x in shared memory (the
+/// `mvm_*_n2_r*_xs` kernels; on unless `REDLINE_MV_XSMEM=0`, read once). The same arithmetic
+/// on the same values: the same bits. H100 (session 19): 27B two streams 188 -> 192 tok/s,
+/// verify k = 2 10.56 -> 10.45 ms; at one token the staging lost (32B 104.0 -> 102.8), so
+/// one-token products keep reading x through L1.
 fn x_in_shared() -> bool {
     static XS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *XS.get_or_init(|| std::env::var("REDLINE_MV_XSMEM").is_ok_and(|v| v == "1"))
+    match X_IN_SHARED_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *XS.get_or_init(|| std::env::var("REDLINE_MV_XSMEM").map_or(true, |v| v != "0")),
+    }
 }
 
-/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256), and the
-/// prefetch distance (bits 9-10; only the `_pf` kernels read it).
+/// 0: `REDLINE_MV_XSMEM` decides; 1: off; 2: on.
+static X_IN_SHARED_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces whether the two-token Q4_K / Q6_K segment products stage x in shared memory
+/// (`None`: back to `REDLINE_MV_XSMEM`). For tests and benchmarks.
+pub fn set_x_in_shared(on: Option<bool>) {
+    X_IN_SHARED_OVERRIDE.store(on.map_or(0, |b| if b { 2 } else { 1 }), Ordering::Relaxed);
+}
+
+/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256).
 fn load_mode_bits(xq: &MatvecScratch) -> i32 {
-    (if xq.tiled { 256 } else { 0 }) | prefetch_distance() << 9
+    if xq.tiled {
+        256
+    } else {
+        0
+    }
 }
 
 /// Kernel name stem of a weight type, and whether x is quantized to q8_1 for it.
@@ -574,19 +579,16 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        let k_quant = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
-        let base = if nt == 1 && prefetch_distance() > 0 && k_quant {
-            format!("mvm_{stem}_r{r}_pf")
-        } else if nt == 1 {
+        let base = if nt == 1 {
             format!("mvm_{stem}_r{r}")
         } else {
             format!("mvm_{stem}_n{nt}_r{r}")
         };
-        // x staged in shared memory (the _xs kernels) where it fits beside the kernel's own
-        // staging buffers in the 48 KB a launch gets without opting in
+        // two tokens: x staged in shared memory (the _xs kernels) where it fits beside the
+        // kernel's own staging buffers in the 48 KB a launch gets without opting in
         let xs_bytes = (n_tokens * cols + n_tokens * (cols / 32) * 8) as u32;
         let mut f = None;
-        if nt <= 2 && k_quant && x_in_shared() && prefetch_distance() == 0 {
+        if nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
             let fx = self.function(Program::MatvecQuant, &format!("{base}_xs"))?;
             let own = fx.get_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,

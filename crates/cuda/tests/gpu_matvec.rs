@@ -297,8 +297,9 @@ fn check_segments(
 
 /// Several matrices of one format in one launch (`matvec_segments`, the fused decode path):
 /// each output equals the per-matrix matvec of the same quantized x — for every block format,
-/// odd row counts, 1-4 segments, both rows-per-warp kernels, 1, 3 and 8 tokens (batched
-/// decode and verify passes: every token's row block of each output).
+/// odd row counts, 1-4 segments, both rows-per-warp kernels, 1, 2, 3 and 8 tokens (batched
+/// decode and verify passes: every token's row block of each output); two-token Q4_K / Q6_K
+/// with x staged in shared memory and without, the tiled q8_1 layout on and off.
 #[test]
 fn matvec_segments_match_single_matvecs() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -326,6 +327,8 @@ fn matvec_segments_match_single_matvecs() {
                         // the tiled q8_1 layout on every other case (1-2 tokens, widths of
                         // a multiple of 512)
                         cuda::matvec::set_q8_1_tiled(Some(seed.is_multiple_of(2)));
+                        // two tokens: x staged in shared memory or read through L1
+                        cuda::matvec::set_x_in_shared(Some(seed % 4 < 2));
                         check_segments(
                             &dev,
                             ty,
@@ -349,6 +352,7 @@ fn matvec_segments_match_single_matvecs() {
     }
     cuda::matvec::set_rows_per_warp_override(0);
     cuda::matvec::set_q8_1_tiled(None);
+    cuda::matvec::set_x_in_shared(None);
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
