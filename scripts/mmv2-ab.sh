@@ -28,6 +28,7 @@
 #          (session 19: lost 7-10 %; the _pf kernels are removed, the stage is the record)
 # xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1;
 #          session 19's first version; since then two tokens only and on by default: XS0 below)
+# xswide:  two-token x in shared memory beyond 48 KB (REDLINE_MV_XSMEM_WIDE=1)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
@@ -279,6 +280,23 @@ ks8)
     for v in X=1 REDLINE_MMV2_KSPLIT=2 REDLINE_MMV2_KSPLIT=4 X=1 REDLINE_MMV2_KSPLIT=2; do ST=$v b m32 -n 64 -r 2 --parallel 8; done
     for v in X=1 REDLINE_MMV2_KSPLIT=2; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
     echo "== ks8 $(el)"
+    ;;
+xswide)
+    # two-token x in shared memory beyond 48 KB (REDLINE_MV_XSMEM_WIDE=1: the 17408/27648-wide
+    # down projections, where the blocks per SM stay): checks with it, then two streams of both
+    # models and the 27B verify cost, rounds alternating
+    REDLINE_MV_XSMEM_WIDE=1 timeout 200 devbin/t_gpu_decode --test-threads 1 q8_1_tiled staged_fusions 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    REDLINE_MV_XSMEM_WIDE=1 timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -6
+    echo "== xswide checks $(el)"
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MV_XSMEM_WIDE=1; do
+            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 2; done
+            echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 5 2>&1 | grep -E '^\| (decode|verify k=2)' | tr '\n' ' ')"
+        done
+        echo "round $r $(el)"
+    done
+    echo "== xswide $(el)"
     ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the

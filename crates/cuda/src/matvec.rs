@@ -133,6 +133,14 @@ fn x_in_shared() -> bool {
     }
 }
 
+/// Whether two-token products whose x does not fit the default 48 KB beside the kernel's
+/// staging buffers (the 17408- and 27648-wide down projections) opt in to more shared memory
+/// for it where that keeps the blocks per SM (`REDLINE_MV_XSMEM_WIDE=1`; an experiment, off).
+fn x_in_shared_wide() -> bool {
+    static XS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *XS.get_or_init(|| std::env::var("REDLINE_MV_XSMEM_WIDE").is_ok_and(|v| v == "1"))
+}
+
 /// 0: `REDLINE_MV_XSMEM` decides; 1: off; 2: on.
 static X_IN_SHARED_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
@@ -585,7 +593,8 @@ impl CudaDevice {
             format!("mvm_{stem}_n{nt}_r{r}")
         };
         // two tokens: x staged in shared memory (the _xs kernels) where it fits beside the
-        // kernel's own staging buffers in the 48 KB a launch gets without opting in
+        // kernel's own staging buffers in the 48 KB a launch gets without opting in, or, with
+        // REDLINE_MV_XSMEM_WIDE=1, beyond that where the SM still holds as many blocks
         let xs_bytes = (n_tokens * cols + n_tokens * (cols / 32) * 8) as u32;
         let mut f = None;
         if nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
@@ -593,7 +602,9 @@ impl CudaDevice {
             let own = fx.get_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
             )?;
-            if own as u32 + xs_bytes <= 48 * 1024 {
+            let fits = own as u32 + xs_bytes <= 48 * 1024
+                || (x_in_shared_wide() && self.xs_wide_fits(&fx, xs_bytes));
+            if fits {
                 f = Some(fx);
             }
         }
@@ -639,6 +650,27 @@ impl CudaDevice {
         // for n_tokens tokens of `cols`.
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+
+    /// Whether an `_xs` kernel can take `xs_bytes` of dynamic shared memory beyond the default
+    /// 48 KB (opted in here: a host-side attribute, fine inside graph capture) with as many
+    /// blocks per SM as it gets without them.
+    fn xs_wide_fits(&self, f: &cudarc::driver::CudaFunction, xs_bytes: u32) -> bool {
+        let block = 32 * WARPS_PER_BLOCK;
+        let Ok(without) = f.occupancy_max_active_blocks_per_multiprocessor(block, 0, None) else {
+            return false;
+        };
+        if f
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                xs_bytes as i32,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        f.occupancy_max_active_blocks_per_multiprocessor(block, xs_bytes as usize, None)
+            .is_ok_and(|with| with >= without && with > 0)
     }
 
     fn matvec_float(
