@@ -29,6 +29,7 @@
 # xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1;
 #          session 19's first version; since then two tokens only and on by default: XS0 below)
 # xswide:  two-token x in shared memory beyond 48 KB (REDLINE_MV_XSMEM_WIDE=1)
+# skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
@@ -297,6 +298,18 @@ xswide)
         echo "round $r $(el)"
     done
     echo "== xswide $(el)"
+    ;;
+skip1)
+    # where a one-row step goes on this card (issue 4's remaining gap): device time per op
+    # (eager, REDLINE_PROFILE_OPS=1) and the graph-mode cost of each op kind (REDLINE_SKIP_OPS:
+    # the step without it; outputs wrong), 32B
+    wait $SP
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 32 -r 1 >"$OUT/profile1_m32.txt" 2>&1
+    grep -vE "^\s*$" "$OUT/profile1_m32.txt" | tail -40
+    for k in X attention attention_block rms_norm rope_qk swiglu matmul_many matmul_add add; do
+        ST="REDLINE_SKIP_OPS=$k" b m32 -n 64 -r 2
+    done
+    echo "== skip1 $(el)"
     ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
