@@ -651,6 +651,35 @@ fn q8_1_tiled_matches_natural_on_synth_q4_k_m_shapes() {
     }
 }
 
+/// Two-token Q4_K / Q6_K products with x staged in shared memory (the default,
+/// `cuda::matvec::set_x_in_shared`) against x read through L1: the same values and arithmetic,
+/// so the same logits bit for bit over batched steps of 2 sequences and verify passes of 2 rows
+/// (and everything else, which both share).
+#[test]
+fn x_in_shared_matches_l1_on_synth_q4_k_m_shapes() {
+    if gpu().is_none() {
+        return;
+    }
+    for (name, layers) in SYNTH_CUTS {
+        let path = synth_q4_k_m(name, layers, "xsmem");
+        let load = || {
+            let b = gpu().unwrap();
+            b.set_graphs_enabled(true);
+            b.set_fused(true);
+            b.set_staged(StagedFusions::ALL);
+            let file = gguf::GgufFile::open(&path).unwrap();
+            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
+        };
+        let (d, s) = (load(), load());
+        same_logits_both_ways(name, &d, &s, &|is_s| {
+            cuda::matvec::set_x_in_shared(Some(is_s))
+        });
+        cuda::matvec::set_x_in_shared(None);
+        println!("{name}: logits with x in shared memory equal those with x through L1");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// Runs `d` and `s` side by side on the same tokens (a prompt, 12 steps, batched steps of 2, 3
 /// and 8 sequences, verify passes of 4 and 2 rows and the steps after them) and asserts every
 /// logit the same bits. `before(is_s)` runs before each of the two models' calls (a process-wide
