@@ -29,6 +29,7 @@
 # xsmem:   x staged in shared memory in the 1-2-token Q4_K / Q6_K segment kernels (REDLINE_MV_XSMEM=1;
 #          session 19's first version; since then two tokens only and on by default: XS0 below)
 # xswide:  two-token x in shared memory beyond 48 KB (REDLINE_MV_XSMEM_WIDE=1)
+# ncuattn: ncu per instruction of the one-row attention chain (fa_decode_fused_d128), 32B
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
@@ -310,6 +311,26 @@ skip1)
         ST="REDLINE_SKIP_OPS=$k" b m32 -n 64 -r 2
     done
     echo "== skip1 $(el)"
+    ;;
+ncuattn)
+    # where the one-row attention chain (fa_decode_fused_d128, 12 us of a 32B step's critical
+    # path per layer) waits: ncu per instruction, eager 32B steps
+    timeout 200 devbin/t_gpu_decode --test-threads 1 x_in_shared 2>&1 | grep -E "^test |result|panicked|differ" | head -6
+    wait $SP
+    NCU=/usr/local/cuda/bin/ncu
+    for k in fa_decode_fused_d128; do
+        REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 200 --launch-count 2 \
+            --section SourceCounters --section WarpStateStats --section SchedulerStats --section LaunchStats \
+            --section Occupancy --section SpeedOfLight -o "$OUT/$k" -f \
+            $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 8 -r 1 >"$OUT/ncu_$k.log" 2>&1
+        $NCU -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass >"/tmp/src_$k.csv" 2>&1
+        xz -c "/tmp/src_$k.csv" >"$OUT/src_$k.csv.xz"
+        $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
+        rm -f "$OUT/$k.ncu-rep"
+        python3 scripts/ncu-top.py "/tmp/src_$k.csv" 30 | cut -c1-200
+        grep -E "Duration|Grid Size|Block Size|Registers Per|Achieved Occupancy|DRAM Throughput" "$OUT/det_$k.txt" | head -12
+    done
+    echo "== ncuattn $(el)"
     ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
