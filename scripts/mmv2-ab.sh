@@ -30,6 +30,7 @@
 #          session 19's first version; since then two tokens only and on by default: XS0 below)
 # xswide:  two-token x in shared memory beyond 48 KB (REDLINE_MV_XSMEM_WIDE=1)
 # ncuattn: ncu per instruction of the one-row attention chain (fa_decode_fused_d128), 32B
+# evict:   the matvec's weight loads evict-first in L2 (REDLINE_MV_LOAD=3) against the default
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
@@ -331,6 +332,18 @@ ncuattn)
         grep -E "Duration|Grid Size|Block Size|Registers Per|Achieved Occupancy|DRAM Throughput" "$OUT/det_$k.txt" | head -12
     done
     echo "== ncuattn $(el)"
+    ;;
+evict)
+    # the matvec's weight loads evict-first in L2 (REDLINE_MV_LOAD=3, sm_80+) against the
+    # default (2: L1 bypass only): one row of both models, rounds alternating
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MV_LOAD=3; do
+            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+        done
+        echo "round $r $(el)"
+    done
+    echo "== evict $(el)"
     ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
