@@ -31,6 +31,7 @@
 # xswide:  two-token x in shared memory beyond 48 KB (REDLINE_MV_XSMEM_WIDE=1)
 # ncuattn: ncu per instruction of the one-row attention chain (fa_decode_fused_d128), 32B
 # evict:   the matvec's weight loads evict-first in L2 (REDLINE_MV_LOAD=3) against the default
+#          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,

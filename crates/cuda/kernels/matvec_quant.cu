@@ -74,23 +74,10 @@ struct Staged {
 
 // Weight loads. The weights stream through once; x (read by every row) must stay in L1.
 // load_mode 0: plain ld.global; 1: ld.global.cs (evict-first); 2: ld.global.nc with
-// L1::no_allocate (the weights bypass L1 entirely); 3: as 2 and L2::evict_first, so the weight
-// stream leaves the rest of L2 (the small kernels' code, KV cache, norms, activations) alone
-// between layers (REDLINE_MV_LOAD=3; ncu: the one-row attention kernel waited on instruction
-// fetches 40 % of its time).
+// L1::no_allocate (the weights bypass L1 entirely).
 static __device__ __forceinline__ u32x4 ld_weights(const u32x4* p, int load_mode) {
     u32x4 v;
-#if __CUDA_ARCH__ >= 800
-    // (an L2 cache policy needs sm_80: on sm_70 mode 3 is mode 2)
-    if (load_mode == 3) {
-        unsigned long long pol;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-        return v;
-    }
-#endif
-    if (load_mode >= 2) {
+    if (load_mode == 2) {
         asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     } else if (load_mode == 1) {

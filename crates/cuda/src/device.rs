@@ -248,22 +248,15 @@ impl CudaDevice {
             cache,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
-            matvec_load_mode: AtomicI32::new(
-                std::env::var("REDLINE_MV_LOAD")
-                    .ok()
-                    .and_then(|v| v.parse::<i32>().ok())
-                    .filter(|m| (0..=3).contains(m))
-                    .unwrap_or(DEFAULT_MATVEC_LOAD_MODE),
-            ),
+            matvec_load_mode: AtomicI32::new(DEFAULT_MATVEC_LOAD_MODE),
             gemm: crate::gemm::GemmState::default(),
         })
     }
 
-    /// Sets how block-format matvecs load weights: 0 plain, 1 evict-first, 2 bypass L1, 3
-    /// bypass L1 and evict first from L2 (`REDLINE_MV_LOAD` sets it at open).
+    /// Sets how block-format matvecs load weights: 0 plain, 1 evict-first, 2 bypass L1.
     pub fn set_matvec_load_mode(&self, mode: i32) {
         self.matvec_load_mode
-            .store(mode.clamp(0, 3), Ordering::Relaxed);
+            .store(mode.clamp(0, 2), Ordering::Relaxed);
     }
 
     pub fn matvec_load_mode(&self) -> i32 {
