@@ -628,27 +628,11 @@ const SYNTH_CUTS: [(&str, usize); 2] = [("qwen2.5-1.5b", 2), ("qwen3.5-27b", 4)]
 /// same, only where they sit differs, so the logits must be the same bits.
 #[test]
 fn q8_1_tiled_matches_natural_on_synth_q4_k_m_shapes() {
-    if gpu().is_none() {
-        return;
-    }
-    for (name, layers) in SYNTH_CUTS {
-        let path = synth_q4_k_m(name, layers, "tiled");
-        let load = || {
-            let b = gpu().unwrap();
-            b.set_graphs_enabled(true);
-            b.set_fused(true);
-            b.set_staged(StagedFusions::ALL);
-            let file = gguf::GgufFile::open(&path).unwrap();
-            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
-        };
-        let (d, s) = (load(), load());
-        same_logits_both_ways(name, &d, &s, &|is_s| {
-            cuda::matvec::set_q8_1_tiled(Some(is_s))
-        });
-        cuda::matvec::set_q8_1_tiled(None);
-        println!("{name}: tiled q8_1 logits equal the natural layout's");
-        let _ = std::fs::remove_file(&path);
-    }
+    same_logits_under_switch(
+        "tiled",
+        "tiled q8_1 logits equal the natural layout's",
+        &|on| cuda::matvec::set_q8_1_tiled(on),
+    );
 }
 
 /// Two-token Q4_K / Q6_K products with x staged in shared memory (the default,
@@ -657,11 +641,23 @@ fn q8_1_tiled_matches_natural_on_synth_q4_k_m_shapes() {
 /// (and everything else, which both share).
 #[test]
 fn x_in_shared_matches_l1_on_synth_q4_k_m_shapes() {
+    same_logits_under_switch(
+        "xsmem",
+        "logits with x in shared memory equal those with x through L1",
+        &|on| cuda::matvec::set_x_in_shared(on),
+    );
+}
+
+/// On each synthetic cut, two models (graphs, the fused paths and every staged fusion on) run
+/// side by side with a process-wide switch off for one and on for the other
+/// (`set(Some(false))` / `set(Some(true))`; `set(None)` after), asserting the same logits bit
+/// for bit ([`same_logits_both_ways`]).
+fn same_logits_under_switch(tag: &str, done: &str, set: &dyn Fn(Option<bool>)) {
     if gpu().is_none() {
         return;
     }
     for (name, layers) in SYNTH_CUTS {
-        let path = synth_q4_k_m(name, layers, "xsmem");
+        let path = synth_q4_k_m(name, layers, tag);
         let load = || {
             let b = gpu().unwrap();
             b.set_graphs_enabled(true);
@@ -671,11 +667,9 @@ fn x_in_shared_matches_l1_on_synth_q4_k_m_shapes() {
             ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
         };
         let (d, s) = (load(), load());
-        same_logits_both_ways(name, &d, &s, &|is_s| {
-            cuda::matvec::set_x_in_shared(Some(is_s))
-        });
-        cuda::matvec::set_x_in_shared(None);
-        println!("{name}: logits with x in shared memory equal those with x through L1");
+        same_logits_both_ways(name, &d, &s, &|is_s| set(Some(is_s)));
+        set(None);
+        println!("{name}: {done}");
         let _ = std::fs::remove_file(&path);
     }
 }
