@@ -246,9 +246,6 @@ static __device__ __forceinline__ void mv_group_dot(const uint8_t* sbytes, const
     }
 }
 
-// This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
-// are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
-// of the rows. Only __syncwarp inside.
 // Copies x (q8_1 of n_tokens tokens: the int8 values, then from the next 16-byte boundary the
 // (d, d * sum) pairs) into this block's dynamic shared memory, every thread of the block.
 static __device__ __forceinline__ void mv_stage_x(const int8_t* __restrict__ xq, const float* __restrict__ xds,
@@ -261,6 +258,10 @@ static __device__ __forceinline__ void mv_stage_x(const int8_t* __restrict__ xq,
     for (int i = tid; i < nds; i += nth) ds[i] = ((const float2v*)xds)[i];
 }
 
+// This lane's partial dot products acc[r][t] of rows [row0, row0 + R) (rows past nrows
+// are computed on a duplicate of the last row) over the groups g_first, g_first + g_step, ...
+// of the rows. Only __syncwarp inside, but for XS's one __syncthreads after x is staged (every
+// warp of the block must get there: mvm_quant's warps past the last row stage and meet it too).
 // XS: x is staged in the block's dynamic shared memory (the two-token mvm _xs kernels,
 // REDLINE_MV_XSMEM): its loads in the dot are then shared-memory loads, not L1/L2 round trips
 // that queue behind the weight stream (ncu on the H200: 14 % of the one-token Q4_K gate/up

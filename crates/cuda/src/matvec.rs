@@ -594,16 +594,21 @@ impl CudaDevice {
         };
         // two tokens: x staged in shared memory (the _xs kernels) where it fits beside the
         // kernel's own staging buffers in the 48 KB a launch gets without opting in, or, with
-        // REDLINE_MV_XSMEM_WIDE=1, beyond that where the SM still holds as many blocks
+        // REDLINE_MV_XSMEM_WIDE=1, beyond that; either way only where the SM still holds as
+        // many blocks
         let xs_bytes = (n_tokens * cols + n_tokens * (cols / 32) * 8) as u32;
         let mut f = None;
         if nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
-            let fx = self.function(Program::MatvecQuant, &format!("{base}_xs"))?;
+            let name = format!("{base}_xs");
+            let fx = self.function(Program::MatvecQuant, &name)?;
             let own = fx.get_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
             )?;
-            let fits = own as u32 + xs_bytes <= 48 * 1024
-                || (x_in_shared_wide() && self.xs_wide_fits(&fx, xs_bytes));
+            let fits = if own as u32 + xs_bytes <= 48 * 1024 {
+                self.xs_keeps_blocks(&name, &fx, xs_bytes, false)
+            } else {
+                x_in_shared_wide() && self.xs_keeps_blocks(&name, &fx, xs_bytes, true)
+            };
             if fits {
                 f = Some(fx);
             }
@@ -652,25 +657,53 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Whether an `_xs` kernel can take `xs_bytes` of dynamic shared memory beyond the default
-    /// 48 KB (opted in here: a host-side attribute, fine inside graph capture) with as many
-    /// blocks per SM as it gets without them.
-    fn xs_wide_fits(&self, f: &cudarc::driver::CudaFunction, xs_bytes: u32) -> bool {
-        let block = 32 * WARPS_PER_BLOCK;
-        let Ok(without) = f.occupancy_max_active_blocks_per_multiprocessor(block, 0, None) else {
-            return false;
-        };
-        if f
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                xs_bytes as i32,
-            )
-            .is_err()
-        {
-            return false;
+    /// Whether `_xs` kernel `f` (named `name`) keeps as many blocks per SM with `xs_bytes` of
+    /// dynamic shared memory as without (a V100's 96 KB per SM would lose a block to it where
+    /// an H100's 228 KB does not), opting in to more than the default 48 KB first when `wide`
+    /// (a host-side attribute, fine inside graph capture). Asked once per device, kernel and
+    /// size.
+    fn xs_keeps_blocks(
+        &self,
+        name: &str,
+        f: &cudarc::driver::CudaFunction,
+        xs_bytes: u32,
+        wide: bool,
+    ) -> bool {
+        type Key = (usize, String, u32);
+        static ASKED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<Key, bool>>> =
+            std::sync::OnceLock::new();
+        let key = (self.info().ordinal, name.to_string(), xs_bytes);
+        let asked = ASKED.get_or_init(Default::default);
+        // (the wide case is asked every time: its opt-in attribute belongs to this device's
+        // loaded function, which a later device on the same ordinal loads anew)
+        if let Some(&v) = asked.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if !wide {
+                return v;
+            }
         }
-        f.occupancy_max_active_blocks_per_multiprocessor(block, xs_bytes as usize, None)
-            .is_ok_and(|with| with >= without && with > 0)
+        let block = 32 * WARPS_PER_BLOCK;
+        let keeps = (|| {
+            let without = f
+                .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+                .ok()?;
+            if wide {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    xs_bytes as i32,
+                )
+                .ok()?;
+            }
+            let with = f
+                .occupancy_max_active_blocks_per_multiprocessor(block, xs_bytes as usize, None)
+                .ok()?;
+            Some(with >= without && with > 0)
+        })()
+        .unwrap_or(false);
+        asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, keeps);
+        keeps
     }
 
     fn matvec_float(
