@@ -150,8 +150,8 @@ pub fn set_x_in_shared(on: Option<bool>) {
     X_IN_SHARED_OVERRIDE.store(on.map_or(0, |b| if b { 2 } else { 1 }), Ordering::Relaxed);
 }
 
-/// The dp4a matvec kernels' load_mode bits: x in the tiled q8_1 layout (256).
-fn load_mode_bits(xq: &MatvecScratch) -> i32 {
+/// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
+fn tiled_bit(xq: &MatvecScratch) -> i32 {
     if xq.tiled {
         256
     } else {
@@ -482,7 +482,7 @@ impl CudaDevice {
             )));
         }
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
-        let load_mode = self.matvec_load_mode() | load_mode_bits(xq);
+        let load_mode = self.matvec_load_mode() | tiled_bit(xq);
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
@@ -601,17 +601,7 @@ impl CudaDevice {
         if nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
             let name = format!("{base}_xs");
             let fx = self.function(Program::MatvecQuant, &name)?;
-            let own = fx.get_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            )?;
-            let fits = if own as u32 + xs_bytes <= 48 * 1024 {
-                self.xs_keeps_blocks(&name, &fx, xs_bytes, false)
-            } else {
-                x_in_shared_wide() && self.xs_keeps_blocks(&name, &fx, xs_bytes, true)
-            };
-            if fits {
-                f = Some(fx);
-            }
+            f = self.xs_launch_fits(&name, &fx, xs_bytes).then_some(fx);
         }
         let shared_mem_bytes = if f.is_some() { xs_bytes } else { 0 };
         let f = match f {
@@ -624,7 +614,7 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes,
         };
-        let mut load_mode = self.matvec_load_mode() | load_mode_bits(xq);
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
@@ -657,53 +647,60 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Whether `_xs` kernel `f` (named `name`) keeps as many blocks per SM with `xs_bytes` of
-    /// dynamic shared memory as without (a V100's 96 KB per SM would lose a block to it where
-    /// an H100's 228 KB does not), opting in to more than the default 48 KB first when `wide`
-    /// (a host-side attribute, fine inside graph capture). Asked once per device, kernel and
-    /// size.
-    fn xs_keeps_blocks(
-        &self,
-        name: &str,
-        f: &cudarc::driver::CudaFunction,
-        xs_bytes: u32,
-        wide: bool,
-    ) -> bool {
+    /// Whether `_xs` kernel `f` (named `name`) takes `xs_bytes` of dynamic shared memory: beside
+    /// its own staging buffers within the default 48 KB, or beyond it with
+    /// `REDLINE_MV_XSMEM_WIDE=1` (opted in here: a host-side attribute, fine inside graph
+    /// capture), and either way with as many blocks per SM as without (a V100's 96 KB per SM
+    /// would lose a block to it where an H100's 228 KB does not). Decided once per device,
+    /// kernel and size; a wide yes sets the opt-in again on every call (cheap), since a later
+    /// device on the same ordinal loads the function anew.
+    fn xs_launch_fits(&self, name: &str, f: &cudarc::driver::CudaFunction, xs_bytes: u32) -> bool {
+        use cudarc::driver::sys::CUfunction_attribute as A;
         type Key = (usize, String, u32);
-        static ASKED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<Key, bool>>> =
-            std::sync::OnceLock::new();
+        // (fits, needs the opt-in)
+        static DECIDED: std::sync::OnceLock<
+            std::sync::Mutex<std::collections::HashMap<Key, (bool, bool)>>,
+        > = std::sync::OnceLock::new();
         let key = (self.info().ordinal, name.to_string(), xs_bytes);
-        let asked = ASKED.get_or_init(Default::default);
-        // (the wide case is asked every time: its opt-in attribute belongs to this device's
-        // loaded function, which a later device on the same ordinal loads anew)
-        if let Some(&v) = asked.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            if !wide {
-                return v;
-            }
-        }
-        let block = 32 * WARPS_PER_BLOCK;
-        let keeps = (|| {
-            let without = f
-                .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
-                .ok()?;
-            if wide {
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    xs_bytes as i32,
-                )
-                .ok()?;
-            }
-            let with = f
-                .occupancy_max_active_blocks_per_multiprocessor(block, xs_bytes as usize, None)
-                .ok()?;
-            Some(with >= without && with > 0)
-        })()
-        .unwrap_or(false);
-        asked
+        let decided = DECIDED.get_or_init(Default::default);
+        let known = decided
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key, keeps);
-        keeps
+            .get(&key)
+            .copied();
+        let opt_in = |f: &cudarc::driver::CudaFunction| {
+            f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                xs_bytes as i32,
+            )
+            .is_ok()
+        };
+        let (fits, wide) = known.unwrap_or_else(|| {
+            let block = 32 * WARPS_PER_BLOCK;
+            let decide = || {
+                let own = f
+                    .get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                    .ok()? as u32;
+                let wide = own + xs_bytes > 48 * 1024;
+                if wide && !(x_in_shared_wide() && opt_in(f)) {
+                    return Some((false, wide));
+                }
+                let without = f
+                    .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+                    .ok()?;
+                let with = f
+                    .occupancy_max_active_blocks_per_multiprocessor(block, xs_bytes as usize, None)
+                    .ok()?;
+                Some((with >= without && with > 0, wide))
+            };
+            let v = decide().unwrap_or((false, false));
+            decided
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, v);
+            v
+        });
+        fits && (!wide || opt_in(f))
     }
 
     fn matvec_float(
