@@ -34,6 +34,8 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# q6s:     Q6_K mmv2 with cp.async staging (REDLINE_MMV2_Q6_STAGE) at 8 streams (session 20)
+# roll:    the one-row attention kernel's loops rolled (session 20) against devbin/k_fa0
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
 # ncu:     ncu's per-instruction stall samples of the one-token Q4_K / Q6_K segment kernels
@@ -346,12 +348,46 @@ evict)
     done
     echo "== evict $(el)"
     ;;
+q6s)
+    # session 20: Q6_K few-token products with the weights copied to shared memory by cp.async
+    # (REDLINE_MMV2_Q6_STAGE=2|3: mmv2s_q6_k_s*) against the register-staged mmv2_q6_k: checks,
+    # then 8 streams of both models (rounds alternating), one row, the 27B verify cost
+    timeout 200 devbin/t_gpu_mmq --test-threads 1 mmv2 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
+    echo "== q6s checks $(el)"
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MMV2_Q6_STAGE=2 REDLINE_MMV2_Q6_STAGE=3; do
+            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        done
+        echo "round $r $(el)"
+    done
+    b m32 -n 128 -r 2
+    for v in X=1 REDLINE_MMV2_Q6_STAGE=2; do
+        echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
+    done
+    echo "== q6s $(el)"
+    ;;
+roll)
+    # session 20: the one-row attention kernel's score and P V loops rolled (same bits; less
+    # code fetched per launch) against the unrolled ones (devbin/k_fa0: flash_attn.cu of
+    # 14b99d8), rounds alternating; the attention block left out for the bound; then the suites
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 "REDLINE_KERNEL_DIR=$PWD/devbin/k_fa0"; do
+            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+        done
+        echo "round $r $(el)"
+    done
+    ST=REDLINE_SKIP_OPS=attention_block b m32 -n 128 -r 2
+    echo "== roll $(el)"
+    ;;
 suites)
     # session 19: the GPU suites at HEAD (the review mend, the conv test's own switch, the
     # prefetch kernels split out of the default ones)
     timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked|failures" | head -6
     timeout 150 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED|failures:" | head -8
     timeout 300 devbin/t_gpu_decode --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED|failures:|differ" | head -8
+    [ ! -x devbin/t_gpu_attention ] || timeout 150 devbin/t_gpu_attention --include-ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -6
     timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -6
     CHECKED=1
     echo "== suites $(el)"

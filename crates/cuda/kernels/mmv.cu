@@ -1213,3 +1213,130 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
 MMV2S_KERNEL(2)
 MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
+
+// ---- mmv2 Q6_K with the weights copied to shared memory by cp.async --------------------------
+//
+// Why: mmv2_q6k above keeps one super-block in flight per warp, in registers (st[8], 32 of its
+// 125), and shifts misaligned rows while storing them; at 8 tokens the 5120-row down projections
+// (320 tiles, 3 blocks per SM by registers) ran at ~37 % of the H200's DRAM bandwidth (ncu,
+// session 19). Here each warp copies its super-block of the tile's 16 rows unshifted (each row's
+// 14 aligned 16-byte vectors around its 210 bytes, 7 cp.async per lane, no registers) NST - 1
+// super-blocks ahead of the one it computes, as mmv2s_q4k does, and the fragment reads undo the
+// misalignment: a word whose row starts 2 mod 4 in its window is two aligned shared loads and a
+// byte permute (rows of an even number of super-blocks, every real shape, start alike within a
+// super-block index, so a warp takes one path; other shapes take the permute for all words).
+// Same fragments (MvQ6K::Frag), same compute, same super-block order: the same bits as
+// mmv2_q6_k. Shared memory: dynamic, blockDim.y * NST * 16 rows * MV6_ROW_VECS vectors.
+#define MV6S_ROW (16 * MV6_ROW_VECS)
+#define MV6S_STAGE (16 * MV6S_ROW)
+
+// This thread's fragment words of one staged super-block (MvQ6K::Frag), rows g and g + 8 at
+// rows[r] + o[r] (o even; PERM: some row of the warp starts 2 mod 4, so every word is the two
+// aligned words around it byte-permuted by its row's sel: 0x5432 for a 2-byte shift, 0x3210
+// for none).
+template <bool PERM>
+static __device__ __forceinline__ void mv6s_fragment(const uint8_t* const (&rows)[2], const int (&o)[2], int t,
+                                                     MvQ6K::Frag& f) {
+    uint32_t d[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const uint8_t* a = rows[r] + (o[r] & ~3);
+        const uint32_t sel = (o[r] & 2) ? 0x5432u : 0x3210u;
+        auto word = [&](int off) {
+            const uint32_t* w = (const uint32_t*)(a + off);
+            return PERM ? __byte_perm(w[0], w[1], sel) : w[0];
+        };
+#pragma unroll
+        for (int i = 0; i < 8; i++) f.ql[r][i] = word(64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; i++) f.qh[r][i] = word(128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; i++) f.sc[r][i] = word(192 + 4 * i);
+        d[r] = word(208);
+    }
+    f.d = (d[0] & 0xFFFFu) | (d[1] << 16);
+}
+
+template <int NST>
+static __device__ __forceinline__ void mmv2s_q6k(const MvSegs& p, const int8_t* __restrict__ q,
+                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
+                                                 int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
+    extern __shared__ MvV4 mv6s_stage[];  // [blockDim.y][NST][16 rows][MV6_ROW_VECS]
+    const MvKs k = mv_ks(ks, p.ncols / 256);
+    const MvTile tl = mv_tile_at(p, k.tile);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
+    const int nsb = k.s1;
+    // (pointers only: x is read after the wait)
+    const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
+    // offsets in bytes from the tile's 16-byte aligned base
+    const uint8_t* tile = tl.sel.W + (long long)tl.row0 * p.row_bytes;
+    const int mis = (int)((unsigned long long)tile & 15);
+    const uint8_t* base = tile - mis;
+    auto row_off = [&](int r) { return mis + (min(tl.row0 + r, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes; };
+    // this lane's copies: vector v = lane + 32 j (j < 7) of a stage's 16 x 14: row v / 14, piece
+    // v % 14 (rows clamped to the last, as mv_tile)
+    int roff[7], pc16[7], dsto[7];
+#pragma unroll
+    for (int j = 0; j < 7; j++) {
+        const int v = lane + 32 * j, r = v / 14, pc = v - 14 * r;
+        roff[j] = row_off(r);
+        pc16[j] = 16 * pc;
+        dsto[j] = r * MV6S_ROW + 16 * pc;
+    }
+    const int og[2] = {row_off(g), row_off(g + 8)};
+    uint8_t* wbuf = (uint8_t*)(mv6s_stage + wid * NST * (MV6S_STAGE / 16));
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wbuf);
+    auto issue = [&](int s, int b) {
+        const int so = s * MvQ6K::SB;
+#pragma unroll
+        for (int j = 0; j < 7; j++) {
+            // piece pc of the row's window: the aligned vector at or below its super-block's start
+            const uint8_t* src = base + (((roff[j] + so) & ~15) + pc16[j]);
+            mv_cp16(sbase + b * MV6S_STAGE + dsto[j], wbuf + b * MV6S_STAGE + dsto[j], src);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) {
+        const int s = k.s0 + wid + i * nw;
+        if (s < nsb) issue(s, i);
+        cp_async_commit();
+    }
+    pdl_wait();
+    pdl_trigger();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int b = 0;
+    for (int s = k.s0 + wid; s < nsb; s += nw) {
+        const int sn = s + (NST - 1) * nw;
+        if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
+        cp_async_commit();
+        cp_async_wait<NST - 1>();
+        __syncwarp();
+        const uint8_t* st = wbuf + b * MV6S_STAGE;
+        const int so = s * MvQ6K::SB;
+        // where rows g and g + 8 start in their windows (even: 0..14)
+        const int o[2] = {(og[0] + so) & 15, (og[1] + so) & 15};
+        const uint8_t* const rows[2] = {st + g * MV6S_ROW, st + (g + 8) * MV6S_ROW};
+        MvQ6K::Frag f;
+        if (__any_sync(FULL_MASK, ((o[0] | o[1]) & 2) != 0))
+            mv6s_fragment<true>(rows, o, t, f);
+        else
+            mv6s_fragment<false>(rows, o, t, f);
+        Mv2Q6K::compute(f, s, x, acc);
+        __syncwarp();
+        b = b + 1 == NST ? 0 : b + 1;
+    }
+    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+}
+
+#define MMV2S_Q6K_KERNEL1(NST, SUFFIX, EMU)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
+        mmv2s_q6_k_s##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
+                                  const int16_t* __restrict__ bsum, int n_tokens, int load_mode,         \
+                                  int emulate, float* kpart, int* kcount, int ks) {                      \
+        (void)load_mode;                                                                                 \
+        (void)emulate;                                                                                   \
+        mmv2s_q6k<NST>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                                \
+    }
+#define MMV2S_Q6K_KERNEL(NST) MMV2S_Q6K_KERNEL1(NST, , 0) MMV2S_Q6K_KERNEL1(NST, _emu, 1)
+MMV2S_Q6K_KERNEL(2)
+MMV2S_Q6K_KERNEL(3)

@@ -568,17 +568,36 @@ pub fn set_mmv2_ksplit(ks: Option<u32>) {
 /// super-block of the tile's 16 rows, MV4S_STAGE in the kernel).
 const STAGE_BYTES_Q4K: u32 = 16 * 144;
 
-/// Pipeline stages of the staged Q4_K mmv2 kernels (weights copied to shared memory by
-/// cp.async, `stages - 1` super-blocks ahead), 0 = the register-fragment kernel: the override
-/// ([`set_mmv2_stages`]), else `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 2. The same bits
-/// either way (the same fragments, super-block order and sums). H200, session 15, 8 decode
-/// streams of the 32B Q4_K_M: 0 stages 616.4 / 612.9 tok/s, 2 stages 669.6, 3 stages 581.8 /
-/// 590.7 (more shared memory per block leaves the carveout less L1 for x, which every warp
-/// reads).
-fn stages2() -> u32 {
+/// ... and of the staged Q6_K kernels (`mmv2s_q6_k_s*`: 16 rows of 15 16-byte vectors, each
+/// row's super-block in the 14 aligned vectors around it; MV6S_STAGE in the kernel).
+const STAGE_BYTES_Q6K: u32 = 16 * 15 * 16;
+
+/// Pipeline stages of the staged mmv2 kernels of `ty` (weights copied to shared memory by
+/// cp.async, `stages - 1` super-blocks ahead), 0 = the register-staged kernel: the override
+/// ([`set_mmv2_stages`], for both formats; Q6_K has 2 and 3), else for Q4_K
+/// `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 2, and for Q6_K `REDLINE_MMV2_Q6_STAGE` (0, 2 or
+/// 3), else 0. The same bits either way (the same fragments, super-block order and sums).
+/// Q4_K, H200, session 15, 8 decode streams of the 32B Q4_K_M: 0 stages 616.4 / 612.9 tok/s, 2
+/// stages 669.6, 3 stages 581.8 / 590.7 (more shared memory per block leaves the carveout less
+/// L1 for x, which every warp reads). Q6_K (session 20): `mmv2_q6_k` keeps one super-block in
+/// flight per warp, in registers; the staged kernel is the experiment against it.
+fn stages2(ty: GgmlType) -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    static ENV6: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let q6 = ty == GgmlType::Q6K;
     match STAGES_OVERRIDE.load(Ordering::Relaxed) {
-        s @ (0 | 2..=4) => s,
+        s @ (0 | 2..=4) => {
+            if q6 {
+                s.min(3)
+            } else {
+                s
+            }
+        }
+        _ if q6 => *ENV6.get_or_init(|| match std::env::var("REDLINE_MMV2_Q6_STAGE").as_deref() {
+            Ok("2") => 2,
+            Ok("3") => 3,
+            _ => 0,
+        }),
         _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MMV2_STAGE").as_deref() {
             Ok("0") => 0,
             Ok("3") => 3,
@@ -622,8 +641,8 @@ pub fn set_mmv2_carveout(c: Option<Option<u32>>) {
     CARVEOUT_OVERRIDE.store(v, Ordering::Relaxed);
 }
 
-/// Forces the staged Q4_K mmv2 kernels' pipeline stages (0 = the register-fragment kernel, 2..=4;
-/// `None`: back to `REDLINE_MMV2_STAGE`). For tests and benchmarks.
+/// Forces the staged mmv2 kernels' pipeline stages (0 = the register-fragment / register-staged
+/// kernel, 2..=4; Q6_K takes at most 3; `None`: back to the variables). For tests and benchmarks.
 pub fn set_mmv2_stages(stages: Option<u32>) {
     STAGES_OVERRIDE.store(stages.unwrap_or(u32::MAX), Ordering::Relaxed);
 }
@@ -888,12 +907,20 @@ impl CudaDevice {
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
-        let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
+        let stages = match ty {
+            GgmlType::Q4K | GgmlType::Q6K => stages2(ty),
+            _ => 0,
+        };
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let emu = emu_suffix(emulate);
         let (f, smem) = if stages > 0 {
             let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}{emu}"))?;
-            let smem = warps * stages * STAGE_BYTES_Q4K;
+            let per_stage = if ty == GgmlType::Q6K {
+                STAGE_BYTES_Q6K
+            } else {
+                STAGE_BYTES_Q4K
+            };
+            let smem = warps * stages * per_stage;
             if let Some(pct) = carveout2() {
                 // the shared memory / L1 split the driver should prefer (x is read through L1)
                 f.set_attribute(

@@ -801,11 +801,11 @@ fn mmv2_matches_cpu_reference() {
             for n in 1..=MAX_N {
                 for emulate in [false, true] {
                     // Q4_K: the register-fragment kernel and the staged ones (cp.async, 2..4
-                    // stages; Q6_K has one kernel)
-                    let stage_set: &[u32] = if ty == GgmlType::Q4K {
-                        &[0, 2, 3, 4]
-                    } else {
-                        &[0]
+                    // stages); Q6_K: the register-staged kernel and the cp.async ones (2, 3)
+                    let stage_set: &[u32] = match ty {
+                        GgmlType::Q4K => &[0, 2, 3, 4],
+                        GgmlType::Q6K => &[0, 2, 3],
+                        _ => &[0],
                     };
                     for &stages in stage_set {
                         let warps =
