@@ -34,6 +34,8 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# xs8:     x staged with the weights in the Q4_K mmv2 kernels (REDLINE_MMV2_XS=1) at 8 streams
+# prof8:   an 8-row 32B step's per-op device time, Q6_K staged or not; the Q6_K kernel sweep
 # q6s:     Q6_K mmv2 with cp.async staging (REDLINE_MMV2_Q6_STAGE) at 8 streams (session 20)
 # roll:    the one-row attention kernel's loops rolled (session 20) against devbin/k_fa0
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
@@ -347,6 +349,40 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+xs8)
+    # session 20: the staged Q4_K mmv2 kernels with x staged too (REDLINE_MMV2_XS=1, 2 or 3
+    # stages) at 8 streams, rounds alternating; the 27B verify cost with it
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MMV2_XS=1 "REDLINE_MMV2_XS=1 REDLINE_MMV2_STAGE=3"; do
+            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_MMV2_XS=1; do
+        echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
+    done
+    echo "== xs8 $(el)"
+    ;;
+prof8)
+    # session 20: an 8-row 32B step op by op (REDLINE_PROFILE_OPS: eager steps behind a device
+    # spin), Q6_K products on mmv2_q6_k against the cp.async-staged kernels; then the Q6_K
+    # kernel sweep at 8 tokens (gpu_mmq's timing test narrowed by MMV2_SWEEP_*)
+    timeout 200 devbin/t_gpu_mmq --test-threads 1 mmv2 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
+    wait $SP
+    i=0
+    for v in ${PV:-X=1 REDLINE_MMV2_Q6_STAGE=2 REDLINE_MMV2_Q6_STAGE=3}; do
+        i=$((i + 1))
+        env ${v//,/ } REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 8 >"$OUT/prof8_$i.txt" 2>&1
+        echo "profile $v:"
+        grep -E "op profile|^matmul|^attention|^rms_norm|^quantize" "$OUT/prof8_$i.txt" | head -24 | cut -c1-110
+    done
+    echo "== prof8 $(el)"
+    [ -n "${SWEEP:-1}" ] || { echo "== sweep skipped"; continue; }
+    MMV2_SWEEP_TYPES=${TYPES:-Q6_K} MMV2_SWEEP_COUNTS=${COUNTS:-8} timeout 240 devbin/t_gpu_mmq --ignored --nocapture --test-threads 1 mmv2_timing >"$OUT/sweep_q6.txt" 2>&1
+    grep -vE "^\s*$" "$OUT/sweep_q6.txt" | tail -14 | cut -c1-400
+    echo "== sweep $(el)"
     ;;
 q6s)
     # session 20: Q6_K few-token products with the weights copied to shared memory by cp.async

@@ -1137,11 +1137,36 @@ static __device__ __forceinline__ void mv_cp16(uint32_t dst_s, uint8_t* dst, con
 #endif
 }
 
-template <int NST>
+// XS (REDLINE_MMV2_XS=1, an experiment): each stage also holds the super-block's x, copied by
+// cp.async with the weights (units 8s .. 8s + 7 of all n tokens: 256 n contiguous bytes; their
+// int16 unit sums, 16 n bytes; their dy, 4 n bytes), and the compute reads it from there. Why:
+// with x in global memory a warp's compute starts with x loads that miss L1 once x outgrows it
+// (the 27648-wide down projections: 221 KB at 8 tokens, read again by every tile), so each
+// super-block waits a second round trip after its weights (H100, session 20: the 8-token Q4_K
+// 5120x27648 down projection at 1.25 TB/s, 2.9 µs per warp and super-block). The x copies wait
+// for the previous kernel (PDL): the prologue's weight copies go first, the x of those stages
+// after the wait in one more group. Stage: [16 rows x 144][x 8 x 256][bsum 8 x 16][dy 8 x 4].
+#define MV4SX_X (16 * MV4S_SB)
+#define MV4SX_BS (MV4SX_X + 8 * 256)
+#define MV4SX_DY (MV4SX_BS + 8 * 16)
+#define MV4SX_STAGE (MV4SX_DY + 8 * 4)
+
+static __device__ __forceinline__ void mv_cp4(uint32_t dst_s, uint8_t* dst, const uint8_t* src) {
+#if __CUDA_ARCH__ >= 800
+    (void)dst;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_s), "l"(src) : "memory");
+#else
+    (void)dst_s;
+    *(uint32_t*)dst = *(const uint32_t*)src;
+#endif
+}
+
+template <int NST, bool XS>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
-    extern __shared__ MvV4 mv4s_stage[];  // [blockDim.y][NST][16 rows * 144 bytes]
+    extern __shared__ MvV4 mv4s_stage[];  // [blockDim.y][NST][stage]
+    constexpr int STAGE = XS ? MV4SX_STAGE : MV4S_STAGE;
     const MvKs k = mv_ks(ks, p.ncols / 256);
     const MvTile tl = mv_tile_at(p, k.tile);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
@@ -1158,15 +1183,31 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
         const int v = lane + 32 * j, r = v / 9, pc = v - 9 * r;
         off[j] = v < 144 ? (min(tl.row0 + r, tl.sel.nrows - 1) - tl.row0) * (int)p.row_bytes + 16 * pc : 0;
     }
-    uint8_t* wbuf = (uint8_t*)(mv4s_stage + wid * NST * (MV4S_STAGE / 16));
+    uint8_t* wbuf = (uint8_t*)(mv4s_stage + wid * NST * (STAGE / 16));
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wbuf);
     auto issue = [&](int s, int b) {
         const uint8_t* src = tile + (long long)s * MV4S_SB;
 #pragma unroll
         for (int j = 0; j < 5; j++) {
             const int v = lane + 32 * j;
-            if (v < 144) mv_cp16(sbase + b * MV4S_STAGE + 16 * v, wbuf + b * MV4S_STAGE + 16 * v, src + off[j]);
+            if (v < 144) mv_cp16(sbase + b * STAGE + 16 * v, wbuf + b * STAGE + 16 * v, src + off[j]);
         }
+    };
+    // XS: the super-block's x, unit sums and dy into stage b (after the wait)
+    const int n = n_tokens;
+    auto issue_x = [&](int s, int b) {
+        const uint8_t* xq = (const uint8_t*)q + 256LL * n * s;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int v = lane + 32 * j;
+            if (v < 16 * n) mv_cp16(sbase + b * STAGE + MV4SX_X + 16 * v, wbuf + b * STAGE + MV4SX_X + 16 * v, xq + 16 * v);
+        }
+        if (lane < n)
+            mv_cp16(sbase + b * STAGE + MV4SX_BS + 16 * lane, wbuf + b * STAGE + MV4SX_BS + 16 * lane,
+                    (const uint8_t*)bsum + 16LL * (n * s + lane));
+        else if (lane >= 16 && lane < 16 + n)
+            mv_cp4(sbase + b * STAGE + MV4SX_DY + 4 * (lane - 16), wbuf + b * STAGE + MV4SX_DY + 4 * (lane - 16),
+                   (const uint8_t*)dy + 4LL * (n * s + lane - 16));
     };
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
@@ -1176,16 +1217,37 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     }
     pdl_wait();
     pdl_trigger();
+    if constexpr (XS) {
+        // one more group: the x of the prologue's stages (the first iteration waits for it)
+#pragma unroll
+        for (int i = 0; i < NST - 1; i++) {
+            const int s = k.s0 + wid + i * nw;
+            if (s < nsb) issue_x(s, i);
+        }
+        cp_async_commit();
+    }
+    // XS: this thread's x words, unit sums and dy at a stage's offsets (mv2_x's, over the
+    // stage's n tokens)
+    const int xg = 32 * min(g, n - 1) + 8 * t, t0 = min(2 * t, n - 1), t1 = min(2 * t + 1, n - 1);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
+    bool first = true;
     for (int s = k.s0 + wid; s < nsb; s += nw) {
         const int sn = s + (NST - 1) * nw;
-        if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
+        if (sn < nsb) {
+            const int bn = b == 0 ? NST - 1 : b - 1;
+            issue(sn, bn);
+            if constexpr (XS) issue_x(sn, bn);
+        }
         cp_async_commit();
-        cp_async_wait<NST - 1>();
+        if (XS && first)
+            cp_async_wait<1>();  // the prologue's weights and the x group after them
+        else
+            cp_async_wait<NST - 1>();
+        first = false;
         __syncwarp();
         MvQ4K::Frag f;
-        const uint8_t* st = wbuf + b * MV4S_STAGE;
+        const uint8_t* st = wbuf + b * STAGE;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const uint8_t* row = st + (g + 8 * r) * MV4S_SB;
@@ -1193,26 +1255,40 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
 #pragma unroll
             for (int j = 0; j < 4; j++) f.q[r][j] = *(const MvV2*)(row + 16 + 32 * j + 8 * t);
         }
-        Mv2Q4K::compute(f, s, x, acc);
+        if constexpr (XS) {
+            Mv2X xl = x;
+            xl.q = (const int8_t*)(st + MV4SX_X) + xg;
+            xl.bs0 = (const MvV4*)(st + MV4SX_BS) + t0;
+            xl.bs1 = (const MvV4*)(st + MV4SX_BS) + t1;
+            xl.dy0 = (const float*)(st + MV4SX_DY) + t0;
+            xl.dy1 = (const float*)(st + MV4SX_DY) + t1;
+            Mv2Q4K::compute(f, 0, xl, acc);
+        } else {
+            Mv2Q4K::compute(f, s, x, acc);
+        }
         __syncwarp();
         b = b + 1 == NST ? 0 : b + 1;
     }
     mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2S_KERNEL1(NST, SUFFIX, EMU)                                                                    \
+#define MMV2S_KERNEL1(NST, XS, XSUF, SUFFIX, EMU)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        mmv2s_q4_k_s##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
-                                  const int16_t* __restrict__ bsum, int n_tokens, int load_mode,         \
-                                  int emulate, float* kpart, int* kcount, int ks) {                      \
+        mmv2s_q4_k_s##NST##XSUF##SUFFIX(const MvSegs p, const int8_t* __restrict__ q,                     \
+                                        const float* __restrict__ dy, const int16_t* __restrict__ bsum,  \
+                                        int n_tokens, int load_mode, int emulate, float* kpart,          \
+                                        int* kcount, int ks) {                                           \
         (void)load_mode;                                                                                 \
         (void)emulate;                                                                                   \
-        mmv2s_q4k<NST>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                                \
+        mmv2s_q4k<NST, XS>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                            \
     }
-#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(NST, , 0) MMV2S_KERNEL1(NST, _emu, 1)
+#define MMV2S_KERNEL(NST) MMV2S_KERNEL1(NST, false, , , 0) MMV2S_KERNEL1(NST, false, , _emu, 1)
+#define MMV2SX_KERNEL(NST) MMV2S_KERNEL1(NST, true, x, , 0) MMV2S_KERNEL1(NST, true, x, _emu, 1)
 MMV2S_KERNEL(2)
 MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
+MMV2SX_KERNEL(2)
+MMV2SX_KERNEL(3)
 
 // ---- mmv2 Q6_K with the weights copied to shared memory by cp.async --------------------------
 //

@@ -568,6 +568,33 @@ pub fn set_mmv2_ksplit(ks: Option<u32>) {
 /// super-block of the tile's 16 rows, MV4S_STAGE in the kernel).
 const STAGE_BYTES_Q4K: u32 = 16 * 144;
 
+/// ... of the staged Q4_K kernels with x staged too (`mmv2s_q4_k_s*x`: the weights, then x of
+/// the super-block's 8 units for up to 8 tokens, their int16 sums and dy; MV4SX_STAGE).
+const STAGE_BYTES_Q4K_XS: u32 = 16 * 144 + 8 * 256 + 8 * 16 + 8 * 4;
+
+/// Whether the staged Q4_K kernels (2 or 3 stages) copy each super-block's x into shared
+/// memory with its weights (`mmv2s_q4_k_s*x`): the override ([`set_mmv2_xs`]), else
+/// `REDLINE_MMV2_XS=1` (an experiment, session 20: with x read from global memory the 8-token
+/// 5120x27648 down projection waits for x after its weights, 2.9 µs per warp and super-block
+/// on the H100). The same values and sums: the same bits.
+fn xs2() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match XS_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_XS").as_deref() == Ok("1")),
+    }
+}
+
+/// 0: `REDLINE_MMV2_XS` decides; 1 off, 2 on.
+static XS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces x staged with the weights in the staged Q4_K mmv2 kernels on or off (`None`: back to
+/// `REDLINE_MMV2_XS`). For tests and benchmarks.
+pub fn set_mmv2_xs(on: Option<bool>) {
+    XS_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
+}
+
 /// ... and of the staged Q6_K kernels (`mmv2s_q6_k_s*`: 16 rows of 15 16-byte vectors, each
 /// row's super-block in the 14 aligned vectors around it; MV6S_STAGE in the kernel).
 const STAGE_BYTES_Q6K: u32 = 16 * 15 * 16;
@@ -914,11 +941,15 @@ impl CudaDevice {
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let emu = emu_suffix(emulate);
         let (f, smem) = if stages > 0 {
-            let f = self.function(Program::Mmv, &format!("mmv2s_{stem}_s{stages}{emu}"))?;
-            let per_stage = if ty == GgmlType::Q6K {
-                STAGE_BYTES_Q6K
-            } else {
-                STAGE_BYTES_Q4K
+            let xs = ty == GgmlType::Q4K && stages <= 3 && xs2();
+            let f = self.function(
+                Program::Mmv,
+                &format!("mmv2s_{stem}_s{stages}{}{emu}", if xs { "x" } else { "" }),
+            )?;
+            let per_stage = match (ty, xs) {
+                (GgmlType::Q6K, _) => STAGE_BYTES_Q6K,
+                (_, true) => STAGE_BYTES_Q4K_XS,
+                _ => STAGE_BYTES_Q4K,
             };
             let smem = warps * stages * per_stage;
             if let Some(pct) = carveout2() {

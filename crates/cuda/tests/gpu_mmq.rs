@@ -459,6 +459,7 @@ fn mmv_matches_cpu_reference() {
     cuda::mmv::set_load_mode_override(None);
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
+    cuda::mmv::set_mmv2_xs(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -810,6 +811,8 @@ fn mmv2_matches_cpu_reference() {
                     for &stages in stage_set {
                         let warps =
                             [0, 1, 3, 8, 5, 2][(2 * n + emulate as usize + stages as usize) % 6];
+                        // Q4_K at 2 and 3 stages: x staged with the weights on every other n
+                        cuda::mmv::set_mmv2_xs(Some(n % 2 == 1));
                         cuda::mmv::set_force_emulation(emulate);
                         cuda::mmv::set_warps_override(warps);
                         cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
@@ -840,6 +843,7 @@ fn mmv2_matches_cpu_reference() {
     cuda::mmv::set_load_mode_override(None);
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
+    cuda::mmv::set_mmv2_xs(None);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -872,6 +876,8 @@ fn mmv2_segments_with_bias_and_accumulate() {
                 _ => 3,
             }));
             cuda::mmv::set_mmv2_stages(Some(if n == 5 { 2 } else { 0 }));
+            // and at 5 tokens with x staged too
+            cuda::mmv::set_mmv2_xs(Some(n == 5));
             let rows = [40usize, 17, 1];
             let x = random_activations(n * cols, 11 + n as u64);
             let xd = dev.stream().clone_htod(&x).expect("x");
@@ -957,6 +963,7 @@ fn mmv2_segments_with_bias_and_accumulate() {
     cuda::mmv::set_mmv2(None);
     cuda::mmv::set_mmv2_ksplit(None);
     cuda::mmv::set_mmv2_stages(None);
+    cuda::mmv::set_mmv2_xs(None);
 }
 
 /// RMS error over all outputs (relative to the RMS output) of the dp4a matvec, mmv (both q8_1
@@ -971,6 +978,9 @@ fn mmv2_rounding_vs_the_q8_1_paths() {
         return;
     };
     let (rows, cols) = (1024usize, 5120usize);
+    // the mmv (q8_1 tensor-core) kernels read the natural q8_1 layout only (the dispatch keeps
+    // the tiled one, on by default for 1-2 tokens, away from them)
+    cuda::matvec::set_q8_1_tiled(Some(false));
     for ty in MMV2_AND_MMV_FORMATS {
         let wbytes = random_matrix(ty, rows, cols, 5);
         let x = random_activations(8 * cols, 6);
@@ -1017,6 +1027,7 @@ fn mmv2_rounding_vs_the_q8_1_paths() {
             );
         }
     }
+    cuda::matvec::set_q8_1_tiled(None);
 }
 
 #[test]
@@ -1036,13 +1047,30 @@ fn mmv2_timing_vs_matvec_and_mmv() {
         (5120, 5120),
         (152064, 5120),
     ];
-    let counts = [1usize, 2, 3, 4, 8];
+    // MMV2_SWEEP_TYPES (e.g. "Q6_K") and MMV2_SWEEP_COUNTS (e.g. "4,8") narrow the sweep for a
+    // short device window
+    let types: Vec<GgmlType> = match std::env::var("MMV2_SWEEP_TYPES") {
+        Ok(v) => MMV2_FORMATS
+            .into_iter()
+            .filter(|t| {
+                v.split(',')
+                    .any(|n| n.trim().eq_ignore_ascii_case(t.name()))
+            })
+            .collect(),
+        Err(_) => MMV2_FORMATS.to_vec(),
+    };
+    let counts: Vec<usize> = std::env::var("MMV2_SWEEP_COUNTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 3, 4, 8]);
+    // the mmv (q8_1 tensor-core) kernels read the natural q8_1 layout only
+    cuda::matvec::set_q8_1_tiled(Some(false));
     println!(
         "{:>5} {:>12} {:>2} {:>7} {:>7} {:>7} {:>6} {:>6} {:>8} {:>6} {:>6}  best mmv2 (warps, load mode)",
         "type", "shape", "n", "matvec", "mmv", "mmv2", "m2/mv1", "mv/mv1", "m2 GB/s", "q8_1", "q8_K"
     );
     let mut sweeps = Vec::new();
-    for ty in MMV2_FORMATS {
+    for &ty in &types {
         for &(rows, cols) in &shapes {
             if rows > 100_000 && ty != GgmlType::Q6K {
                 continue;
@@ -1110,24 +1138,41 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                         }
                     }
                 }
-                // Q4_K: the staged kernels (cp.async, 2..4 stages) at every warp count
-                if ty == GgmlType::Q4K {
-                    for stages in [2u32, 3, 4] {
+                // the staged kernels (cp.async; Q4_K 2..4 stages, Q6_K 2 and 3) at every warp
+                // count
+                if ty == GgmlType::Q4K || ty == GgmlType::Q6K {
+                    let stage_set: &[u32] = if ty == GgmlType::Q4K {
+                        &[2, 3, 4]
+                    } else {
+                        &[2, 3]
+                    };
+                    for &stages in stage_set {
                         cuda::mmv::set_mmv2_stages(Some(stages));
-                        for carve in [None, Some(50u32)] {
-                            cuda::mmv::set_mmv2_carveout(Some(carve));
-                            for &w in warps {
-                                cuda::mmv::set_warps_override(w);
-                                let us = time2();
-                                let c = carve.map_or(String::new(), |c| format!("c{c}"));
-                                line += &format!(" s{stages}{c}w{w} {us:.1}");
-                                if us < best.0 {
-                                    best = (us, format!("s{stages}{c} w{w}"));
+                        // Q4_K at 2 and 3 stages: also with x staged (the "x" rows)
+                        let xs_set: &[bool] = if ty == GgmlType::Q4K && stages <= 3 {
+                            &[false, true]
+                        } else {
+                            &[false]
+                        };
+                        for &xs in xs_set {
+                            cuda::mmv::set_mmv2_xs(Some(xs));
+                            for carve in [None, Some(50u32)] {
+                                cuda::mmv::set_mmv2_carveout(Some(carve));
+                                for &w in warps {
+                                    cuda::mmv::set_warps_override(w);
+                                    let us = time2();
+                                    let c = carve.map_or(String::new(), |c| format!("c{c}"))
+                                        + if xs { "x" } else { "" };
+                                    line += &format!(" s{stages}{c}w{w} {us:.1}");
+                                    if us < best.0 {
+                                        best = (us, format!("s{stages}{c} w{w}"));
+                                    }
                                 }
                             }
                         }
                     }
                     cuda::mmv::set_mmv2_carveout(None);
+                    cuda::mmv::set_mmv2_xs(None);
                     cuda::mmv::set_warps_override(0);
                     // the K split (launches under 600 tiles), two stages, default warps
                     for ks in [2u32, 3] {
@@ -1164,6 +1209,7 @@ fn mmv2_timing_vs_matvec_and_mmv() {
             }
         }
     }
+    cuda::matvec::set_q8_1_tiled(None);
     println!("mmv2 sweep (µs):");
     for l in sweeps {
         println!("{l}");
