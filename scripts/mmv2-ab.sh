@@ -34,6 +34,7 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# xs8b:    x staged from 16384 columns by default, Q6_K staged with it; sweep, 8 streams, verify
 # xs8:     x staged with the weights in the Q4_K mmv2 kernels (REDLINE_MMV2_XS=1) at 8 streams
 # prof8:   an 8-row 32B step's per-op device time, Q6_K staged or not; the Q6_K kernel sweep
 # q6s:     Q6_K mmv2 with cp.async staging (REDLINE_MMV2_Q6_STAGE) at 8 streams (session 20)
@@ -349,6 +350,30 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+xs8b)
+    # session 20: x staged with the weights in the staged mmv2 kernels from 16384 columns (the
+    # default now; REDLINE_MMV2_XS=0 is the old path), the Q6_K staged kernels with it
+    # (REDLINE_MMV2_Q6_STAGE=2): checks, the Q4_K / Q6_K sweep at 8 tokens, 8 streams of both
+    # models (rounds alternating), one row, the 27B verify cost, the 8-row profile
+    timeout 200 devbin/t_gpu_mmq --test-threads 1 mmv2 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
+    MMV2_SWEEP_TYPES=Q4_K,Q6_K MMV2_SWEEP_COUNTS=${COUNTS:-8} timeout 200 devbin/t_gpu_mmq --ignored --nocapture --test-threads 1 mmv2_timing >"$OUT/sweep.txt" 2>&1
+    grep -vE "^\s*$" "$OUT/sweep.txt" | grep -E "^ *q[46]_K|^q[46]_K" | cut -c1-300
+    echo "== checks, sweep $(el)"
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in REDLINE_MMV2_XS=0 X=1 REDLINE_MMV2_Q6_STAGE=2; do
+            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        done
+        echo "round $r $(el)"
+    done
+    b m32 -n 128 -r 2
+    for v in REDLINE_MMV2_XS=0 X=1; do
+        echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
+    done
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 8 >"$OUT/prof8_xs.txt" 2>&1
+    grep -E "op profile|^matmul" "$OUT/prof8_xs.txt" | head -12 | cut -c1-110
+    echo "== xs8b $(el)"
     ;;
 xs8)
     # session 20: the staged Q4_K mmv2 kernels with x staged too (REDLINE_MMV2_XS=1, 2 or 3

@@ -1333,11 +1333,15 @@ static __device__ __forceinline__ void mv6s_fragment(const uint8_t* const (&rows
     f.d = (d[0] & 0xFFFFu) | (d[1] << 16);
 }
 
-template <int NST>
+template <int NST, bool XS>
 static __device__ __forceinline__ void mmv2s_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
-    extern __shared__ MvV4 mv6s_stage[];  // [blockDim.y][NST][16 rows][MV6_ROW_VECS]
+    extern __shared__ MvV4 mv6s_stage[];  // [blockDim.y][NST][stage]
+    // XS: the stage holds the super-block's x and dy after the weights (as mmv2s_q4k's XS:
+    // [weights][x 8 x 256][unit sums, unused][dy 8 x 4])
+    constexpr int XO = MV6S_STAGE, DYO = MV6S_STAGE + 8 * 256 + 8 * 16;
+    constexpr int STAGE = XS ? DYO + 8 * 4 : MV6S_STAGE;
     const MvKs k = mv_ks(ks, p.ncols / 256);
     const MvTile tl = mv_tile_at(p, k.tile);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
@@ -1360,7 +1364,7 @@ static __device__ __forceinline__ void mmv2s_q6k(const MvSegs& p, const int8_t* 
         dsto[j] = r * MV6S_ROW + 16 * pc;
     }
     const int og[2] = {row_off(g), row_off(g + 8)};
-    uint8_t* wbuf = (uint8_t*)(mv6s_stage + wid * NST * (MV6S_STAGE / 16));
+    uint8_t* wbuf = (uint8_t*)(mv6s_stage + wid * NST * (STAGE / 16));
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wbuf);
     auto issue = [&](int s, int b) {
         const int so = s * MvQ6K::SB;
@@ -1368,8 +1372,20 @@ static __device__ __forceinline__ void mmv2s_q6k(const MvSegs& p, const int8_t* 
         for (int j = 0; j < 7; j++) {
             // piece pc of the row's window: the aligned vector at or below its super-block's start
             const uint8_t* src = base + (((roff[j] + so) & ~15) + pc16[j]);
-            mv_cp16(sbase + b * MV6S_STAGE + dsto[j], wbuf + b * MV6S_STAGE + dsto[j], src);
+            mv_cp16(sbase + b * STAGE + dsto[j], wbuf + b * STAGE + dsto[j], src);
         }
+    };
+    const int n = n_tokens;
+    auto issue_x = [&](int s, int b) {
+        const uint8_t* xq = (const uint8_t*)q + 256LL * n * s;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int v = lane + 32 * j;
+            if (v < 16 * n) mv_cp16(sbase + b * STAGE + XO + 16 * v, wbuf + b * STAGE + XO + 16 * v, xq + 16 * v);
+        }
+        if (lane < n)
+            mv_cp4(sbase + b * STAGE + DYO + 4 * lane, wbuf + b * STAGE + DYO + 4 * lane,
+                   (const uint8_t*)dy + 4LL * (n * s + lane));
     };
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
@@ -1379,15 +1395,33 @@ static __device__ __forceinline__ void mmv2s_q6k(const MvSegs& p, const int8_t* 
     }
     pdl_wait();
     pdl_trigger();
+    if constexpr (XS) {
+#pragma unroll
+        for (int i = 0; i < NST - 1; i++) {
+            const int s = k.s0 + wid + i * nw;
+            if (s < nsb) issue_x(s, i);
+        }
+        cp_async_commit();
+    }
+    const int xg = 32 * min(g, n - 1) + 8 * t, t0 = min(2 * t, n - 1), t1 = min(2 * t + 1, n - 1);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
+    bool first = true;
     for (int s = k.s0 + wid; s < nsb; s += nw) {
         const int sn = s + (NST - 1) * nw;
-        if (sn < nsb) issue(sn, b == 0 ? NST - 1 : b - 1);
+        if (sn < nsb) {
+            const int bn = b == 0 ? NST - 1 : b - 1;
+            issue(sn, bn);
+            if constexpr (XS) issue_x(sn, bn);
+        }
         cp_async_commit();
-        cp_async_wait<NST - 1>();
+        if (XS && first)
+            cp_async_wait<1>();  // the prologue's weights and the x group after them
+        else
+            cp_async_wait<NST - 1>();
+        first = false;
         __syncwarp();
-        const uint8_t* st = wbuf + b * MV6S_STAGE;
+        const uint8_t* st = wbuf + b * STAGE;
         const int so = s * MvQ6K::SB;
         // where rows g and g + 8 start in their windows (even: 0..14)
         const int o[2] = {(og[0] + so) & 15, (og[1] + so) & 15};
@@ -1397,22 +1431,34 @@ static __device__ __forceinline__ void mmv2s_q6k(const MvSegs& p, const int8_t* 
             mv6s_fragment<true>(rows, o, t, f);
         else
             mv6s_fragment<false>(rows, o, t, f);
-        Mv2Q6K::compute(f, s, x, acc);
+        if constexpr (XS) {
+            Mv2X xl = x;
+            xl.q = (const int8_t*)(st + XO) + xg;
+            xl.dy0 = (const float*)(st + DYO) + t0;
+            xl.dy1 = (const float*)(st + DYO) + t1;
+            Mv2Q6K::compute(f, 0, xl, acc);
+        } else {
+            Mv2Q6K::compute(f, s, x, acc);
+        }
         __syncwarp();
         b = b + 1 == NST ? 0 : b + 1;
     }
     mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
 }
 
-#define MMV2S_Q6K_KERNEL1(NST, SUFFIX, EMU)                                                                \
+#define MMV2S_Q6K_KERNEL1(NST, XS, XSUF, SUFFIX, EMU)                                                      \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        mmv2s_q6_k_s##NST##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
-                                  const int16_t* __restrict__ bsum, int n_tokens, int load_mode,         \
-                                  int emulate, float* kpart, int* kcount, int ks) {                      \
+        mmv2s_q6_k_s##NST##XSUF##SUFFIX(const MvSegs p, const int8_t* __restrict__ q,                     \
+                                        const float* __restrict__ dy, const int16_t* __restrict__ bsum,  \
+                                        int n_tokens, int load_mode, int emulate, float* kpart,          \
+                                        int* kcount, int ks) {                                           \
         (void)load_mode;                                                                                 \
         (void)emulate;                                                                                   \
-        mmv2s_q6k<NST>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                                \
+        mmv2s_q6k<NST, XS>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                            \
     }
-#define MMV2S_Q6K_KERNEL(NST) MMV2S_Q6K_KERNEL1(NST, , 0) MMV2S_Q6K_KERNEL1(NST, _emu, 1)
+#define MMV2S_Q6K_KERNEL(NST) MMV2S_Q6K_KERNEL1(NST, false, , , 0) MMV2S_Q6K_KERNEL1(NST, false, , _emu, 1)
+#define MMV2SX_Q6K_KERNEL(NST) MMV2S_Q6K_KERNEL1(NST, true, x, , 0) MMV2S_Q6K_KERNEL1(NST, true, x, _emu, 1)
 MMV2S_Q6K_KERNEL(2)
 MMV2S_Q6K_KERNEL(3)
+MMV2SX_Q6K_KERNEL(2)
+MMV2SX_Q6K_KERNEL(3)

@@ -261,7 +261,7 @@ pub fn prefill_supported(dev: &CudaDevice, p: &AttentionParams, kv_type: KvType)
 }
 
 /// Largest dynamic shared memory per block this device allows after opting in.
-fn max_smem_per_block(dev: &CudaDevice) -> usize {
+pub(crate) fn max_smem_per_block(dev: &CudaDevice) -> usize {
     use cudarc::driver::sys::CUdevice_attribute_enum as A;
     dev.context()
         .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)

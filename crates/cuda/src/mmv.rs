@@ -572,28 +572,45 @@ const STAGE_BYTES_Q4K: u32 = 16 * 144;
 /// the super-block's 8 units for up to 8 tokens, their int16 sums and dy; MV4SX_STAGE).
 const STAGE_BYTES_Q4K_XS: u32 = 16 * 144 + 8 * 256 + 8 * 16 + 8 * 4;
 
-/// Whether the staged Q4_K kernels (2 or 3 stages) copy each super-block's x into shared
-/// memory with its weights (`mmv2s_q4_k_s*x`): the override ([`set_mmv2_xs`]), else
-/// `REDLINE_MMV2_XS=1` (an experiment, session 20: with x read from global memory the 8-token
-/// 5120x27648 down projection waits for x after its weights, 2.9 µs per warp and super-block
-/// on the H100). The same values and sums: the same bits.
-fn xs2() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+/// Columns from which the staged kernels copy x into shared memory by default (x of 8 tokens
+/// past ~128 KB: more than L1 keeps beside the staging buffers).
+const XS_MIN_COLS: usize = 16384;
+
+/// Whether the staged mmv2 kernels (2 or 3 stages) of a `cols`-wide product copy each
+/// super-block's x into shared memory with its weights (`mmv2s_*_s*x`): the override
+/// ([`set_mmv2_xs`]: on or off for every width), else `REDLINE_MMV2_XS` (`0` never, `1` every
+/// width), else from [`XS_MIN_COLS`] columns. Why (H100, session 20): with x read from global
+/// memory each super-block's compute starts with x loads that miss L1 once x outgrows it, a
+/// second round trip after the weights; the 8-token Q4_K 5120x27648 down projection took 57.3
+/// µs alone (5 warps) and 43.4 with x staged (3 warps), while the 5120-wide gate/up is even
+/// (43.1 / 44.4 at 3 warps). The same values and sums: the same bits.
+fn xs2(cols: usize) -> bool {
+    static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     match XS_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_XS").as_deref() == Ok("1")),
+        _ => ENV
+            .get_or_init(|| match std::env::var("REDLINE_MMV2_XS").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            })
+            .unwrap_or(cols >= XS_MIN_COLS),
     }
 }
 
-/// 0: `REDLINE_MMV2_XS` decides; 1 off, 2 on.
+/// 0: `REDLINE_MMV2_XS` / the width decides; 1 off, 2 on.
 static XS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Forces x staged with the weights in the staged Q4_K mmv2 kernels on or off (`None`: back to
-/// `REDLINE_MMV2_XS`). For tests and benchmarks.
+/// Forces x staged with the weights in the staged mmv2 kernels on or off (`None`: back to
+/// `REDLINE_MMV2_XS` and the width). For tests and benchmarks.
 pub fn set_mmv2_xs(on: Option<bool>) {
     XS_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
+
+/// ... of the staged Q6_K kernels with x staged too (`mmv2s_q6_k_s*x`: as [`STAGE_BYTES_Q6K`],
+/// then x as [`STAGE_BYTES_Q4K_XS`] has it, an unused unit-sum slot and dy).
+const STAGE_BYTES_Q6K_XS: u32 = 16 * 15 * 16 + 8 * 256 + 8 * 16 + 8 * 4;
 
 /// ... and of the staged Q6_K kernels (`mmv2s_q6_k_s*`: 16 rows of 15 16-byte vectors, each
 /// row's super-block in the 14 aligned vectors around it; MV6S_STAGE in the kernel).
@@ -933,25 +950,41 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
         let stages = match ty {
             GgmlType::Q4K | GgmlType::Q6K => stages2(ty),
             _ => 0,
         };
+        let xs = stages > 0 && stages <= 3 && xs2(cols);
+        let mut warps = if xs && WARPS_OVERRIDE.load(Ordering::Relaxed) == 0 {
+            // x staged: 3 warps (H100, session 20: the 8-token Q4_K 5120x27648 43.4 µs at 3,
+            // 43.5 at 4, 50.5 at 5, 46.1 at 8)
+            3.min((cols / 256).max(1)) as u32
+        } else {
+            warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols)
+        };
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let emu = emu_suffix(emulate);
         let (f, smem) = if stages > 0 {
-            let xs = ty == GgmlType::Q4K && stages <= 3 && xs2();
             let f = self.function(
                 Program::Mmv,
                 &format!("mmv2s_{stem}_s{stages}{}{emu}", if xs { "x" } else { "" }),
             )?;
             let per_stage = match (ty, xs) {
-                (GgmlType::Q6K, _) => STAGE_BYTES_Q6K,
+                (GgmlType::Q6K, true) => STAGE_BYTES_Q6K_XS,
+                (GgmlType::Q6K, false) => STAGE_BYTES_Q6K,
                 (_, true) => STAGE_BYTES_Q4K_XS,
                 _ => STAGE_BYTES_Q4K,
             };
-            let smem = warps * stages * per_stage;
+            let mut smem = warps * stages * per_stage;
+            if smem > 40 * 1024 {
+                // fewer warps where the device's shared memory per block cannot hold them all
+                // (a V100's 96 KiB against 8 warps of 3 x-staged Q6_K stages, in the tests)
+                let max = crate::attention::max_smem_per_block(self) as u32;
+                while warps > 1 && smem + 8 * 1024 > max {
+                    warps -= 1;
+                    smem = warps * stages * per_stage;
+                }
+            }
             if let Some(pct) = carveout2() {
                 // the shared memory / L1 split the driver should prefer (x is read through L1)
                 f.set_attribute(
@@ -959,7 +992,8 @@ impl CudaDevice {
                     pct as i32,
                 )?;
             }
-            if smem > 48 * 1024 {
+            // (beside the kernels' static shared memory: mv_reduce_warps' 4 KB and a margin)
+            if smem > 40 * 1024 {
                 // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
                 // stream operation: fine inside graph capture)
                 f.set_attribute(
