@@ -362,8 +362,10 @@ xs8b)
     echo "== checks, sweep $(el)"
     wait $SP
     for r in ${ROUNDS:-1 2}; do
-        for v in REDLINE_MMV2_XS=0 X=1 REDLINE_MMV2_Q6_STAGE=2; do
-            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        ms="m32 m27"
+        [ "$r" = 1 ] || ms=m32
+        for v in REDLINE_MMV2_XS=0 X=1 REDLINE_MMV2_Q6_STAGE=2 REDLINE_MMV2_WARPS=8; do
+            for m in $ms; do ST=$v b $m -n 64 -r 2 --parallel 8; done
         done
         echo "round $r $(el)"
     done

@@ -50,6 +50,23 @@ const MAX_WARPS: u32 = 8;
 
 /// Forced warps per block (1..=8); 0 = per-shape choice.
 static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Warps per block forced for the mmv2 launches: the override ([`set_warps_override`]), else
+/// `REDLINE_MMV2_WARPS` (1..=8, an experiment: the per-shape choice was timed on the H200 at
+/// one to four tokens), else 0 (the per-shape choice).
+fn forced_warps2() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    match WARPS_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MMV2_WARPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|w| (1..=MAX_WARPS).contains(w))
+                .unwrap_or(0)
+        }),
+        w => w,
+    }
+}
 /// Runs the shuffle + dp4a emulation of the mma on every card (tests: the sm_70 path).
 static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
 /// Weight load mode (0: ld.global.nc, 2: L1::no_allocate); u32::MAX = the default.
@@ -487,7 +504,7 @@ fn load_mode2(ty: GgmlType) -> i32 {
 /// n = 4: 53.9 against 54.9 at 3, 55.1 at 5), 5 for >= 200 (5120x27648 n = 4: 68.2 against
 /// 77.3 at 4; 5120x5120 15.9 against 17.5), 8 below. Never a warp without a super-block.
 fn warps_per_block2(ty: GgmlType, tiles: usize, n_cols: usize) -> u32 {
-    let forced = WARPS_OVERRIDE.load(Ordering::Relaxed) as usize;
+    let forced = forced_warps2() as usize;
     let q6 = ty == GgmlType::Q6K;
     let w = match (forced, tiles) {
         (f, _) if f > 0 => f,
@@ -955,7 +972,7 @@ impl CudaDevice {
             _ => 0,
         };
         let xs = stages > 0 && stages <= 3 && xs2(cols);
-        let mut warps = if xs && WARPS_OVERRIDE.load(Ordering::Relaxed) == 0 {
+        let mut warps = if xs && forced_warps2() == 0 {
             // x staged: 3 warps (H100, session 20: the 8-token Q4_K 5120x27648 43.4 µs at 3,
             // 43.5 at 4, 50.5 at 5, 46.1 at 8)
             3.min((cols / 256).max(1)) as u32
