@@ -34,6 +34,8 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
+# ncuxs:   ncu on the x-staged Q4_K down inside 8-row steps against the default staged kernel
 # xs8b:    x staged from 16384 columns by default, Q6_K staged with it; sweep, 8 streams, verify
 # xs8:     x staged with the weights in the Q4_K mmv2 kernels (REDLINE_MMV2_XS=1) at 8 streams
 # prof8:   an 8-row 32B step's per-op device time, Q6_K staged or not; the Q6_K kernel sweep
@@ -350,6 +352,49 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+spread)
+    # session 20: mmv2 launches under two blocks per SM padded with shared memory so their
+    # blocks spread over the SMs (REDLINE_MMV2_SPREAD=1), with and without x staged for the
+    # wide products (REDLINE_MMV2_XS=wide): 8 streams of both models (rounds alternating), the
+    # 8-row profile, the 27B verify cost
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        ms="m32 m27"
+        [ "$r" = 1 ] || ms=m32
+        for v in X=1 REDLINE_MMV2_SPREAD=1 "REDLINE_MMV2_SPREAD=1 REDLINE_MMV2_XS=wide"; do
+            for m in $ms; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_MMV2_SPREAD=1,REDLINE_MMV2_XS=wide; do
+        env ${v//,/ } REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 8 >"$OUT/prof8_${v%%=*}.txt" 2>&1
+        echo "profile $v:"
+        grep -E "op profile|^matmul" "$OUT/prof8_${v%%=*}.txt" | head -9 | cut -c1-110
+    done
+    for v in X=1 REDLINE_MMV2_SPREAD=1; do
+        echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
+    done
+    echo "== spread $(el)"
+    ;;
+ncuxs)
+    # session 20: why the x-staged Q4_K down projection (mmv2s_q4_k_s2x, 43.4 µs alone) took
+    # 78.6 µs inside an 8-row step: ncu on eager 8-row 32B steps, the x-staged kernel and the
+    # default staged one (gate/up and the down with REDLINE_MMV2_XS=0)
+    wait $SP
+    NCU=/usr/local/cuda/bin/ncu
+    for kp in "mmv2s_q4_k_s2x REDLINE_MMV2_XS=1" "mmv2s_q4_k_s2 REDLINE_MMV2_XS=0"; do
+        read -r k v <<<"$kp"
+        env $v REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 8 --launch-count 4 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis -o "$OUT/$k" -f \
+            $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 4 -r 1 --parallel 8 >"$OUT/ncu_$k.log" 2>&1
+        $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
+        rm -f "$OUT/$k.ncu-rep"
+        echo "$k ($v):"
+        grep -E "^  mmv2|Duration|Grid Size|Block Size|Registers Per|Dynamic Shared|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Stall|Warp Cycles Per Issued|Eligible Warps|Block Limit" "$OUT/det_$k.txt" | head -80 | cut -c1-150
+    done
+    echo "== ncuxs $(el)"
     ;;
 xs8b)
     # session 20: x staged with the weights in the staged mmv2 kernels from 16384 columns (the

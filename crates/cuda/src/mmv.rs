@@ -589,30 +589,64 @@ const STAGE_BYTES_Q4K: u32 = 16 * 144;
 /// the super-block's 8 units for up to 8 tokens, their int16 sums and dy; MV4SX_STAGE).
 const STAGE_BYTES_Q4K_XS: u32 = 16 * 144 + 8 * 256 + 8 * 16 + 8 * 4;
 
-/// Columns from which the staged kernels copy x into shared memory by default (x of 8 tokens
-/// past ~128 KB: more than L1 keeps beside the staging buffers).
+/// Whether mmv2 launches of under two blocks per SM ask for more shared memory than they use,
+/// so that at most their share of blocks fits on one SM and the blocks spread over all of
+/// them (`REDLINE_MMV2_SPREAD=1`, an experiment). Why (H100, session 20, ncu): a launch of
+/// 320 small blocks (the 5120-row products) that the SMs could hold 7 at a time reached 10-20 %
+/// achieved occupancy, and the x-staged down projection that took 43.4 µs alone took 78.6
+/// inside a step: launched early behind the previous kernel (PDL), the blocks may crowd onto
+/// the SMs that free up first.
+fn spread2() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_SPREAD").as_deref() == Ok("1"))
+}
+
+/// Dynamic shared memory for a launch of `grid` blocks that use `smem` bytes each, so that no
+/// SM can hold more than ceil(grid / SMs) of them ([`spread2`]); `smem` itself for launches of
+/// two or more blocks per SM.
+fn spread_smem(dev: &CudaDevice, grid: usize, smem: u32) -> u32 {
+    use cudarc::driver::sys::CUdevice_attribute_enum as A;
+    let sms = dev.info().sm_count.max(1) as usize;
+    if grid >= 2 * sms {
+        return smem;
+    }
+    let per_sm = grid.div_ceil(sms).max(1);
+    let Ok(cap) = dev
+        .context()
+        .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+    else {
+        return smem;
+    };
+    // per_sm + 1 blocks of cap / (per_sm + 1) plus their static shared memory do not fit
+    let target = (cap.max(0) as usize / (per_sm + 1)) as u32;
+    let max = crate::attention::max_smem_per_block(dev) as u32;
+    smem.max(target.min(max.saturating_sub(8 * 1024)))
+}
+
+/// Columns from which `REDLINE_MMV2_XS=wide` copies x into shared memory (x of 8 tokens past
+/// ~128 KB: more than L1 keeps beside the staging buffers).
 const XS_MIN_COLS: usize = 16384;
 
 /// Whether the staged mmv2 kernels (2 or 3 stages) of a `cols`-wide product copy each
 /// super-block's x into shared memory with its weights (`mmv2s_*_s*x`): the override
-/// ([`set_mmv2_xs`]: on or off for every width), else `REDLINE_MMV2_XS` (`0` never, `1` every
-/// width), else from [`XS_MIN_COLS`] columns. Why (H100, session 20): with x read from global
-/// memory each super-block's compute starts with x loads that miss L1 once x outgrows it, a
-/// second round trip after the weights; the 8-token Q4_K 5120x27648 down projection took 57.3
-/// µs alone (5 warps) and 43.4 with x staged (3 warps), while the 5120-wide gate/up is even
-/// (43.1 / 44.4 at 3 warps). The same values and sums: the same bits.
+/// ([`set_mmv2_xs`]: on or off for every width), else `REDLINE_MMV2_XS` (`1` every width, `wide`
+/// from [`XS_MIN_COLS`] columns), else never (an experiment). H100, session 20: with x read from
+/// global memory each super-block's compute starts with x loads that miss L1 once x outgrows
+/// it; the 8-token Q4_K 5120x27648 down projection took 57.3 µs alone (5 warps) and 43.4 with
+/// x staged (3 warps), but 78.6 inside an 8-row step (see [`spread2`]), and 8 streams of the
+/// 32B lost 2 %. The same values and sums: the same bits.
 fn xs2(cols: usize) -> bool {
-    static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     match XS_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
         _ => ENV
             .get_or_init(|| match std::env::var("REDLINE_MMV2_XS").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
+                Ok("1") => Some(0),
+                Ok("wide") => Some(XS_MIN_COLS),
                 _ => None,
             })
-            .unwrap_or(cols >= XS_MIN_COLS),
+            .is_some_and(|min| cols >= min),
     }
 }
 
@@ -1009,21 +1043,26 @@ impl CudaDevice {
                     pct as i32,
                 )?;
             }
-            // (beside the kernels' static shared memory: mv_reduce_warps' 4 KB and a margin)
-            if smem > 40 * 1024 {
-                // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
-                // stream operation: fine inside graph capture)
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )?;
-            }
             (f, smem)
         } else {
             let f = self.function(Program::Mmv, &format!("mmv2_{stem}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
         let ks = ksplit2(blocks, cols / 256);
+        let smem = if spread2() {
+            spread_smem(self, blocks * ks as usize, smem)
+        } else {
+            smem
+        };
+        // (beside the kernels' static shared memory: mv_reduce_warps' 4 KB and a margin)
+        if smem > 40 * 1024 {
+            // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
+            // stream operation: fine inside graph capture)
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+        }
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32 * ks, 1, 1),
             block_dim: (32, warps, 1),
