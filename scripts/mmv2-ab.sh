@@ -34,6 +34,7 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# q4w:     8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8)
 # spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
 # ncuxs:   ncu on the x-staged Q4_K down inside 8-row steps against the default staged kernel
 # xs8b:    x staged from 16384 columns by default, Q6_K staged with it; sweep, 8 streams, verify
@@ -352,6 +353,22 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+q4w)
+    # session 20: 8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8), with
+    # and without the spread padding: the greedy-equality tests with it, then 8 streams,
+    # rounds alternating
+    REDLINE_MMV2_Q4_WARPS=8 timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -4
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MMV2_Q4_WARPS=8 "REDLINE_MMV2_Q4_WARPS=8 REDLINE_MMV2_SPREAD=1"; do
+            ST=$v b m32 -n 64 -r 2 --parallel 8
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_MMV2_Q4_WARPS=8; do ST=$v b m27 -n 64 -r 2 --parallel 8; done
+    b m32 -n 128 -r 2
+    echo "== q4w $(el)"
     ;;
 spread)
     # session 20: mmv2 launches under two blocks per SM padded with shared memory so their

@@ -493,6 +493,22 @@ fn load_mode2(ty: GgmlType) -> i32 {
     }
 }
 
+/// Warps per block forced for the Q4_K mmv2 launches only: `REDLINE_MMV2_Q4_WARPS` (1..=8, an
+/// experiment; H100, session 20, 8 tokens alone: 8 warps took gate/up 40.7 µs against 43.1 at
+/// the default 3, the 5120x27648 down 45.6 against 57.0 at 5, o 11.8 against 12.6; Q6_K is
+/// best at 4-5), else 0. A function of the shape only, as the default, so a product's bits do
+/// not depend on the token count.
+fn q4_warps2() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| {
+        std::env::var("REDLINE_MMV2_Q4_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| (1..=MAX_WARPS).contains(w))
+            .unwrap_or(0)
+    })
+}
+
 /// Warps per block of the mmv2 kernels (they split a tile's super-blocks) for `tiles` 16-row
 /// tiles of `n_cols` columns of `ty`: the override ([`set_warps_override`]), else by the H200
 /// sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3
@@ -504,7 +520,10 @@ fn load_mode2(ty: GgmlType) -> i32 {
 /// n = 4: 53.9 against 54.9 at 3, 55.1 at 5), 5 for >= 200 (5120x27648 n = 4: 68.2 against
 /// 77.3 at 4; 5120x5120 15.9 against 17.5), 8 below. Never a warp without a super-block.
 fn warps_per_block2(ty: GgmlType, tiles: usize, n_cols: usize) -> u32 {
-    let forced = forced_warps2() as usize;
+    let forced = match (forced_warps2(), ty) {
+        (0, GgmlType::Q4K) => q4_warps2(),
+        (w, _) => w,
+    } as usize;
     let q6 = ty == GgmlType::Q6K;
     let w = match (forced, tiles) {
         (f, _) if f > 0 => f,
