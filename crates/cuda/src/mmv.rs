@@ -493,25 +493,27 @@ fn load_mode2(ty: GgmlType) -> i32 {
     }
 }
 
-/// Warps per block forced for the Q4_K mmv2 launches only: `REDLINE_MMV2_Q4_WARPS` (1..=8, an
-/// experiment; H100, session 20, 8 tokens alone: 8 warps took gate/up 40.7 µs against 43.1 at
-/// the default 3, the 5120x27648 down 45.6 against 57.0 at 5, o 11.8 against 12.6; Q6_K is
-/// best at 4-5), else 0. A function of the shape only, as the default, so a product's bits do
-/// not depend on the token count.
+/// Warps per block of the Q4_K mmv2 launches: `REDLINE_MMV2_Q4_WARPS` (1..=8; `0`: the
+/// per-tile-count choice below, timed on the H200 at one to four tokens), else 8. H100, session
+/// 20, 8 tokens: alone, 8 warps took gate/up 40.7 µs against 43.1 at 3, the 5120x27648 down
+/// 45.6 against 57.0 at 5, o 11.8 against 12.6; 8 streams of the 32B 626.1 / 617.2 / 627.4
+/// tok/s against 578.4 / 576.3 / 571.7 (+7-10 %, three rounds), the 27B +1 %, verify passes of
+/// 3 and 4 rows even. (Q6_K is best at 4-5 and keeps its choice.) A function of the shape
+/// only, as before, so a product's bits do not depend on the token count.
 fn q4_warps2() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *ENV.get_or_init(|| {
         std::env::var("REDLINE_MMV2_Q4_WARPS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .filter(|w| (1..=MAX_WARPS).contains(w))
-            .unwrap_or(0)
+            .filter(|w| *w <= MAX_WARPS)
+            .unwrap_or(MAX_WARPS)
     })
 }
 
 /// Warps per block of the mmv2 kernels (they split a tile's super-blocks) for `tiles` 16-row
-/// tiles of `n_cols` columns of `ty`: the override ([`set_warps_override`]), else by the H200
-/// sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3
+/// tiles of `n_cols` columns of `ty`: the override ([`set_warps_override`], else
+/// `REDLINE_MMV2_WARPS`), for Q4_K [`q4_warps2`] (8 by default), else by the H200 sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3
 /// for 600 tiles or more (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5
 /// below (320 tiles fit one wave of 3 blocks per SM: 5120x27648 35.0 µs against 41.2 at 4 and
 /// 52.1 at 6; 5120x5120 10.4 against 11.0), 8 under 200 (fewer blocks than SMs: the warps of a
@@ -1185,10 +1187,14 @@ mod tests {
     #[test]
     fn mmv2_warps_by_tile_count() {
         set_warps_override(0);
-        assert_eq!(warps_per_block2(GgmlType::Q4K, 1728, 5120), 3);
-        assert_eq!(warps_per_block2(GgmlType::Q4K, 320, 27648), 5);
-        assert_eq!(warps_per_block2(GgmlType::Q4K, 64, 5120), 8);
-        assert_eq!(warps_per_block2(GgmlType::Q4K, 64, 512), 2);
+        // Q4_K: 8 warps (q4_warps2, unless REDLINE_MMV2_Q4_WARPS says otherwise), never more
+        // than the super-blocks of a row
+        if std::env::var_os("REDLINE_MMV2_Q4_WARPS").is_none() {
+            assert_eq!(warps_per_block2(GgmlType::Q4K, 1728, 5120), 8);
+            assert_eq!(warps_per_block2(GgmlType::Q4K, 320, 27648), 8);
+            assert_eq!(warps_per_block2(GgmlType::Q4K, 64, 5120), 8);
+            assert_eq!(warps_per_block2(GgmlType::Q4K, 64, 512), 2);
+        }
         assert_eq!(warps_per_block2(GgmlType::Q6K, 9504, 5120), 2);
         assert_eq!(warps_per_block2(GgmlType::Q6K, 1728, 5120), 4);
         assert_eq!(warps_per_block2(GgmlType::Q6K, 320, 27648), 5);
