@@ -655,7 +655,8 @@ const XS_MIN_COLS: usize = 16384;
 /// global memory each super-block's compute starts with x loads that miss L1 once x outgrows
 /// it; the 8-token Q4_K 5120x27648 down projection took 57.3 µs alone (5 warps) and 43.4 with
 /// x staged (3 warps), but 78.6 inside an 8-row step (see [`spread2`]), and 8 streams of the
-/// 32B lost 2 %. The same values and sums: the same bits.
+/// 32B lost 2 %; it now takes the format's warps (8 for Q4_K), not yet measured that way. The
+/// same values and sums: the same bits.
 fn xs2(cols: usize) -> bool {
     static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     match XS_OVERRIDE.load(Ordering::Relaxed) {
@@ -1027,13 +1028,10 @@ impl CudaDevice {
             _ => 0,
         };
         let xs = stages > 0 && stages <= 3 && xs2(cols);
-        let mut warps = if xs && forced_warps2() == 0 {
-            // x staged: 3 warps (H100, session 20: the 8-token Q4_K 5120x27648 43.4 µs at 3,
-            // 43.5 at 4, 50.5 at 5, 46.1 at 8)
-            3.min((cols / 256).max(1)) as u32
-        } else {
-            warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols)
-        };
+        // (x staged, the same choice: alone the 8-token Q4_K 5120x27648 took 43.4 µs at 3 warps,
+        // 46.1 at 8, but at 3 it was 78.6 inside a step, where 8 warps serve the plain kernel
+        // best; session 20)
+        let mut warps = warps_per_block2(ty, total_rows.div_ceil(ROWS_PER_BLOCK), cols);
         let mut emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let emu = emu_suffix(emulate);
         let (f, smem) = if stages > 0 {
