@@ -34,6 +34,7 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# s21:     the 8-warp default against the old choice, x staged at 8 warps, serve rows (SERVE=1)
 # q4w:     8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8)
 # spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
 # ncuxs:   ncu on the x-staged Q4_K down inside 8-row steps against the default staged kernel
@@ -353,6 +354,22 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+s21)
+    # for session 21's first window (written at the end of session 20): the 8-warp Q4_K default
+    # against the old choice on this card (8 streams of both models, one row: issue 6's ratio),
+    # x staged at the default 8 warps, then issue 6's serve rows with the new default
+    timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -4
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MMV2_Q4_WARPS=0 REDLINE_MMV2_XS=wide; do
+            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        done
+        b m32 -n 128 -r 2
+        echo "round $r $(el)"
+    done
+    echo "== s21 $(el)"
+    [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
     ;;
 q4w)
     # session 20: 8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8), with
