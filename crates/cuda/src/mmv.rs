@@ -614,9 +614,10 @@ const STAGE_BYTES_Q4K_XS: u32 = 16 * 144 + 8 * 256 + 8 * 16 + 8 * 4;
 /// so that at most their share of blocks fits on one SM and the blocks spread over all of
 /// them (`REDLINE_MMV2_SPREAD=1`, an experiment). Why (H100, session 20, ncu): a launch of
 /// 320 small blocks (the 5120-row products) that the SMs could hold 7 at a time reached 10-20 %
-/// achieved occupancy, and the x-staged down projection that took 43.4 µs alone took 78.6
-/// inside a step: launched early behind the previous kernel (PDL), the blocks may crowd onto
-/// the SMs that free up first.
+/// achieved occupancy; launched early behind the previous kernel (PDL), the blocks may crowd
+/// onto the SMs that free up first. Measured: 8 streams +0.4-1 % (within noise), and the
+/// x-staged down projection stayed as slow inside the step; 8 warps per Q4_K block
+/// ([`q4_warps2`]) took the occupancy gain instead.
 fn spread2() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_SPREAD").as_deref() == Ok("1"))
@@ -697,7 +698,9 @@ const STAGE_BYTES_Q6K: u32 = 16 * 15 * 16;
 /// Q4_K, H200, session 15, 8 decode streams of the 32B Q4_K_M: 0 stages 616.4 / 612.9 tok/s, 2
 /// stages 669.6, 3 stages 581.8 / 590.7 (more shared memory per block leaves the carveout less
 /// L1 for x, which every warp reads). Q6_K (session 20): `mmv2_q6_k` keeps one super-block in
-/// flight per warp, in registers; the staged kernel is the experiment against it.
+/// flight per warp, in registers; the staged kernel, the experiment against it, was slower on
+/// an H100 (the 8-token 5120x27648 down inside a step 63.5 / 65.7 µs at 2 / 3 stages against
+/// 55.9).
 fn stages2(ty: GgmlType) -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     static ENV6: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
