@@ -38,10 +38,12 @@
 # q4w:     8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8)
 # spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
 # ncuxs:   ncu on the x-staged Q4_K down inside 8-row steps against the default staged kernel
-# xs8b:    x staged from 16384 columns by default, Q6_K staged with it; sweep, 8 streams, verify
+# xs8b:    x staged from 16384 columns (then the default), Q6_K staged with it; sweep, 8 streams,
+#          verify (the staged Q6_K kernels are removed since; the stage is the record)
 # xs8:     x staged with the weights in the Q4_K mmv2 kernels (REDLINE_MMV2_XS=1) at 8 streams
 # prof8:   an 8-row 32B step's per-op device time, Q6_K staged or not; the Q6_K kernel sweep
-# q6s:     Q6_K mmv2 with cp.async staging (REDLINE_MMV2_Q6_STAGE) at 8 streams (session 20)
+# q6s:     Q6_K mmv2 with cp.async staging (REDLINE_MMV2_Q6_STAGE) at 8 streams (session 20:
+#          slower, removed; the stage is the record)
 # roll:    the one-row attention kernel's loops rolled (session 20) against devbin/k_fa0
 # suites:  the GPU test suites at HEAD (matvec with the prefetch kernels, conformance, decode,
 #          speculative)
@@ -478,7 +480,7 @@ prof8)
     timeout 200 devbin/t_gpu_mmq --test-threads 1 mmv2 2>&1 | grep -E "^test |result|panicked|FAIL" | head -12
     wait $SP
     i=0
-    for v in ${PV:-X=1 REDLINE_MMV2_Q6_STAGE=2 REDLINE_MMV2_Q6_STAGE=3}; do
+    for v in ${PV:-X=1 REDLINE_MMV2_SPREAD=1}; do
         i=$((i + 1))
         env ${v//,/ } REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 8 >"$OUT/prof8_$i.txt" 2>&1
         echo "profile $v:"

@@ -513,7 +513,9 @@ fn q4_warps2() -> u32 {
 
 /// Warps per block of the mmv2 kernels (they split a tile's super-blocks) for `tiles` 16-row
 /// tiles of `n_cols` columns of `ty`: the override ([`set_warps_override`], else
-/// `REDLINE_MMV2_WARPS`), for Q4_K [`q4_warps2`] (8 by default), else by the H200 sweeps (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K (~103 registers): 3
+/// `REDLINE_MMV2_WARPS`), for Q4_K [`q4_warps2`] (8 by default), else by the H200 sweeps
+/// (session 10; at most 16 warps per SM, 4 per scheduler). Q4_K with `REDLINE_MMV2_Q4_WARPS=0`
+/// (~103 registers): 3
 /// for 600 tiles or more (27648x5120: 32.9 µs at 3 warps, 34.3 at 2, 34.6 at 4, 39.7 at 8, n = 1), 5
 /// below (320 tiles fit one wave of 3 blocks per SM: 5120x27648 35.0 µs against 41.2 at 4 and
 /// 52.1 at 6; 5120x5120 10.4 against 11.0), 8 under 200 (fewer blocks than SMs: the warps of a
@@ -682,42 +684,19 @@ pub fn set_mmv2_xs(on: Option<bool>) {
     XS_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
-/// ... of the staged Q6_K kernels with x staged too (`mmv2s_q6_k_s*x`: as [`STAGE_BYTES_Q6K`],
-/// then x as [`STAGE_BYTES_Q4K_XS`] has it, an unused unit-sum slot and dy).
-const STAGE_BYTES_Q6K_XS: u32 = 16 * 15 * 16 + 8 * 256 + 8 * 16 + 8 * 4;
-
-/// ... and of the staged Q6_K kernels (`mmv2s_q6_k_s*`: 16 rows of 15 16-byte vectors, each
-/// row's super-block in the 14 aligned vectors around it; MV6S_STAGE in the kernel).
-const STAGE_BYTES_Q6K: u32 = 16 * 15 * 16;
-
-/// Pipeline stages of the staged mmv2 kernels of `ty` (weights copied to shared memory by
-/// cp.async, `stages - 1` super-blocks ahead), 0 = the register-staged kernel: the override
-/// ([`set_mmv2_stages`], for both formats; Q6_K has 2 and 3), else for Q4_K
-/// `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 2, and for Q6_K `REDLINE_MMV2_Q6_STAGE` (0, 2 or
-/// 3), else 0. The same bits either way (the same fragments, super-block order and sums).
-/// Q4_K, H200, session 15, 8 decode streams of the 32B Q4_K_M: 0 stages 616.4 / 612.9 tok/s, 2
-/// stages 669.6, 3 stages 581.8 / 590.7 (more shared memory per block leaves the carveout less
-/// L1 for x, which every warp reads). Q6_K (session 20): `mmv2_q6_k` keeps one super-block in
-/// flight per warp, in registers; the staged kernel, the experiment against it, was slower on
-/// an H100 (the 8-token 5120x27648 down inside a step 63.5 / 65.7 µs at 2 / 3 stages against
-/// 55.9).
-fn stages2(ty: GgmlType) -> u32 {
+/// Pipeline stages of the staged Q4_K mmv2 kernels (weights copied to shared memory by
+/// cp.async, `stages - 1` super-blocks ahead), 0 = the register-fragment kernel: the override
+/// ([`set_mmv2_stages`]), else `REDLINE_MMV2_STAGE` (0, 2, 3 or 4), else 2. The same bits
+/// either way (the same fragments, super-block order and sums). H200, session 15, 8 decode
+/// streams of the 32B Q4_K_M: 0 stages 616.4 / 612.9 tok/s, 2 stages 669.6, 3 stages 581.8 /
+/// 590.7 (more shared memory per block leaves the carveout less L1 for x, which every warp
+/// reads). (Session 20 measured the same for Q6_K, `mmv2s_q6_k_s2/s3`, against the
+/// register-staged `mmv2_q6_k`: slower on an H100, the 8-token 5120x27648 down inside a step
+/// 63.5 / 65.7 µs against 55.9, 54.4 against 49.9 alone; removed.)
+fn stages2() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    static ENV6: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let q6 = ty == GgmlType::Q6K;
     match STAGES_OVERRIDE.load(Ordering::Relaxed) {
-        s @ (0 | 2..=4) => {
-            if q6 {
-                s.min(3)
-            } else {
-                s
-            }
-        }
-        _ if q6 => *ENV6.get_or_init(|| match std::env::var("REDLINE_MMV2_Q6_STAGE").as_deref() {
-            Ok("2") => 2,
-            Ok("3") => 3,
-            _ => 0,
-        }),
+        s @ (0 | 2..=4) => s,
         _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MMV2_STAGE").as_deref() {
             Ok("0") => 0,
             Ok("3") => 3,
@@ -761,8 +740,8 @@ pub fn set_mmv2_carveout(c: Option<Option<u32>>) {
     CARVEOUT_OVERRIDE.store(v, Ordering::Relaxed);
 }
 
-/// Forces the staged mmv2 kernels' pipeline stages (0 = the register-fragment / register-staged
-/// kernel, 2..=4; Q6_K takes at most 3; `None`: back to the variables). For tests and benchmarks.
+/// Forces the staged Q4_K mmv2 kernels' pipeline stages (0 = the register-fragment kernel, 2..=4;
+/// `None`: back to `REDLINE_MMV2_STAGE`). For tests and benchmarks.
 pub fn set_mmv2_stages(stages: Option<u32>) {
     STAGES_OVERRIDE.store(stages.unwrap_or(u32::MAX), Ordering::Relaxed);
 }
@@ -1026,10 +1005,7 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let stages = match ty {
-            GgmlType::Q4K | GgmlType::Q6K => stages2(ty),
-            _ => 0,
-        };
+        let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
         let xs = stages > 0 && stages <= 3 && xs2(cols);
         // (x staged, the same choice: alone the 8-token Q4_K 5120x27648 took 43.4 µs at 3 warps,
         // 46.1 at 8, but at 3 it was 78.6 inside a step, where 8 warps serve the plain kernel
@@ -1042,16 +1018,15 @@ impl CudaDevice {
                 Program::Mmv,
                 &format!("mmv2s_{stem}_s{stages}{}{emu}", if xs { "x" } else { "" }),
             )?;
-            let per_stage = match (ty, xs) {
-                (GgmlType::Q6K, true) => STAGE_BYTES_Q6K_XS,
-                (GgmlType::Q6K, false) => STAGE_BYTES_Q6K,
-                (_, true) => STAGE_BYTES_Q4K_XS,
-                _ => STAGE_BYTES_Q4K,
+            let per_stage = if xs {
+                STAGE_BYTES_Q4K_XS
+            } else {
+                STAGE_BYTES_Q4K
             };
             let mut smem = warps * stages * per_stage;
             if smem > 40 * 1024 {
                 // fewer warps where the device's shared memory per block cannot hold them all
-                // (a V100's 96 KiB against 8 warps of 3 x-staged Q6_K stages, in the tests)
+                // (a V100's 96 KiB against 8 warps of 3 x-staged stages, in the tests)
                 let max = crate::attention::max_smem_per_block(self) as u32;
                 while warps > 1 && smem + 8 * 1024 > max {
                     warps -= 1;

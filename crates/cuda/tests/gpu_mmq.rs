@@ -802,11 +802,11 @@ fn mmv2_matches_cpu_reference() {
             for n in 1..=MAX_N {
                 for emulate in [false, true] {
                     // Q4_K: the register-fragment kernel and the staged ones (cp.async, 2..4
-                    // stages); Q6_K: the register-staged kernel and the cp.async ones (2, 3)
-                    let stage_set: &[u32] = match ty {
-                        GgmlType::Q4K => &[0, 2, 3, 4],
-                        GgmlType::Q6K => &[0, 2, 3],
-                        _ => &[0],
+                    // stages; Q6_K has one kernel)
+                    let stage_set: &[u32] = if ty == GgmlType::Q4K {
+                        &[0, 2, 3, 4]
+                    } else {
+                        &[0]
                     };
                     for &stages in stage_set {
                         let warps =
@@ -1138,18 +1138,13 @@ fn mmv2_timing_vs_matvec_and_mmv() {
                         }
                     }
                 }
-                // the staged kernels (cp.async; Q4_K 2..4 stages, Q6_K 2 and 3) at every warp
-                // count
-                if ty == GgmlType::Q4K || ty == GgmlType::Q6K {
-                    let stage_set: &[u32] = if ty == GgmlType::Q4K {
-                        &[2, 3, 4]
-                    } else {
-                        &[2, 3]
-                    };
+                // Q4_K: the staged kernels (cp.async, 2..4 stages) at every warp count
+                if ty == GgmlType::Q4K {
+                    let stage_set: &[u32] = &[2, 3, 4];
                     for &stages in stage_set {
                         cuda::mmv::set_mmv2_stages(Some(stages));
-                        // Q4_K at 2 and 3 stages: also with x staged (the "x" rows)
-                        let xs_set: &[bool] = if ty == GgmlType::Q4K && stages <= 3 {
+                        // at 2 and 3 stages also with x staged (the "x" rows)
+                        let xs_set: &[bool] = if stages <= 3 {
                             &[false, true]
                         } else {
                             &[false]
