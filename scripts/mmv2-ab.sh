@@ -34,6 +34,9 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# direct:  the direct Q4_K one-/two-token kernels (REDLINE_MV_DIRECT=1, session 21): checks, one
+#          row of both models at 1 / 2 / 4 rows per warp against the staged kernels (rounds
+#          alternating), the per-op profile, two streams and the 27B verify cost
 # s21:     the 8-warp default against the old choice, x staged at 8 warps, serve rows (SERVE=1)
 # q4w:     8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8)
 # spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
@@ -356,6 +359,32 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+direct)
+    # session 21 (written without a device): Q4_K one- and two-token segment products with the
+    # weights loaded straight into registers (kernels/matvec_quant.cu mvd_q4_k_*: 0.083 SASS
+    # instructions a weight byte at 4 rows per warp, 0.092 at 2, against the staged kernels'
+    # 0.119). Checks first; then one row, rounds alternating
+    timeout 120 devbin/t_gpu_matvec --test-threads 1 direct_q4_k 2>&1 | grep -E "^test |result|panicked|failures" | head -8
+    REDLINE_MV_DIRECT=1 timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -4
+    echo "== checks $(el)"
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MV_DIRECT=1 "REDLINE_MV_DIRECT=1 REDLINE_MV_DIRECT_R=2" "REDLINE_MV_DIRECT=1 REDLINE_MV_DIRECT_R=4"; do
+            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_MV_DIRECT=1; do
+        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 >"$OUT/prof1_${v%%=*}.txt" 2>&1
+        echo "profile $v:"
+        grep -E "op profile|^matmul" "$OUT/prof1_${v%%=*}.txt" | head -9 | cut -c1-110
+    done
+    for v in X=1 REDLINE_MV_DIRECT=1; do
+        ST=$v b m27 -n 64 -r 2 --parallel 2
+        echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
+    done
+    echo "== direct $(el)"
     ;;
 s21)
     # for session 21's first window (written at the end of session 20): the 8-warp Q4_K default

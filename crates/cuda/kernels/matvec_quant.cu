@@ -500,3 +500,218 @@ MVM_FORMAT(q3_k, FmtQ3_K)
 MVM_FORMAT(q4_k, FmtQ4_K)
 MVM_FORMAT(q5_k, FmtQ5_K)
 MVM_FORMAT(q6_k, FmtQ6_K)
+
+// ---- Q4_K with the weights loaded straight into registers (REDLINE_MV_DIRECT, an experiment) --
+//
+// Why: the kernels above are issue bound at one token (547 warp instructions a 4-row group
+// iteration, 0.12 per weight byte; BENCHMARKS.md session 19): every weight byte is loaded,
+// stored to shared memory and loaded again, and the decode's addresses come from run-time
+// offsets into the staging buffers. A Q4_K super-block is 144 = 9 x 16 bytes, so in rows of
+// whole super-blocks each one starts 16-byte aligned and a lane can load its share of the
+// weights with one 16-byte load into the registers it computes from.
+//
+// A warp's iteration: 4 consecutive super-blocks of each of its R rows. Lanes 8s .. 8s + 7 own
+// super-block s; lane v = lane % 8 loads its qs bytes [16 v, 16 v + 16) (elements 16 h ..
+// 16 h + 15 of sub-block 2 j in the low nibbles and of sub-block 2 j + 1 in the high ones,
+// j = v / 2, h = v % 2) and the super-block's 16-byte header (d, dmin, 12 scale bytes; the 8
+// lanes of a super-block load one address). The low nibbles dot with x's 16 bytes of sub-block
+// 2 j, the high ones, left in place (16 x their value, dp4a.u32.s32; exact, the scale takes
+// 1 / 16), with those of 2 j + 1; the min terms (dmin m times the q8_1 unit's d * sum q) are added
+// half by each lane of the pair (sub-block 2 j + h's). Every address is a pointer advanced by a constant (x's too:
+// within a 512-value tile a lane's two pieces keep their place, tiled or not), two iterations
+// in flight (registers, unrolled by two: the second's loads take immediate offsets).
+// Rows of a multiple of 1024 values (whole iterations; every Q4_K product of the supported
+// models); n_tokens <= NT tokens (1 or 2).
+
+// v, passed through an empty asm: the compiler must keep it in a register instead of
+// recomputing it.
+template <typename T>
+static __device__ __forceinline__ T* mvd_pin(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+static __device__ __forceinline__ void mvd_pin(uint32_t& v) { asm volatile("" : "+r"(v)); }
+
+// x (read by every warp: through L1), as a global load (the pinned pointers lost their space).
+static __device__ __forceinline__ u32x4 mvd_ld_x(const u32x4* p) {
+    u32x4 v;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <int R>
+struct MvdW {
+    u32x4 q[R], hd[R];
+};
+template <int NT>
+struct MvdX {
+    u32x4 a[NT], b[NT];  // x of sub-blocks 2j and 2j + 1 (this lane's 16 elements of each)
+    float d0[NT], d1[NT], s[NT];  // q8_1 d of both units (d1 / 16); d * sum q of unit 2j + h
+};
+
+// This lane's weights, OFS bytes past the pointers (0 or 576), with ld.global.nc.L1::no_allocate
+// (load mode 2, the default; the other modes are not compiled in here).
+template <int R, int OFS>
+static __device__ __forceinline__ void mvd_load_w(const uint8_t* const (&ph)[R], const uint8_t* const (&pq)[R],
+                                                  MvdW<R>& w) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        w.hd[r] = ld_weights((const u32x4*)(ph[r] + OFS), 2);
+        w.q[r] = ld_weights((const u32x4*)(pq[r] + OFS), 2);
+    }
+}
+
+// This lane's x: pa / pb its two 16-byte pieces, pd its units' (d, d * sum q) pairs, token t
+// at + t * ncols (pieces) and + t * ncols / 16 (pairs); XO / DO the iteration's offset.
+template <int NT, int XO, int DO>
+static __device__ __forceinline__ void mvd_load_x(const int8_t* pa, const int8_t* pb, const float* pd, int ncols,
+                                                  int n_tokens, bool h0, MvdX<NT>& x) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const int tt = NT == 1 ? 0 : min(t, n_tokens - 1);
+        x.a[t] = mvd_ld_x((const u32x4*)(pa + (long long)tt * ncols + XO));
+        x.b[t] = mvd_ld_x((const u32x4*)(pb + (long long)tt * ncols + XO));
+        const u32x4 dsb = mvd_ld_x((const u32x4*)(pd + (long long)tt * (ncols / 16) + DO));
+        const float4 ds = make_float4(__uint_as_float(dsb.x), __uint_as_float(dsb.y), __uint_as_float(dsb.z),
+                                      __uint_as_float(dsb.w));
+        x.d0[t] = ds.x;
+        x.d1[t] = ds.z * 0.0625f;
+        x.s[t] = h0 ? ds.y : ds.w;
+    }
+}
+
+// sel0 / sel1: prmt selectors of this lane's two sub-blocks' bytes in {hi4 : lo4}, zero-extended
+// (sign replication of a byte < 64); selh: sub-block 2j + h's.
+template <int NT, int R>
+static __device__ __forceinline__ void mvd_dot(const MvdW<R>& w, const MvdX<NT>& x, uint32_t sel0, uint32_t sel1,
+                                               uint32_t selh, float (&acc)[R][NT]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const u32x4 hd = w.hd[r];
+        const float d = f16_to_f32((uint16_t)(hd.x & 0xFFFF)), dmin = f16_to_f32((uint16_t)(hd.x >> 16));
+        // ggml get_scale_min_k4, four sub-blocks a word: 0..3 the low 6 bits of scales[s] and
+        // scales[s + 4]; 4..7 the nibbles of scales[s + 4] and the top 2 bits of scales[s - 4]
+        // and scales[s]
+        const uint32_t sc_lo = hd.y & 0x3F3F3F3Fu, m_lo = hd.z & 0x3F3F3F3Fu;
+        const uint32_t sc_hi = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        const uint32_t m_hi = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+        const int sc0 = (int)prmt(sc_lo, sc_hi, sel0), sc1 = (int)prmt(sc_lo, sc_hi, sel1);
+        // the min term of sub-block 2j + h (lanes h = 0 and 1 share the two sub-blocks' terms)
+        const float mh = (float)prmt(m_lo, m_hi, selh);
+        const uint32_t q[4] = {w.q[r].x, w.q[r].y, w.q[r].z, w.q[r].w};
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const uint32_t xa[4] = {x.a[t].x, x.a[t].y, x.a[t].z, x.a[t].w};
+            const uint32_t xb[4] = {x.b[t].x, x.b[t].y, x.b[t].z, x.b[t].w};
+            int s0 = 0, s1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                s0 = dp4a_us(q[i] & 0x0F0F0F0Fu, (int)xa[i], s0);
+                s1 = dp4a_us(q[i] & 0xF0F0F0F0u, (int)xb[i], s1);
+            }
+            const float f = fmaf(x.d1[t], (float)(s1 * sc1), x.d0[t] * (float)(s0 * sc0));
+            acc[r][t] = fmaf(-dmin, mh * x.s[t], fmaf(d, f, acc[r][t]));
+        }
+    }
+}
+
+// acc[r][t]: this lane's partial dot products of rows [row0, row0 + R) (rows past nrows are
+// computed on the last row) with the q8_1 x of n_tokens <= NT tokens; ncols % 1024 == 0. PDL:
+// the first iteration's weights are loaded before the wait, x after it.
+template <int NT, int R, bool PDL>
+static __device__ __forceinline__ void mvd_q4_k_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                     const float* __restrict__ xds, int nrows, int ncols,
+                                                     long long row_bytes, int n_tokens, int load_mode, int row0,
+                                                     float (&acc)[R][NT]) {
+    const bool tiled = (load_mode & 256) != 0;
+    const int lane = threadIdx.x, sbl = lane >> 3, v = lane & 7, j = v >> 1, h = v & 1;
+    const int nit = ncols / 1024;
+    // sub-blocks 2j, 2j + 1 among the packed bytes {hi : lo} (0..3 in lo, 4..7 in hi)
+    const uint32_t i0 = (j < 2 ? 0 : 4) + 2 * (j & 1), i1 = i0 + 1;
+    uint32_t sel0 = i0 | ((8 | i0) * 0x1110u), sel1 = i1 | ((8 | i1) * 0x1110u);
+    const uint8_t* ph[R];
+    const uint8_t* pq[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        ph[r] = W + (long long)min(row0 + r, nrows - 1) * row_bytes + sbl * 144;
+        pq[r] = ph[r] + 16 + 16 * v;
+    }
+    // x: value e0 = 256 sbl + 64 j + 16 h of each 1024 and e0 + 32; the bits below 512 of a
+    // value's place are the same in every iteration, tiled or not
+    const int e0 = 256 * sbl + 64 * j + 16 * h;
+    const int8_t* pa = xq + q8_1_at(e0, tiled);
+    const int8_t* pb = xq + q8_1_at(e0 + 32, tiled);
+    const float* pd = xds + 2 * (8 * sbl + 2 * j);
+    const bool h0 = h == 0;
+    // pinned (opaque to the compiler): it would otherwise rebuild every address from the row
+    // index and row_bytes, and the selectors from j, in every iteration (~40 instructions)
+    uint32_t selh = h0 ? sel0 : sel1;
+    mvd_pin(sel0);
+    mvd_pin(sel1);
+    mvd_pin(selh);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        ph[r] = mvd_pin(ph[r]);
+        pq[r] = mvd_pin(pq[r]);
+    }
+    pa = mvd_pin(pa);
+    pb = mvd_pin(pb);
+    pd = mvd_pin(pd);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    MvdW<R> wa, wb;
+    MvdX<NT> xa, xb;
+    mvd_load_w<R, 0>(ph, pq, wa);
+    if constexpr (PDL) {
+        pdl_wait();
+        pdl_trigger();
+    }
+    mvd_load_x<NT, 0, 0>(pa, pb, pd, ncols, n_tokens, h0, xa);
+    for (int it = 0; it < nit; it += 2) {
+        const bool second = it + 1 < nit;
+        if (second) {
+            mvd_load_w<R, 576>(ph, pq, wb);
+            mvd_load_x<NT, 1024, 64>(pa, pb, pd, ncols, n_tokens, h0, xb);
+        }
+        mvd_dot<NT, R>(wa, xa, sel0, sel1, selh, acc);
+        if (!second) break;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            ph[r] += 1152;
+            pq[r] += 1152;
+        }
+        pa += 2048;
+        pb += 2048;
+        pd += 128;
+        if (it + 2 < nit) {
+            mvd_load_w<R, 0>(ph, pq, wa);
+            mvd_load_x<NT, 0, 0>(pa, pb, pd, ncols, n_tokens, h0, xa);
+        }
+        mvd_dot<NT, R>(wb, xb, sel0, sel1, selh, acc);
+    }
+}
+
+// Segment kernel (as mvm_quant): MV_WARPS warps of R rows each per block.
+template <int NT, int R>
+static __device__ __forceinline__ void mvd_q4_k(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                const float* __restrict__ xds, int n_tokens, int load_mode) {
+    const MvSegSel sel = mv_select(p);
+    const int lane = threadIdx.x;
+    const int row0 = (((int)blockIdx.x - sel.block0) * MV_WARPS + threadIdx.y) * R;
+    if (row0 >= sel.nrows) return;
+    if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
+    float acc[R][NT];
+    mvd_q4_k_rows<NT, R, true>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
+    mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
+}
+
+#define MVD_KERNEL(NT, R)                                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvd_q4_k_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                          \
+                              const float* __restrict__ xds, int n_tokens, int load_mode) {            \
+        mvd_q4_k<NT, R>(p, xq, xds, n_tokens, load_mode);                                              \
+    }
+MVD_KERNEL(1, 1) MVD_KERNEL(1, 2) MVD_KERNEL(1, 4)
+MVD_KERNEL(2, 1) MVD_KERNEL(2, 2) MVD_KERNEL(2, 4)

@@ -150,6 +150,54 @@ pub fn set_x_in_shared(on: Option<bool>) {
     X_IN_SHARED_OVERRIDE.store(on.map_or(0, |b| if b { 2 } else { 1 }), Ordering::Relaxed);
 }
 
+/// 0: `REDLINE_MV_DIRECT` decides; 1: off; 2: on.
+static DIRECT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+/// Forced rows per warp of the direct Q4_K kernels (1, 2 or 4); 0: `REDLINE_MV_DIRECT_R`, else
+/// the per-shape rule.
+static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Whether one- and two-token Q4_K segment products of rows of a multiple of 1024 values run
+/// on the direct kernels (kernels/matvec_quant.cu `mvd_q4_k_*`: the weights loaded straight
+/// into registers, ~30 % fewer instructions a weight byte than the staged kernels). An
+/// experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_q4k`] overrides).
+pub fn direct_q4k() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match DIRECT_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MV_DIRECT").is_ok_and(|v| v == "1")),
+    }
+}
+
+/// Forces the direct Q4_K kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and their
+/// rows per warp (1, 2 or 4; 0: `REDLINE_MV_DIRECT_R` or the per-shape rule). For tests and
+/// benchmarks.
+pub fn set_direct_q4k(on: Option<bool>, rows_per_warp: u32) {
+    DIRECT_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
+    DIRECT_ROWS_OVERRIDE.store(rows_per_warp, Ordering::Relaxed);
+}
+
+/// Rows per warp of a direct Q4_K product of `n_rows` rows: 4 for the tall ones (gate/up:
+/// enough blocks either way, x read once for 4 rows), else 2 (a 5120-row product at 4 would
+/// leave the SMs 2.4 blocks each).
+fn direct_rows_per_warp(n_rows: usize) -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let forced = match DIRECT_ROWS_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MV_DIRECT_R")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        }),
+        r => r,
+    };
+    match forced {
+        1 | 2 | 4 => forced,
+        _ if n_rows >= 12288 => 4,
+        _ => 2,
+    }
+}
+
 /// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
 fn tiled_bit(xq: &MatvecScratch) -> i32 {
     if xq.tiled {
@@ -581,13 +629,20 @@ impl CudaDevice {
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let n_tokens = xq.n_tokens;
         let nt = n_tokens.next_power_of_two();
-        let r = rows_per_warp(ty, total_rows, cols, nt);
+        let direct = nt <= 2 && ty == GgmlType::Q4K && cols.is_multiple_of(1024) && direct_q4k();
+        let r = if direct {
+            direct_rows_per_warp(total_rows)
+        } else {
+            rows_per_warp(ty, total_rows, cols, nt)
+        };
         let rows_per_block = (r * WARPS_PER_BLOCK) as usize;
         let (p, blocks) = self.segment_params(segs, rows_per_block);
         if blocks == 0 {
             return Ok(());
         }
-        let base = if nt == 1 {
+        let base = if direct {
+            format!("mvd_q4_k_n{nt}_r{r}")
+        } else if nt == 1 {
             format!("mvm_{stem}_r{r}")
         } else {
             format!("mvm_{stem}_n{nt}_r{r}")
@@ -598,7 +653,7 @@ impl CudaDevice {
         // many blocks
         let xs_bytes = (n_tokens * cols + n_tokens * (cols / 32) * 8) as u32;
         let mut f = None;
-        if nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
+        if !direct && nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
             let name = format!("{base}_xs");
             let fx = self.function(Program::MatvecQuant, &name)?;
             f = self.xs_launch_fits(&name, &fx, xs_bytes).then_some(fx);
@@ -623,7 +678,7 @@ impl CudaDevice {
                 crate::pdl::arg(&mut pq),
                 crate::pdl::arg(&mut pd),
             ];
-            if nt > 1 {
+            if nt > 1 || direct {
                 params.push(crate::pdl::arg(&mut n_i));
             }
             params.push(crate::pdl::arg(&mut load_mode));
@@ -634,12 +689,14 @@ impl CudaDevice {
         }
         let mut b = self.stream().launch_builder(&f);
         b.arg(&p).arg(&xq.xq).arg(&xq.xds);
-        if nt > 1 {
+        if nt > 1 || direct {
             b.arg(&n_i);
         }
         b.arg(&load_mode);
         // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
-        // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT;
+        // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT, and
+        // mvd_q4_k_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) (Q4_K, rows of a
+        // multiple of 1024 values, whose loads stay inside every row);
         // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
         // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
         // for n_tokens tokens of `cols`.

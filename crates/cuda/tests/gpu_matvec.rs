@@ -374,3 +374,125 @@ fn segment_widths(ty: GgmlType) -> Vec<usize> {
         vec![5 * 256, 256, 4608]
     }
 }
+
+/// The direct Q4_K segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_quant.cu `mvd_q4_k_*`)
+/// against the CPU's exact q8_1 pipeline (dequantized rows · d * q, f64), bias and residual
+/// included: 1, 2, 3 and 4 segments of odd row counts, rows of 1, 3 and 5 iterations of 1024
+/// values (and 4608, which falls back to the staged kernels), 1 and 2 tokens, 1, 2 and 4 rows
+/// per warp, the tiled q8_1 layout on and off.
+#[test]
+fn direct_q4_k_segments_match_cpu_reference() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::MatvecQuant)
+        .expect("matvec kernels compile");
+    let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
+    let mut failures = Vec::new();
+    let mut seed = 5000u64;
+    for cols in [1024usize, 3072, 5120, 4608] {
+        for rows in SEGMENT_ROW_SETS {
+            for nt in [1usize, 2] {
+                for rpw in [1u32, 2, 4] {
+                    seed += 1;
+                    let tiled = seed.is_multiple_of(2);
+                    cuda::matvec::set_q8_1_tiled(Some(tiled));
+                    cuda::matvec::set_direct_q4k(Some(true), rpw);
+                    let x = random_activations(nt * cols, seed);
+                    let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
+                    dev.quantize_for_matvec(&up(&x), nt, cols, &mut scratch)
+                        .unwrap();
+                    let xq: Vec<Vec<f32>> = (0..nt)
+                        .map(|t| q8_1_reference(&x[t * cols..(t + 1) * cols]))
+                        .collect();
+                    let mut mats = Vec::new();
+                    let mut want = Vec::new();
+                    let mut ys = Vec::new();
+                    let mut biases = Vec::new();
+                    for (i, &r) in rows.iter().enumerate() {
+                        let wb = random_matrix(GgmlType::Q4K, r, cols, seed + 7 * i as u64);
+                        let rb = wb.len() / r;
+                        let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
+                        let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
+                        let acc = i % 3 == 1;
+                        let mut expect = vec![(0f64, 0f64); nt * r];
+                        let mut wf = vec![0f32; cols];
+                        for row in 0..r {
+                            quant::dequantize_row(
+                                GgmlType::Q4K,
+                                &wb[row * rb..(row + 1) * rb],
+                                &mut wf,
+                            )
+                            .unwrap();
+                            for t in 0..nt {
+                                let (mut v, mut mag) = (0f64, 0f64);
+                                for (w, q) in wf.iter().zip(&xq[t]) {
+                                    v += *w as f64 * *q as f64;
+                                    mag += (*w as f64 * *q as f64).abs();
+                                }
+                                if let Some(b) = &bias {
+                                    v += b[row] as f64;
+                                    mag += (b[row] as f64).abs();
+                                }
+                                if acc {
+                                    v += y0[t * r + row] as f64;
+                                    mag += (y0[t * r + row] as f64).abs();
+                                }
+                                expect[t * r + row] = (v, mag);
+                            }
+                        }
+                        want.push(expect);
+                        ys.push(up(&if acc { y0 } else { vec![f32::NAN; nt * r] }));
+                        biases.push(bias.map(|b| up(&b)));
+                        mats.push(dev.upload_matrix(GgmlType::Q4K, r, cols, &wb).unwrap());
+                    }
+                    let segs: Vec<cuda::matvec::Segment<'_>> = mats
+                        .iter()
+                        .enumerate()
+                        .map(|(i, w)| cuda::matvec::Segment {
+                            w,
+                            y: dev.device_address(&ys[i]),
+                            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
+                            accumulate: i % 3 == 1,
+                        })
+                        .collect();
+                    let what =
+                        format!("{rows:?} x {cols}, {nt} tokens, {rpw} rows/warp, tiled {tiled}");
+                    if let Err(e) = dev.matvec_segments(&segs, &scratch) {
+                        failures.push(format!("{what}: launch: {e}"));
+                        continue;
+                    }
+                    for (i, y) in ys.iter().enumerate() {
+                        let got = dev.stream().clone_dtoh(y).unwrap();
+                        if let Some((j, (g, (w, mag)))) =
+                            got.iter()
+                                .zip(&want[i])
+                                .enumerate()
+                                .find(|(_, (g, (w, mag)))| {
+                                    let err = (**g as f64 - w).abs();
+                                    err.is_nan() || err > 2e-5 * mag + 1e-6
+                                })
+                        {
+                            failures.push(format!(
+                                "{what}: segment {i} value {j}: {g} vs {w} (magnitude {mag:.3e})"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "direct Q4_K width {cols}: {} failures so far",
+            failures.len()
+        );
+    }
+    cuda::matvec::set_direct_q4k(None, 0);
+    cuda::matvec::set_q8_1_tiled(None);
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
