@@ -37,6 +37,9 @@
 # direct:  the direct Q4_K one-/two-token kernels (REDLINE_MV_DIRECT=1, session 21): checks, one
 #          row of both models at 1 / 2 / 4 rows per warp against the staged kernels (rounds
 #          alternating), the per-op profile, two streams and the 27B verify cost
+# l2pf:    the o-projection's weights fetched toward L2 by extra blocks of the one-row attention
+#          launch (REDLINE_ATTN_PREFETCH=1, session 21): the bit-equality test, one row of both
+#          models with and without it (and with the direct kernels), rounds alternating
 # s21:     the 8-warp default against the old choice, x staged at 8 warps, serve rows (SERVE=1)
 # q4w:     8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8)
 # spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
@@ -359,6 +362,26 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
+    ;;
+l2pf)
+    # session 21 (written without a device). Prediction: the o-projection (14.7 MB on the 32B,
+    # 17.7 MB on the 27B's attention layers) read from L2 instead of DRAM: ~3 us a layer of its
+    # ~7 in the graph, the 32B one row +2 %, the 27B +0.5 % (16 attention layers)
+    timeout 200 devbin/t_gpu_decode --test-threads 1 attention_l2_prefetch 2>&1 | grep -E "^test |result|panicked|equal" | head -6
+    echo "== checks $(el)"
+    wait $SP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_ATTN_PREFETCH=1 "REDLINE_ATTN_PREFETCH=1 REDLINE_MV_DIRECT=1"; do
+            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_ATTN_PREFETCH=1; do
+        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 >"$OUT/prof1pf_${v%%=*}.txt" 2>&1
+        echo "profile $v:"
+        grep -E "op profile|^matmul|^attention" "$OUT/prof1pf_${v%%=*}.txt" | head -9 | cut -c1-110
+    done
+    echo "== l2pf $(el)"
     ;;
 direct)
     # session 21 (written without a device): Q4_K one- and two-token segment products with the

@@ -199,6 +199,7 @@ impl<B: Backend> GatedAttention<B> {
                 norm_eps: cfg.rms_eps,
                 positions: &batch.positions,
                 rope: &cfg.rope,
+                next: Some(&self.wo),
             },
             &batch.rows,
             caches,
