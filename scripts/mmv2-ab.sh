@@ -366,7 +366,10 @@ evict)
 l2pf)
     # session 21 (written without a device). Prediction: the o-projection (14.7 MB on the 32B,
     # 17.7 MB on the 27B's attention layers) read from L2 instead of DRAM: ~3 us a layer of its
-    # ~7 in the graph, the 32B one row +2 %, the 27B +0.5 % (16 attention layers)
+    # ~7 in the graph, the 32B one row +2 %, the 27B +0.5 % (16 attention layers). Against it:
+    # session 8's separate prefetch kernel (one block per SM, after RoPE) measured no gain; this
+    # one runs inside the attention launch, so it cannot delay the chain, but it reads as likely
+    # to miss the same way (secondary to the direct stage)
     timeout 200 devbin/t_gpu_decode --test-threads 1 attention_l2_prefetch 2>&1 | grep -E "^test |result|panicked|equal" | head -6
     echo "== checks $(el)"
     wait $SP
