@@ -34,9 +34,10 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
-# direct:  the direct Q4_K one-/two-token kernels (REDLINE_MV_DIRECT=1, session 21): checks, one
-#          row of both models at 1 / 2 / 4 rows per warp against the staged kernels (rounds
-#          alternating), the per-op profile, two streams and the 27B verify cost
+# direct:  the direct Q4_K / IQ4_XS one-/two-token kernels (REDLINE_MV_DIRECT=1, session 21):
+#          checks, one row of both models (and the 32B IQ4_XS, /tmp/x32.gguf) at 1 / 2 / 4 rows
+#          per warp against the staged kernels (rounds alternating), the per-op profile, two
+#          streams and the 27B verify cost
 # l2pf:    the o-projection's weights fetched toward L2 by extra blocks of the one-row attention
 #          launch (REDLINE_ATTN_PREFETCH=1, session 21): the bit-equality test, one row of both
 #          models with and without it (and with the direct kernels), rounds alternating
@@ -406,11 +407,13 @@ l2pf)
     echo "== l2pf $(el)"
     ;;
 direct)
-    # session 21 (written without a device): Q4_K one- and two-token segment products with the
-    # weights loaded straight into registers (kernels/matvec_quant.cu mvd_q4_k_*: 0.083 SASS
-    # instructions a weight byte at 4 rows per warp, 0.092 at 2, against the staged kernels'
-    # 0.119). Checks first; then one row, rounds alternating
-    timeout 120 devbin/t_gpu_matvec --test-threads 1 direct_q4_k 2>&1 | grep -E "^test |result|panicked|failures" | head -8
+    # session 21 (written without a device): Q4_K / IQ4_XS one- and two-token segment products
+    # with the weights loaded straight into registers (kernels/matvec_quant.cu mvd_*: Q4_K 0.083
+    # SASS instructions a weight byte at 4 rows per warp, 0.092 at 2, against the staged
+    # kernels' 0.119; IQ4_XS 0.146 against ~0.23). Checks first; then one row, rounds alternating
+    (wait $SP; [ -e /tmp/x32.gguf ] || $R synth --shape qwen2.5-32b --type IQ4_XS -o /tmp/x32.gguf >/tmp/sx32.log 2>&1) &
+    XP=$!
+    timeout 120 devbin/t_gpu_matvec --test-threads 1 direct_segments 2>&1 | grep -E "^test |result|panicked|failures" | head -8
     REDLINE_MV_DIRECT=1 timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -4
     echo "== checks $(el)"
     wait $SP
@@ -428,6 +431,10 @@ direct)
     for v in X=1 REDLINE_MV_DIRECT=1; do
         ST=$v b m27 -n 64 -r 2 --parallel 2
         echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
+    done
+    wait $XP
+    for r in ${ROUNDS:-1 2}; do
+        for v in X=1 REDLINE_MV_DIRECT=1 "REDLINE_MV_DIRECT=1 REDLINE_MV_DIRECT_R=2"; do ST=$v b x32 -n 128 -r 2; done
     done
     echo "== direct $(el)"
     ;;

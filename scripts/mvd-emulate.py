@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Host-side mirror of kernels/matvec_quant.cu `mvd_q4_k_rows` (the direct Q4_K matvec,
-REDLINE_MV_DIRECT), written in session 21 without a device: the lane mapping (lanes 8s..8s+7 on
+"""Host-side mirror of kernels/matvec_quant.cu `mvd_rows` (the direct Q4_K / IQ4_XS matvec,
+REDLINE_MV_DIRECT), written in session 21 without a device. Q4_K: the lane mapping (lanes 8s..8s+7 on
 super-block s, lane v on qs bytes [16v, 16v+16)), the pointer offsets (weights 576 bytes an
 iteration, x 1024 values, its (d, d * sum) pairs 64 floats; the x pieces' places within a
 512-value tile, tiled q8_1 or not), the packed 6-bit scales and mins with their prmt selectors
 (sign replication as zero extension), the high nibbles at 16x, and the min terms split between the
-two lanes of a pair. Against gguf-py's Q4_K dequantization (pip install gguf numpy) dotted with
-the q8_1 values in f64. Run by hand: python3 scripts/mvd-emulate.py. The GPU test
-gpu_matvec::direct_q4_k_segments_match_cpu_reference checks the kernel itself; this checks the
-index math before a card is lent, and failed on the three mutations it was tried with (the
-selector of the upper sub-blocks, the min term's unit, the second x piece's place).
+two lanes of a pair. IQ4_XS: lane ib on sub-block ib (two 8-byte qs loads, the 8-byte header),
+the 6-bit scale from scales_l / scales_h at lane-constant shifts, the kvalues_iq4nl lookup by
+prmt left interleaved and x interleaved to match. Against gguf-py's dequantization (pip install
+gguf numpy) dotted with the q8_1 values in f64. Run by hand: python3 scripts/mvd-emulate.py. The
+GPU test gpu_matvec::direct_segments_match_cpu_reference checks the kernels themselves; this
+checks the index math before a card is lent, and failed on the mutations it was tried with (Q4_K:
+the selector of the upper sub-blocks, the min term's unit, the second x piece's place; IQ4_XS:
+the scale shift, the x interleave).
 """
 import numpy as np, gguf
 from gguf.quants import dequantize
@@ -88,6 +91,79 @@ def kernel_row(wrow, xq_mem, ds, ncols, tiled):
             acc[lane] += d * f - dmin * mh * xs
     return acc.sum()
 
+IQ4NL = [0xBFAD9881, 0xF6EADDCF, 0x26190D01, 0x71594535]
+
+def dp4a_ss(a, b_bytes):
+    sa = [((a >> (8*k)) & 0xFF) - (256 if (a >> (8*k)) & 0x80 else 0) for k in range(4)]
+    return sum(int(u)*int(v) for u, v in zip(sa, b_bytes))
+
+def make_rows_iq4xs(nrows, ncols):
+    nsb = ncols // 256
+    blocks = []
+    for _ in range(nrows * nsb):
+        d = np.float16(rng.uniform(0.0005, 0.01)).tobytes()
+        rest = rng.integers(0, 256, 134, dtype=np.uint8).tobytes()
+        blocks.append(d + rest)
+    return np.frombuffer(b''.join(blocks), dtype=np.uint8).reshape(nrows, nsb * 136)
+
+def kernel_row_iq4xs(wrow, xq_mem, ds, ncols, tiled):
+    nit = ncols // 1024
+    acc = 0.0
+    w32 = lambda b, k: int.from_bytes(bytes(b[4*k:4*k+4]), 'little')
+    for lane in range(32):
+        sbl, ib = lane >> 3, lane & 7
+        shl, shh = 4 * ib, 16 + 2 * ib
+        e0 = 256*sbl + 32*ib
+        pa0, pb0 = q8_1_at(e0, tiled), q8_1_at(e0 + 16, tiled)
+        pd0 = 2 * (8*sbl + ib)
+        for it in range(nit):
+            base = sbl*136 + 544*it
+            hb = wrow[base: base + 8]
+            qb = wrow[base + 8 + 16*ib: base + 24 + 16*ib]
+            hx, hy = w32(hb, 0), w32(hb, 1)
+            q = [w32(qb, k) for k in range(4)]
+            xa = xq_mem[pa0 + 1024*it: pa0 + 1024*it + 16]
+            xb = xq_mem[pb0 + 1024*it: pb0 + 1024*it + 16]
+            xd = float(ds[pd0 + 64*it])
+            xaw = [int.from_bytes(xa[4*i:4*i+4].tobytes(), 'little') for i in range(4)]
+            xbw = [int.from_bytes(xb[4*i:4*i+4].tobytes(), 'little') for i in range(4)]
+            p = []
+            for i in range(4):
+                p.append(prmt(xaw[i], xbw[i], 0x5140)); p.append(prmt(xaw[i], xbw[i], 0x7362))
+            ls = ((hy >> shl) & 0xF) | (((hx >> shh) & 3) << 4)
+            d = float(np.frombuffer(bytes(hb[0:2]), np.float16)[0])
+            v = []
+            for i in range(4):
+                sel = q[i] & 0x77777777
+                pick = ((q[i] >> 1) & 0x44444444) | 0x32103210
+                for h in range(2):
+                    a = prmt(IQ4NL[0], IQ4NL[1], sel >> (16*h))
+                    b = prmt(IQ4NL[2], IQ4NL[3], sel >> (16*h))
+                    v.append(prmt(a, b, pick >> (16*h)))
+            s = sum(dp4a_ss(v[i], [(x if x < 128 else x - 256) for x in p[i].to_bytes(4, 'little')]) for i in range(8))
+            acc += d * (ls - 32) * xd * s
+    return acc
+
+def check(fmt, make, kern, cases):
+    for ncols, tiled in cases:
+        nrows = 3
+        W = make(nrows, ncols)
+        wf = dequantize(W.reshape(-1), fmt).reshape(nrows, ncols).astype(np.float64)
+        x = rng.standard_normal(ncols).astype(np.float32)
+        q, ds = q8_1(x)
+        xd = np.repeat(ds[0::2], 32).astype(np.float64) * q
+        mem = np.zeros(ncols, np.int8)
+        for i in range(ncols):
+            mem[q8_1_at(i, tiled)] = q[i]
+        for r in range(nrows):
+            want = float(wf[r] @ xd)
+            got = kern(W[r], mem, ds, ncols, tiled)
+            mag = float(np.abs(wf[r] * xd).sum())
+            ok = abs(got - want) <= 1e-9 * mag + 1e-12
+            print(f"{fmt.name} ncols {ncols} tiled {tiled} row {r}: kernel {got:.9f} reference {want:.9f} {'ok' if ok else 'MISMATCH'}")
+            assert ok
+
+check(gguf.GGMLQuantizationType.IQ4_XS, make_rows_iq4xs, kernel_row_iq4xs, [(1024, False), (1024, True), (2048, True)])
 for ncols, tiled in [(1024, False), (1024, True), (3072, True), (2048, False)]:
     nrows = 3
     W = make_rows(nrows, ncols)

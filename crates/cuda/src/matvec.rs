@@ -178,10 +178,10 @@ static DIRECT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// the per-shape rule.
 static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Whether one- and two-token Q4_K segment products of rows of a multiple of 1024 values run
-/// on the direct kernels (kernels/matvec_quant.cu `mvd_q4_k_*`: the weights loaded straight
-/// into registers, ~30 % fewer instructions a weight byte than the staged kernels). An
-/// experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_q4k`] overrides).
+/// Whether one- and two-token Q4_K and IQ4_XS segment products of rows of a multiple of 1024
+/// values run on the direct kernels (kernels/matvec_quant.cu `mvd_*`: the weights loaded
+/// straight into registers, ~30-40 % fewer instructions a weight byte than the staged kernels).
+/// An experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_q4k`] overrides).
 pub fn direct_q4k() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match DIRECT_OVERRIDE.load(Ordering::Relaxed) {
@@ -191,15 +191,15 @@ pub fn direct_q4k() -> bool {
     }
 }
 
-/// Forces the direct Q4_K kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and their
-/// rows per warp (1, 2 or 4; 0: `REDLINE_MV_DIRECT_R` or the per-shape rule). For tests and
-/// benchmarks.
+/// Forces the direct Q4_K / IQ4_XS kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and
+/// their rows per warp (1, 2 or 4; 0: `REDLINE_MV_DIRECT_R` or the per-shape rule). For tests
+/// and benchmarks.
 pub fn set_direct_q4k(on: Option<bool>, rows_per_warp: u32) {
     DIRECT_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
     DIRECT_ROWS_OVERRIDE.store(rows_per_warp, Ordering::Relaxed);
 }
 
-/// Rows per warp of a direct Q4_K product of `n_rows` rows: 4 for the tall ones (gate/up:
+/// Rows per warp of a direct product of `n_rows` rows: 4 for the tall ones (gate/up:
 /// enough blocks either way, x read once for 4 rows), else 2 (a 5120-row product at 4 would
 /// leave the SMs 2.4 blocks each).
 fn direct_rows_per_warp(n_rows: usize) -> u32 {
@@ -651,7 +651,10 @@ impl CudaDevice {
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let n_tokens = xq.n_tokens;
         let nt = n_tokens.next_power_of_two();
-        let direct = nt <= 2 && ty == GgmlType::Q4K && cols.is_multiple_of(1024) && direct_q4k();
+        let direct = nt <= 2
+            && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
+            && cols.is_multiple_of(1024)
+            && direct_q4k();
         let r = if direct {
             direct_rows_per_warp(total_rows)
         } else {
@@ -663,7 +666,7 @@ impl CudaDevice {
             return Ok(());
         }
         let base = if direct {
-            format!("mvd_q4_k_n{nt}_r{r}")
+            format!("mvd_{stem}_n{nt}_r{r}")
         } else if nt == 1 {
             format!("mvm_{stem}_r{r}")
         } else {
@@ -718,8 +721,8 @@ impl CudaDevice {
         b.arg(&load_mode);
         // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
         // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT, and
-        // mvd_q4_k_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) (Q4_K, rows of a
-        // multiple of 1024 values, whose loads stay inside every row);
+        // mvd_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows of
+        // a multiple of 1024 values, whose loads stay inside every row);
         // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
         // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
         // for n_tokens tokens of `cols`.

@@ -379,13 +379,14 @@ fn segment_widths(ty: GgmlType) -> Vec<usize> {
     }
 }
 
-/// The direct Q4_K segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_quant.cu `mvd_q4_k_*`)
+/// The direct Q4_K and IQ4_XS segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_quant.cu
+/// `mvd_*`)
 /// against the CPU's exact q8_1 pipeline (dequantized rows · d * q, f64), bias and residual
 /// included: 1, 2, 3 and 4 segments of odd row counts, rows of 1, 3 and 5 iterations of 1024
 /// values (and 4608, which falls back to the staged kernels), 1 and 2 tokens, 1, 2 and 4 rows
 /// per warp, the tiled q8_1 layout on and off.
 #[test]
-fn direct_q4_k_segments_match_cpu_reference() {
+fn direct_segments_match_cpu_reference() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
         eprintln!("skipped: no CUDA device");
         return;
@@ -395,7 +396,10 @@ fn direct_q4_k_segments_match_cpu_reference() {
     let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
     let mut failures = Vec::new();
     let mut seed = 5000u64;
-    for cols in [1024usize, 3072, 5120, 4608] {
+    for (ty, cols) in [GgmlType::Q4K, GgmlType::IQ4XS]
+        .into_iter()
+        .flat_map(|ty| [1024usize, 3072, 5120, 4608].map(|c| (ty, c)))
+    {
         for rows in SEGMENT_ROW_SETS {
             for nt in [1usize, 2] {
                 for rpw in [1u32, 2, 4] {
@@ -415,7 +419,7 @@ fn direct_q4_k_segments_match_cpu_reference() {
                     let mut ys = Vec::new();
                     let mut biases = Vec::new();
                     for (i, &r) in rows.iter().enumerate() {
-                        let wb = random_matrix(GgmlType::Q4K, r, cols, seed + 7 * i as u64);
+                        let wb = random_matrix(ty, r, cols, seed + 7 * i as u64);
                         let rb = wb.len() / r;
                         let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
                         let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
@@ -423,12 +427,8 @@ fn direct_q4_k_segments_match_cpu_reference() {
                         let mut expect = vec![(0f64, 0f64); nt * r];
                         let mut wf = vec![0f32; cols];
                         for row in 0..r {
-                            quant::dequantize_row(
-                                GgmlType::Q4K,
-                                &wb[row * rb..(row + 1) * rb],
-                                &mut wf,
-                            )
-                            .unwrap();
+                            quant::dequantize_row(ty, &wb[row * rb..(row + 1) * rb], &mut wf)
+                                .unwrap();
                             for t in 0..nt {
                                 let (mut v, mut mag) = (0f64, 0f64);
                                 for (w, q) in wf.iter().zip(&xq[t]) {
@@ -449,7 +449,7 @@ fn direct_q4_k_segments_match_cpu_reference() {
                         want.push(expect);
                         ys.push(up(&if acc { y0 } else { vec![f32::NAN; nt * r] }));
                         biases.push(bias.map(|b| up(&b)));
-                        mats.push(dev.upload_matrix(GgmlType::Q4K, r, cols, &wb).unwrap());
+                        mats.push(dev.upload_matrix(ty, r, cols, &wb).unwrap());
                     }
                     let segs: Vec<cuda::matvec::Segment<'_>> = mats
                         .iter()
@@ -461,8 +461,10 @@ fn direct_q4_k_segments_match_cpu_reference() {
                             accumulate: i % 3 == 1,
                         })
                         .collect();
-                    let what =
-                        format!("{rows:?} x {cols}, {nt} tokens, {rpw} rows/warp, tiled {tiled}");
+                    let what = format!(
+                        "{} {rows:?} x {cols}, {nt} tokens, {rpw} rows/warp, tiled {tiled}",
+                        ty.name()
+                    );
                     if let Err(e) = dev.matvec_segments(&segs, &scratch) {
                         failures.push(format!("{what}: launch: {e}"));
                         continue;
@@ -487,7 +489,8 @@ fn direct_q4_k_segments_match_cpu_reference() {
             }
         }
         eprintln!(
-            "direct Q4_K width {cols}: {} failures so far",
+            "direct {} width {cols}: {} failures so far",
+            ty.name(),
             failures.len()
         );
     }
