@@ -203,6 +203,36 @@ fn matvec_matches_cpu_reference_for_every_format() {
     );
 }
 
+/// Segment i's extras in the segment checks: its old output (`nt * r` values; accumulated into
+/// when i % 3 == 1, else only the buffer's size), its bias (even i) and the accumulate flag.
+fn seg_extras(i: usize, r: usize, nt: usize, seed: u64) -> (Vec<f32>, Option<Vec<f32>>, bool) {
+    let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
+    let bias = i
+        .is_multiple_of(2)
+        .then(|| random_activations(r, seed ^ 0x5eed));
+    (y0, bias, i % 3 == 1)
+}
+
+/// The segment list of one launch: matrix i writes `ys[i]` with bias `biases[i]`, accumulating
+/// where `accs[i]`.
+fn seg_list<'a>(
+    dev: &cuda::CudaDevice,
+    mats: &'a [cuda::matvec::DeviceMatrix],
+    ys: &[cudarc::driver::CudaSlice<f32>],
+    biases: &[Option<cudarc::driver::CudaSlice<f32>>],
+    accs: &[bool],
+) -> Vec<cuda::matvec::Segment<'a>> {
+    mats.iter()
+        .enumerate()
+        .map(|(i, w)| cuda::matvec::Segment {
+            w,
+            y: dev.device_address(&ys[i]),
+            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
+            accumulate: accs[i],
+        })
+        .collect()
+}
+
 /// One `matvec_segments` launch over matrices of `rows` rows checked against the per-matrix
 /// matvec of the same quantized x (the same per-row kernel code, so bit for bit), plus its
 /// bias, plus the old output where it accumulates; failures are pushed as messages.
@@ -241,9 +271,7 @@ fn check_segments(
         let mut yref = up(&vec![f32::NAN; nt * r]);
         dev.matvec_prequantized(&w, &scratch, &mut yref).unwrap();
         let yref = dev.stream().clone_dtoh(&yref).unwrap();
-        let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
-        let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
-        let acc = i % 3 == 1;
+        let (y0, bias, acc) = seg_extras(i, r, nt, seed);
         let expect: Vec<f32> = (0..nt * r)
             .map(|j| {
                 let mut v = yref[j];
@@ -261,16 +289,8 @@ fn check_segments(
         biases.push(bias.map(|b| up(&b)));
         mats.push(w);
     }
-    let segs: Vec<cuda::matvec::Segment<'_>> = mats
-        .iter()
-        .enumerate()
-        .map(|(i, w)| cuda::matvec::Segment {
-            w,
-            y: dev.device_address(&ys[i]),
-            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
-            accumulate: want[i].1,
-        })
-        .collect();
+    let accs: Vec<bool> = want.iter().map(|w| w.1).collect();
+    let segs = seg_list(dev, &mats, &ys, &biases, &accs);
     if let Err(e) = dev.matvec_segments(&segs, &scratch) {
         failures.push(format!(
             "{} {rows:?}x{cols} n={nt} {what}: launch: {e}",
@@ -421,9 +441,7 @@ fn direct_segments_match_cpu_reference() {
                     for (i, &r) in rows.iter().enumerate() {
                         let wb = random_matrix(ty, r, cols, seed + 7 * i as u64);
                         let rb = wb.len() / r;
-                        let y0 = random_activations(nt * r, seed ^ (i as u64 + 99));
-                        let bias = (i % 2 == 0).then(|| random_activations(r, seed ^ 0x5eed));
-                        let acc = i % 3 == 1;
+                        let (y0, bias, acc) = seg_extras(i, r, nt, seed);
                         let mut expect = vec![(0f64, 0f64); nt * r];
                         let mut wf = vec![0f32; cols];
                         for row in 0..r {
@@ -451,16 +469,8 @@ fn direct_segments_match_cpu_reference() {
                         biases.push(bias.map(|b| up(&b)));
                         mats.push(dev.upload_matrix(ty, r, cols, &wb).unwrap());
                     }
-                    let segs: Vec<cuda::matvec::Segment<'_>> = mats
-                        .iter()
-                        .enumerate()
-                        .map(|(i, w)| cuda::matvec::Segment {
-                            w,
-                            y: dev.device_address(&ys[i]),
-                            bias: biases[i].as_ref().map(|b| dev.device_address(b)),
-                            accumulate: i % 3 == 1,
-                        })
-                        .collect();
+                    let accs: Vec<bool> = (0..rows.len()).map(|i| i % 3 == 1).collect();
+                    let segs = seg_list(&dev, &mats, &ys, &biases, &accs);
                     let what = format!(
                         "{} {rows:?} x {cols}, {nt} tokens, {rpw} rows/warp, tiled {tiled}",
                         ty.name()
