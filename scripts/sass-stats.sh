@@ -9,8 +9,8 @@
 #   bash scripts/sass-stats.sh --cache PROGRAM [REGEX]    newest cubin of PROGRAM (matvec_quant,
 #                                                          mmv, ...) under devbin/cache
 #
-# Prints one line per kernel: name, registers, local (spill) bytes, shared bytes, SASS
-# instructions, and the counts of the most common opcodes.
+# Prints one line per kernel: name, registers, local (spill) bytes, stack bytes (where spills
+# also go), shared bytes, SASS instructions, and the counts of the most common opcodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=${SASS_TOOLS:-/tmp/sass-tools}
@@ -39,10 +39,12 @@ echo "$CUBIN"
     grep -qE "$REGEX" <<< "$name" || continue
     regs=$(grep -oE 'REG:[0-9]+' <<< "$rest" | cut -d: -f2)
     local_b=$(grep -oE 'LOCAL:[0-9]+' <<< "$rest" | cut -d: -f2)
+    # spills can also live on the stack (STACK:, with LDL / STL), which LOCAL: does not count
+    stack=$(grep -oE 'STACK:[0-9]+' <<< "$rest" | cut -d: -f2)
     shared=$(grep -oE 'SHARED:[0-9]+' <<< "$rest" | cut -d: -f2)
     sass=$("$OBJDUMP" -sass -fun "$name" "$CUBIN" | grep -E '^\s+/\*[0-9a-f]+\*/' |
         sed -E 's/^\s+\/\*[0-9a-f]+\*\/\s+//; s/^@!?U?P[0-9T]+\s+//' | awk '{print $1}' | sed 's/\..*//;s/;//')
     total=$(wc -l <<< "$sass")
     top=$(sort <<< "$sass" | uniq -c | sort -rn | head -8 | awk '{printf "%s:%s ", $2, $1}')
-    printf '%-28s regs %3s  local %4s  shared %6s  sass %5s  %s\n' "$name" "$regs" "$local_b" "$shared" "$total" "$top"
+    printf '%-28s regs %3s  local %4s  stack %3s  shared %6s  sass %5s  %s\n' "$name" "$regs" "$local_b" "${stack:-0}" "$shared" "$total" "$top"
 done
