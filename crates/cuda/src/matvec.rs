@@ -181,8 +181,8 @@ static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// Whether one- and two-token Q4_K and IQ4_XS segment products of rows of a multiple of 1024
 /// values run on the direct kernels (kernels/matvec_quant.cu `mvd_*`: the weights loaded
 /// straight into registers, ~30-40 % fewer instructions a weight byte than the staged kernels).
-/// An experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_q4k`] overrides).
-pub fn direct_q4k() -> bool {
+/// An experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_kernels`] overrides).
+pub fn direct_kernels() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match DIRECT_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
@@ -194,7 +194,7 @@ pub fn direct_q4k() -> bool {
 /// Forces the direct Q4_K / IQ4_XS kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and
 /// their rows per warp (1, 2 or 4; 0: `REDLINE_MV_DIRECT_R` or the per-shape rule). For tests
 /// and benchmarks.
-pub fn set_direct_q4k(on: Option<bool>, rows_per_warp: u32) {
+pub fn set_direct_kernels(on: Option<bool>, rows_per_warp: u32) {
     DIRECT_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
     DIRECT_ROWS_OVERRIDE.store(rows_per_warp, Ordering::Relaxed);
 }
@@ -654,7 +654,7 @@ impl CudaDevice {
         let direct = nt <= 2
             && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
             && cols.is_multiple_of(1024)
-            && direct_q4k();
+            && direct_kernels();
         let r = if direct {
             direct_rows_per_warp(total_rows)
         } else {

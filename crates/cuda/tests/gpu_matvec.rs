@@ -426,7 +426,7 @@ fn direct_segments_match_cpu_reference() {
                     seed += 1;
                     let tiled = seed.is_multiple_of(2);
                     cuda::matvec::set_q8_1_tiled(Some(tiled));
-                    cuda::matvec::set_direct_q4k(Some(true), rpw);
+                    cuda::matvec::set_direct_kernels(Some(true), rpw);
                     let x = random_activations(nt * cols, seed);
                     let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
                     dev.quantize_for_matvec(&up(&x), nt, cols, &mut scratch)
@@ -504,7 +504,7 @@ fn direct_segments_match_cpu_reference() {
             failures.len()
         );
     }
-    cuda::matvec::set_direct_q4k(None, 0);
+    cuda::matvec::set_direct_kernels(None, 0);
     cuda::matvec::set_q8_1_tiled(None);
     assert!(
         failures.is_empty(),
