@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host-side mirror of kernels/matvec_quant.cu `mvd_rows` (the direct Q4_K / IQ4_XS matvec,
+"""Host-side mirror of kernels/matvec_direct.cu `mvd_rows` (the direct Q4_K / IQ4_XS matvec,
 REDLINE_MV_DIRECT), written in session 21 without a device. Q4_K: the lane mapping (lanes 8s..8s+7 on
 super-block s, lane v on qs bytes [16v, 16v+16)), the pointer offsets (weights 576 bytes an
 iteration, x 1024 values, its (d, d * sum) pairs 64 floats; the x pieces' places within a

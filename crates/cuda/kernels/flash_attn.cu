@@ -937,9 +937,9 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
     const int G = n_head / n_kv_head, n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
     if ((int)blockIdx.y >= n_kv_head * n_sub) {
         // an extra row of blocks (fused launches only): the L2 prefetch of the product after
-        const long long extra = gridDim.y - n_kv_head * n_sub;
-        fd_prefetch_l2(fz, (long long)(blockIdx.y - n_kv_head * n_sub) * gridDim.x * gridDim.z + blockIdx.z * gridDim.x + blockIdx.x,
-                       extra * gridDim.x * gridDim.z);
+        const long long extra = gridDim.y - n_kv_head * n_sub, per_row = (long long)gridDim.x * gridDim.z;
+        const long long b = (blockIdx.y - n_kv_head * n_sub) * per_row + blockIdx.z * gridDim.x + blockIdx.x;
+        fd_prefetch_l2(fz, b, extra * per_row);
         return;
     }
     const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;

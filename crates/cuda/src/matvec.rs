@@ -174,12 +174,12 @@ pub fn set_q6_two_token_cap(on: Option<bool>) {
 
 /// 0: `REDLINE_MV_DIRECT` decides; 1: off; 2: on.
 static DIRECT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
-/// Forced rows per warp of the direct Q4_K kernels (1, 2 or 4); 0: `REDLINE_MV_DIRECT_R`, else
+/// Forced rows per warp of the direct kernels (1, 2 or 4); 0: `REDLINE_MV_DIRECT_R`, else
 /// the per-shape rule.
 static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
 /// Whether one- and two-token Q4_K and IQ4_XS segment products of rows of a multiple of 1024
-/// values run on the direct kernels (kernels/matvec_quant.cu `mvd_*`: the weights loaded
+/// values run on the direct kernels (kernels/matvec_direct.cu `mvd_*`: the weights loaded
 /// straight into registers, ~30-40 % fewer instructions a weight byte than the staged kernels).
 /// An experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_kernels`] overrides).
 pub fn direct_kernels() -> bool {
@@ -685,9 +685,14 @@ impl CudaDevice {
             f = self.xs_launch_fits(&name, &fx, xs_bytes).then_some(fx);
         }
         let shared_mem_bytes = if f.is_some() { xs_bytes } else { 0 };
+        let program = if direct {
+            Program::MatvecDirect
+        } else {
+            Program::MatvecQuant
+        };
         let f = match f {
             Some(f) => f,
-            None => self.function(Program::MatvecQuant, &base)?,
+            None => self.function(program, &base)?,
         };
         let mut n_i = n_tokens as i32;
         let cfg = LaunchConfig {

@@ -10,6 +10,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../kernels/quant_formats.cuh"),
     ),
     ("segments.cuh", include_str!("../kernels/segments.cuh")),
+    (
+        "matvec_common.cuh",
+        include_str!("../kernels/matvec_common.cuh"),
+    ),
     ("int8_mma.cuh", include_str!("../kernels/int8_mma.cuh")),
 ];
 
@@ -17,6 +21,9 @@ pub const HEADERS: &[(&str, &str)] = &[
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Program {
     MatvecQuant,
+    /// One- and two-token Q4_K / IQ4_XS products with the weights loaded straight into
+    /// registers (`REDLINE_MV_DIRECT`, crate::matvec).
+    MatvecDirect,
     MatvecFloat,
     Bandwidth,
     Elementwise,
@@ -37,8 +44,9 @@ pub enum Program {
 }
 
 impl Program {
-    pub const ALL: [Program; 11] = [
+    pub const ALL: [Program; 12] = [
         Program::MatvecQuant,
+        Program::MatvecDirect,
         Program::MatvecFloat,
         Program::Bandwidth,
         Program::Elementwise,
@@ -54,6 +62,7 @@ impl Program {
     pub fn file_name(self) -> &'static str {
         match self {
             Program::MatvecQuant => "matvec_quant.cu",
+            Program::MatvecDirect => "matvec_direct.cu",
             Program::MatvecFloat => "matvec_float.cu",
             Program::Bandwidth => "bandwidth.cu",
             Program::Elementwise => "elementwise.cu",
@@ -70,6 +79,7 @@ impl Program {
     pub fn source(self) -> &'static str {
         match self {
             Program::MatvecQuant => include_str!("../kernels/matvec_quant.cu"),
+            Program::MatvecDirect => include_str!("../kernels/matvec_direct.cu"),
             Program::MatvecFloat => include_str!("../kernels/matvec_float.cu"),
             Program::Bandwidth => include_str!("../kernels/bandwidth.cu"),
             Program::Elementwise => include_str!("../kernels/elementwise.cu"),

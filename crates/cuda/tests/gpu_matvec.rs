@@ -399,7 +399,7 @@ fn segment_widths(ty: GgmlType) -> Vec<usize> {
     }
 }
 
-/// The direct Q4_K and IQ4_XS segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_quant.cu
+/// The direct Q4_K and IQ4_XS segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_direct.cu
 /// `mvd_*`)
 /// against the CPU's exact q8_1 pipeline (dequantized rows · d * q, f64), bias and residual
 /// included: 1, 2, 3 and 4 segments of odd row counts, rows of 1, 3 and 5 iterations of 1024
@@ -411,8 +411,9 @@ fn direct_segments_match_cpu_reference() {
         eprintln!("skipped: no CUDA device");
         return;
     };
-    dev.module(cuda::Program::MatvecQuant)
-        .expect("matvec kernels compile");
+    for p in [cuda::Program::MatvecQuant, cuda::Program::MatvecDirect] {
+        dev.module(p).expect("matvec kernels compile");
+    }
     let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
     let mut failures = Vec::new();
     let mut seed = 5000u64;

@@ -1,0 +1,348 @@
+// matvec_direct.cu — one- and two-token Q4_K / IQ4_XS segment products y (+)= W x (+ bias) with
+// the weights loaded straight into registers (REDLINE_MV_DIRECT; host: crates/cuda/src/matvec.rs
+// matvec_segments). Same launch, parameters and results contract as matvec_quant.cu's mvm_
+// segment kernels (x: q8_1 from quantize_q8_1, natural or tiled; W: segments in GGUF block
+// layout; y: [n_tokens, nrows] f32 per segment, bias, accumulate).
+#include "matvec_common.cuh"
+#include "quant_formats.cuh"
+
+// ---- Q4_K / IQ4_XS with the weights loaded straight into registers (REDLINE_MV_DIRECT) ------
+//
+// Why: the kernels above are issue bound at one token (547 warp instructions a 4-row group
+// iteration, 0.12 per weight byte for Q4_K; IQ4_XS ~0.23; BENCHMARKS.md sessions 11, 19): every
+// weight byte is loaded, stored to shared memory and loaded again, and the decode's addresses
+// come from run-time offsets into the staging buffers. Q4_K super-blocks are 144 = 9 x 16 bytes
+// and IQ4_XS ones 136 = 17 x 8, so in rows of whole super-blocks each starts 16- (8-) byte
+// aligned and a lane can load its share of the weights into the registers it computes from.
+//
+// A warp's iteration: 4 consecutive super-blocks of each of its R rows; lanes 8s .. 8s + 7 own
+// super-block s, each loading the super-block's header (the 8 lanes load one address) and its
+// own 16 bytes of quants (the format's MvdFmt below says which and how they decode). Every
+// address is a pointer advanced by a constant: x's too, since within a 512-value tile a lane's
+// pieces keep their place in every iteration, tiled q8_1 or not. Two iterations are in flight
+// (registers, unrolled by two: the second's loads take immediate offsets). Rows of a multiple of
+// 1024 values (whole iterations: every Q4_K / IQ4_XS product of the supported models);
+// n_tokens <= NT tokens (1 or 2), the per-row decode shared by the tokens, the per-token
+// arithmetic the same at both counts (so a row's result does not depend on the token count).
+
+// v, passed through an empty asm: the compiler must keep it in a register. Without this it
+// rebuilt every address from the row index and row_bytes, and the lane constants, in every
+// iteration (~40 instructions).
+template <typename T>
+static __device__ __forceinline__ T* mvd_pin(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+static __device__ __forceinline__ void mvd_pin(uint32_t& v) { asm volatile("" : "+r"(v)); }
+
+// x (read by every warp: through L1), as global loads (the pinned pointers lost their space).
+static __device__ __forceinline__ u32x4 mvd_ld_x(const void* p) {
+    u32x4 v;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ float mvd_ld_xf(const float* p) {
+    float v;
+    asm("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+// weights (streamed once): ld.global.nc.L1::no_allocate (load mode 2, the default; the other
+// modes are not compiled in here)
+static __device__ __forceinline__ u32x4 mvd_ld_w16(const uint8_t* p) { return ld_weights((const u32x4*)p, 2); }
+static __device__ __forceinline__ uint2 mvd_ld_w8(const uint8_t* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+// Q4_K: lane v = lane % 8 of a super-block takes qs bytes [16 v, 16 v + 16): elements 16 h ..
+// 16 h + 15 of sub-block 2 j in the low nibbles and of sub-block 2 j + 1 in the high ones
+// (j = v / 2, h = v % 2), and the 16-byte header (d, dmin, 12 scale bytes). The low nibbles dot
+// with x's 16 bytes of sub-block 2 j, the high ones, left in place (16 x their value,
+// dp4a.u32.s32; exact, the scale takes 1 / 16), with those of 2 j + 1; the min terms (dmin m
+// times the q8_1 unit's d * sum q) are split between the pair's lanes (sub-block 2 j + h's each).
+struct MvdQ4K {
+    static constexpr int SB = 144;
+    struct W {
+        u32x4 q, hd;
+    };
+    struct X {  // one token
+        u32x4 a, b;            // this lane's 16 x values of sub-blocks 2j and 2j + 1
+        float d0, d1, s;       // q8_1 d of both units (d1 / 16), d * sum q of unit 2j + h
+    };
+    struct D {  // one row's decode
+        float d, dmin, mh;
+        int sc0, sc1;
+        uint32_t lo[4], hi[4];
+    };
+    struct C {  // lane constants: prmt selectors of the sub-blocks' bytes in {hi4 : lo4}
+        uint32_t sel0, sel1, selh;  // (zero-extended: sign replication of a byte < 64)
+        bool h0;
+    };
+    static __device__ __forceinline__ C consts(int lane) {
+        const int v = lane & 7, j = v >> 1, h = v & 1;
+        const uint32_t i0 = (j < 2 ? 0 : 4) + 2 * (j & 1), i1 = i0 + 1;
+        C c;
+        c.sel0 = i0 | ((8 | i0) * 0x1110u);
+        c.sel1 = i1 | ((8 | i1) * 0x1110u);
+        c.selh = h == 0 ? c.sel0 : c.sel1;
+        c.h0 = h == 0;
+        mvd_pin(c.sel0);
+        mvd_pin(c.sel1);
+        mvd_pin(c.selh);
+        return c;
+    }
+    // the lane's quants within its super-block; its x pieces (values within a 1024-value
+    // iteration) and its (d, d * sum) pairs (floats from the iteration's first)
+    static __device__ __forceinline__ int qofs(int lane) { return 16 + 16 * (lane & 7); }
+    static __device__ __forceinline__ int xe0(int lane) {
+        return 256 * (lane >> 3) + 64 * ((lane & 7) >> 1) + 16 * (lane & 1);
+    }
+    static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 32; }
+    static __device__ __forceinline__ int xd(int lane) { return 2 * (8 * (lane >> 3) + 2 * ((lane & 7) >> 1)); }
+    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, W& w) {
+        w.hd = mvd_ld_w16(ph);
+        w.q = mvd_ld_w16(pq);
+    }
+    static __device__ __forceinline__ void load_x(const int8_t* pa, const int8_t* pb, const float* pd, const C& c,
+                                                  X& x) {
+        x.a = mvd_ld_x(pa);
+        x.b = mvd_ld_x(pb);
+        const u32x4 ds = mvd_ld_x(pd);
+        x.d0 = __uint_as_float(ds.x);
+        x.d1 = __uint_as_float(ds.z) * 0.0625f;
+        x.s = __uint_as_float(c.h0 ? ds.y : ds.w);
+    }
+    static __device__ __forceinline__ D decode(const W& w, const C& c) {
+        D r;
+        r.d = f16_to_f32((uint16_t)(w.hd.x & 0xFFFF));
+        r.dmin = f16_to_f32((uint16_t)(w.hd.x >> 16));
+        // ggml get_scale_min_k4, four sub-blocks a word: 0..3 the low 6 bits of scales[s] and
+        // scales[s + 4]; 4..7 the nibbles of scales[s + 4] and the top 2 bits of scales[s - 4]
+        // and scales[s]
+        const uint32_t sc_lo = w.hd.y & 0x3F3F3F3Fu, m_lo = w.hd.z & 0x3F3F3F3Fu;
+        const uint32_t sc_hi = (w.hd.w & 0x0F0F0F0Fu) | ((w.hd.y >> 2) & 0x30303030u);
+        const uint32_t m_hi = ((w.hd.w >> 4) & 0x0F0F0F0Fu) | ((w.hd.z >> 2) & 0x30303030u);
+        r.sc0 = (int)prmt(sc_lo, sc_hi, c.sel0);
+        r.sc1 = (int)prmt(sc_lo, sc_hi, c.sel1);
+        r.mh = (float)prmt(m_lo, m_hi, c.selh);
+        const uint32_t q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            r.lo[i] = q[i] & 0x0F0F0F0Fu;
+            r.hi[i] = q[i] & 0xF0F0F0F0u;
+        }
+        return r;
+    }
+    static __device__ __forceinline__ float dot(const D& r, const X& x, float acc) {
+        const uint32_t xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = dp4a_us(r.lo[i], (int)xa[i], s0);
+            s1 = dp4a_us(r.hi[i], (int)xb[i], s1);
+        }
+        const float f = fmaf(x.d1, (float)(s1 * r.sc1), x.d0 * (float)(s0 * r.sc0));
+        return fmaf(-r.dmin, r.mh * x.s, fmaf(r.d, f, acc));
+    }
+};
+
+// IQ4_XS: lane ib = lane % 8 of a super-block takes sub-block ib's 16 qs bytes (elements 0..15 in
+// the low nibbles, 16..31 in the high ones, through the kvalues_iq4nl lookup) as two 8-byte
+// loads (a super-block is 8-byte aligned), the 8-byte header (d, scales_h, scales_l) and x's 32
+// values of its unit. The lookup (quant_formats.cuh iq4nl_lookup8 without its last two prmt)
+// leaves each word's values interleaved, elements (4i, 16 + 4i, 4i + 1, 17 + 4i) and (4i + 2,
+// 18 + 4i, 4i + 3, 19 + 4i); x is interleaved the same way once per token (shared by the R rows)
+// instead of every row's values being put back in order.
+struct MvdIQ4XS {
+    static constexpr int SB = 136;
+    struct W {
+        uint2 q0, q1, hd;
+    };
+    struct X {
+        uint32_t p[8];  // x values of the unit, interleaved as the lookup leaves the weights
+        float d;
+    };
+    struct D {
+        float dl;
+        uint32_t v[8];
+    };
+    struct C {
+        uint32_t shl, shh;  // the scale's bit positions in scales_l and in the header's first word
+        uint32_t t0, t2;    // kvalues_iq4nl words 0 and 2 (prmt's first operand is a register)
+        uint32_t k3210;     // the identity picks (one lop3 for the pick selectors)
+    };
+    static __device__ __forceinline__ C consts(int lane) {
+        const int ib = lane & 7;
+        C c;
+        c.shl = 4 * ib;        // scales_l[ib / 2] >> 4 (ib % 2)
+        c.shh = 16 + 2 * ib;   // scales_h >> 2 ib
+        // per-thread values (threadIdx.x >> 5 is 0 here, unknown to the compiler): a uniform
+        // register would cost a move into a vector register before every prmt (~16 a row and
+        // iteration)
+        c.t0 = IQ4NL_T0 | (threadIdx.x >> 5);
+        c.t2 = IQ4NL_T2 | (threadIdx.x >> 5);
+        c.k3210 = 0x32103210u | (threadIdx.x >> 5);
+        mvd_pin(c.shl);
+        mvd_pin(c.shh);
+        mvd_pin(c.t0);
+        mvd_pin(c.t2);
+        mvd_pin(c.k3210);
+        return c;
+    }
+    static __device__ __forceinline__ int qofs(int lane) { return 8 + 16 * (lane & 7); }
+    static __device__ __forceinline__ int xe0(int lane) { return 256 * (lane >> 3) + 32 * (lane & 7); }
+    static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 16; }
+    static __device__ __forceinline__ int xd(int lane) { return 2 * (8 * (lane >> 3) + (lane & 7)); }
+    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, W& w) {
+        w.hd = mvd_ld_w8(ph);
+        w.q0 = mvd_ld_w8(pq);
+        w.q1 = mvd_ld_w8(pq + 8);
+    }
+    static __device__ __forceinline__ void load_x(const int8_t* pa, const int8_t* pb, const float* pd, const C&,
+                                                  X& x) {
+        const u32x4 a = mvd_ld_x(pa), b = mvd_ld_x(pb);
+        const uint32_t xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x.p[2 * i] = prmt(xa[i], xb[i], 0x5140);
+            x.p[2 * i + 1] = prmt(xa[i], xb[i], 0x7362);
+        }
+        x.d = mvd_ld_xf(pd);
+    }
+    static __device__ __forceinline__ D decode(const W& w, const C& c) {
+        D r;
+        const int ls = (int)(((w.hd.y >> c.shl) & 0xF) | (((w.hd.x >> c.shh) & 3) << 4));
+        r.dl = f16_to_f32((uint16_t)(w.hd.x & 0xFFFF)) * (float)(ls - 32);
+        const uint32_t q[4] = {w.q0.x, w.q0.y, w.q1.x, w.q1.y};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            // iq4nl_lookup8's steps: the packed nibbles as prmt selectors (bit 3 masked), bit 3
+            // picking the 8..15 half
+            const uint32_t sel = q[i] & 0x77777777u;
+            const uint32_t pick = ((q[i] >> 1) & 0x44444444u) | c.k3210;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t a = prmt(c.t0, IQ4NL_T1, sel >> (16 * h));
+                const uint32_t b = prmt(c.t2, IQ4NL_T3, sel >> (16 * h));
+                r.v[2 * i + h] = prmt(a, b, pick >> (16 * h));
+            }
+        }
+        return r;
+    }
+    static __device__ __forceinline__ float dot(const D& r, const X& x, float acc) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = dp4a((int)r.v[i], (int)x.p[i], s);
+        return fmaf(r.dl * x.d, (float)s, acc);
+    }
+};
+
+// This lane's x of NT tokens at XO values / DO floats past the pointers (token t at + t * ncols
+// values and + t * ncols / 16 floats).
+template <typename F, int NT, int XO, int DO>
+static __device__ __forceinline__ void mvd_load_x(const int8_t* pa, const int8_t* pb, const float* pd, int ncols,
+                                                  int n_tokens, const typename F::C& c, typename F::X (&x)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const long long tt = NT == 1 ? 0 : min(t, n_tokens - 1);
+        F::load_x(pa + tt * ncols + XO, pb + tt * ncols + XO, pd + tt * (ncols / 16) + DO, c, x[t]);
+    }
+}
+
+template <typename F, int NT, int R>
+static __device__ __forceinline__ void mvd_dot(const typename F::W (&w)[R], const typename F::X (&x)[NT],
+                                               const typename F::C& c, float (&acc)[R][NT]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const typename F::D d = F::decode(w[r], c);
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = F::dot(d, x[t], acc[r][t]);
+    }
+}
+
+// acc[r][t]: this lane's partial dot products of rows [row0, row0 + R) (rows past nrows are
+// computed on the last row) with the q8_1 x of n_tokens <= NT tokens; ncols % 1024 == 0. PDL:
+// the first iteration's weights are loaded before the wait, x after it.
+template <typename F, int NT, int R>
+static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                const float* __restrict__ xds, int nrows, int ncols,
+                                                long long row_bytes, int n_tokens, int load_mode, int row0,
+                                                float (&acc)[R][NT]) {
+    constexpr int IT = 4 * F::SB;  // weight bytes of a row-iteration
+    const bool tiled = (load_mode & 256) != 0;
+    const int lane = threadIdx.x, nit = ncols / 1024;
+    const typename F::C c = F::consts(lane);
+    const uint8_t* ph[R];
+    const uint8_t* pq[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        ph[r] = mvd_pin(W + (long long)min(row0 + r, nrows - 1) * row_bytes + (lane >> 3) * F::SB);
+        pq[r] = mvd_pin(ph[r] + F::qofs(lane));
+    }
+    // the bits below 512 of a value's place are the same in every iteration, tiled or not
+    const int8_t* pa = mvd_pin(xq + q8_1_at(F::xe0(lane), tiled));
+    const int8_t* pb = mvd_pin(xq + q8_1_at(F::xe1(lane), tiled));
+    const float* pd = mvd_pin(xds + F::xd(lane));
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    typename F::W wa[R], wb[R];
+    typename F::X xa[NT], xb[NT];
+#pragma unroll
+    for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+    pdl_wait();
+    pdl_trigger();
+    mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
+    for (int it = 0; it < nit; it += 2) {
+        const bool second = it + 1 < nit;
+        if (second) {
+#pragma unroll
+            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, wb[r]);
+            mvd_load_x<F, NT, 1024, 64>(pa, pb, pd, ncols, n_tokens, c, xb);
+        }
+        mvd_dot<F, NT, R>(wa, xa, c, acc);
+        if (!second) break;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            ph[r] += 2 * IT;
+            pq[r] += 2 * IT;
+        }
+        pa += 2048;
+        pb += 2048;
+        pd += 128;
+        if (it + 2 < nit) {
+#pragma unroll
+            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+            mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
+        }
+        mvd_dot<F, NT, R>(wb, xb, c, acc);
+    }
+}
+
+// Segment kernel (as mvm_quant): MV_WARPS warps of R rows each per block.
+template <typename F, int NT, int R>
+static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                    const float* __restrict__ xds, int n_tokens, int load_mode) {
+    const MvSegSel sel = mv_select(p);
+    const int lane = threadIdx.x;
+    const int row0 = (((int)blockIdx.x - sel.block0) * MV_WARPS + threadIdx.y) * R;
+    if (row0 >= sel.nrows) return;
+    if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
+    float acc[R][NT];
+    mvd_rows<F, NT, R>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
+    mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
+}
+
+#define MVD_KERNEL(name, F, NT, R)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvd_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
+                                  const float* __restrict__ xds, int n_tokens, int load_mode) {        \
+        mvd_segments<F, NT, R>(p, xq, xds, n_tokens, load_mode);                                       \
+    }
+#define MVD_FORMAT(name, F)                                                                             \
+    MVD_KERNEL(name, F, 1, 1) MVD_KERNEL(name, F, 1, 2) MVD_KERNEL(name, F, 1, 4)                       \
+    MVD_KERNEL(name, F, 2, 1) MVD_KERNEL(name, F, 2, 2) MVD_KERNEL(name, F, 2, 4)
+MVD_FORMAT(q4_k, MvdQ4K)
+MVD_FORMAT(iq4_xs, MvdIQ4XS)
