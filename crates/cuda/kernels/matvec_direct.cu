@@ -6,24 +6,24 @@
 #include "matvec_common.cuh"
 #include "quant_formats.cuh"
 
-// ---- Q4_K / IQ4_XS with the weights loaded straight into registers (REDLINE_MV_DIRECT) ------
-//
-// Why: the kernels above are issue bound at one token (547 warp instructions a 4-row group
-// iteration, 0.12 per weight byte for Q4_K; IQ4_XS ~0.23; BENCHMARKS.md sessions 11, 19): every
-// weight byte is loaded, stored to shared memory and loaded again, and the decode's addresses
-// come from run-time offsets into the staging buffers. Q4_K super-blocks are 144 = 9 x 16 bytes
-// and IQ4_XS ones 136 = 17 x 8, so in rows of whole super-blocks each starts 16- (8-) byte
-// aligned and a lane can load its share of the weights into the registers it computes from.
+// Why: matvec_quant.cu's staged kernels are issue bound at one token (547 warp instructions a
+// 4-row group iteration, 0.12 per weight byte for Q4_K; IQ4_XS ~0.23; BENCHMARKS.md sessions 11,
+// 19): every weight byte is loaded, stored to shared memory and loaded again, and the decode's
+// addresses come from run-time offsets into the staging buffers. Q4_K super-blocks are 144 =
+// 9 x 16 bytes and IQ4_XS ones 136 = 17 x 8, so in rows of whole super-blocks each starts 16-
+// (8-) byte aligned and a lane can load its share of the weights into the registers it computes
+// from.
 //
 // A warp's iteration: 4 consecutive super-blocks of each of its R rows; lanes 8s .. 8s + 7 own
 // super-block s, each loading the super-block's header (the 8 lanes load one address) and its
-// own 16 bytes of quants (the format's MvdFmt below says which and how they decode). Every
-// address is a pointer advanced by a constant: x's too, since within a 512-value tile a lane's
-// pieces keep their place in every iteration, tiled q8_1 or not. Two iterations are in flight
-// (registers, unrolled by two: the second's loads take immediate offsets). Rows of a multiple of
-// 1024 values (whole iterations: every Q4_K / IQ4_XS product of the supported models);
-// n_tokens <= NT tokens (1 or 2), the per-row decode shared by the tokens, the per-token
-// arithmetic the same at both counts (so a row's result does not depend on the token count).
+// own 16 bytes of quants (the format's policy, MvdQ4K / MvdIQ4XS below, says which and how they
+// decode). Every address is a pointer advanced by a constant: x's too, since within a 512-value
+// tile a lane's pieces keep their place in every iteration, tiled q8_1 or not. Two iterations
+// are in flight (registers, unrolled by two: the second's loads take immediate offsets). Rows of
+// a multiple of 1024 values (whole iterations: every Q4_K / IQ4_XS product of the supported
+// models); n_tokens <= NT tokens (1 or 2), the per-row decode shared by the tokens, the
+// per-token arithmetic the same at both counts (so a row's result does not depend on the token
+// count).
 
 // v, passed through an empty asm: the compiler must keep it in a register. Without this it
 // rebuilt every address from the row index and row_bytes, and the lane constants, in every
