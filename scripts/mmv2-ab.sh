@@ -41,6 +41,8 @@
 # l2pf:    the o-projection's weights fetched toward L2 by extra blocks of the one-row attention
 #          launch (REDLINE_ATTN_PREFETCH=1, session 21): the bit-equality test, one row of both
 #          models with and without it (and with the direct kernels), rounds alternating
+# ncudir:  ncu on one-row 32B steps: the direct Q4_K kernel at 4 rows (gate/up) against the staged
+#          one (mvm_q4_k_r4), to read a result of the direct stage (issue slots, occupancy, DRAM)
 # q6cap:   the two-token Q6_K kernel at 4 rows compiled for 3 blocks per SM (REDLINE_MV_Q6_CAP=1,
 #          session 21): the segment checks, the 27B verify k = 2 and two streams of both models
 # s21:     the 8-warp default against the old choice, x staged at 8 warps, serve rows (SERVE=1)
@@ -493,6 +495,24 @@ spread)
         echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
     done
     echo "== spread $(el)"
+    ;;
+ncudir)
+    # session 21: what bounds the direct Q4_K kernel against the staged one, per the same
+    # sections as ncuxs (eager one-row 32B steps; gate/up is the 4-row launch of 3456 blocks)
+    wait $SP
+    NCU=/usr/local/cuda/bin/ncu
+    for kp in "mvd_q4_k_n1_r4 REDLINE_MV_DIRECT=1" "mvm_q4_k_r4 X=1"; do
+        read -r k v <<<"$kp"
+        env $v REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 8 --launch-count 4 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis -o "$OUT/$k" -f \
+            $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 4 -r 1 >"$OUT/ncu_$k.log" 2>&1
+        $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
+        rm -f "$OUT/$k.ncu-rep"
+        echo "$k ($v):"
+        grep -E "^  mv|Duration|Grid Size|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|L1/TEX Hit|L2 Hit|Warp Cycles Per Issued|Eligible Warps|No Eligible" "$OUT/det_$k.txt" | head -40 | cut -c1-150
+    done
+    echo "== ncudir $(el)"
     ;;
 ncuxs)
     # session 20: why the x-staged Q4_K down projection (mmv2s_q4_k_s2x, 43.4 µs alone) took
