@@ -19,11 +19,11 @@
 // own 16 bytes of quants (the format's policy, MvdQ4K / MvdIQ4XS below, says which and how they
 // decode). Every address is a pointer advanced by a constant: x's too, since within a 512-value
 // tile a lane's pieces keep their place in every iteration, tiled q8_1 or not. Two iterations
-// are in flight (registers, unrolled by two: the second's loads take immediate offsets). Rows of
-// a multiple of 1024 values (whole iterations: every Q4_K / IQ4_XS product of the supported
-// models); n_tokens <= NT tokens (1 or 2), the per-row decode shared by the tokens, the
-// per-token arithmetic the same at both counts (so a row's result does not depend on the token
-// count).
+// are in flight (registers, unrolled by two: the second's loads take immediate offsets), and a
+// row's last 1-3 super-blocks, where its width is not a multiple of 1024, in one partial
+// iteration after them. n_tokens <= NT tokens (1 or 2), the per-row decode shared by the tokens,
+// the per-token arithmetic the same at both counts (so a row's result does not depend on the
+// token count).
 
 // v, passed through an empty asm: the compiler must keep it in a register. Without this it
 // rebuilt every address from the row index and row_bytes, and the lane constants, in every
@@ -262,16 +262,18 @@ static __device__ __forceinline__ void mvd_dot(const typename F::W (&w)[R], cons
 }
 
 // acc[r][t]: this lane's partial dot products of rows [row0, row0 + R) (rows past nrows are
-// computed on the last row) with the q8_1 x of n_tokens <= NT tokens; ncols % 1024 == 0. PDL:
-// the first iteration's weights are loaded before the wait, x after it.
-template <typename F, int NT, int R>
+// computed on the last row) with the q8_1 x of n_tokens <= NT tokens. ncols % 1024 == 0, or with
+// TAIL any multiple of 256 (whole super-blocks: a last, partial iteration of 1-3 super-blocks
+// runs after the loop, its idle lanes on zero weights and x, which add exactly 0). PDL: the
+// first iteration's weights are loaded before the wait, x after it.
+template <typename F, int NT, int R, bool TAIL>
 static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                 const float* __restrict__ xds, int nrows, int ncols,
                                                 long long row_bytes, int n_tokens, int load_mode, int row0,
                                                 float (&acc)[R][NT]) {
     constexpr int IT = 4 * F::SB;  // weight bytes of a row-iteration
     const bool tiled = (load_mode & 256) != 0;
-    const int lane = threadIdx.x, nit = ncols / 1024;
+    const int lane = threadIdx.x, nit = ncols / 1024, tail = (ncols % 1024) / 256;
     const typename F::C c = F::consts(lane);
     const uint8_t* ph[R];
     const uint8_t* pq[R];
@@ -290,11 +292,13 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     typename F::W wa[R], wb[R];
     typename F::X xa[NT], xb[NT];
+    if (!TAIL || nit > 0) {
 #pragma unroll
-    for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+        for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+    }
     pdl_wait();
     pdl_trigger();
-    mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
+    if (!TAIL || nit > 0) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
     for (int it = 0; it < nit; it += 2) {
         const bool second = it + 1 < nit;
         if (second) {
@@ -319,10 +323,31 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         }
         mvd_dot<F, NT, R>(wb, xb, c, acc);
     }
+    if (TAIL && tail > 0) {
+        // addresses from scratch (the loop's pointers end with the loop: kept live past it,
+        // they cost the loop ~40 instructions an iteration in rematerialized values), wa / xa
+        // again, zeros for the idle lanes
+#pragma unroll
+        for (int r = 0; r < R; r++) wa[r] = typename F::W{};
+#pragma unroll
+        for (int t = 0; t < NT; t++) xa[t] = typename F::X{};
+        if ((lane >> 3) < tail) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t* h = W + (long long)min(row0 + r, nrows - 1) * row_bytes + (long long)nit * IT +
+                                   (lane >> 3) * F::SB;
+                F::load_w(h, h + F::qofs(lane), wa[r]);
+            }
+            const long long x0 = 1024LL * nit;
+            mvd_load_x<F, NT, 0, 0>(xq + x0 + q8_1_at(F::xe0(lane), tiled), xq + x0 + q8_1_at(F::xe1(lane), tiled),
+                                    xds + x0 / 16 + F::xd(lane), ncols, n_tokens, c, xa);
+        }
+        mvd_dot<F, NT, R>(wa, xa, c, acc);
+    }
 }
 
 // Segment kernel (as mvm_quant): MV_WARPS warps of R rows each per block.
-template <typename F, int NT, int R>
+template <typename F, int NT, int R, bool TAIL>
 static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_t* __restrict__ xq,
                                                     const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
@@ -331,15 +356,24 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     if (row0 >= sel.nrows) return;
     if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
     float acc[R][NT];
-    mvd_rows<F, NT, R>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
+    mvd_rows<F, NT, R, TAIL>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
 
+// mvd_<fmt>_n<NT>_r<R>: rows of a multiple of 1024 values; mvd_<fmt>_n<NT>_r<R>_t: any whole
+// number of super-blocks (the partial last iteration compiled in: its code alone took the
+// one-token Q4_K 4-row kernel from 128 registers to 155, and capped at 128 it spilled and its
+// loop grew by 10 %, so the whole-iteration kernels do without it).
 #define MVD_KERNEL(name, F, NT, R)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
         mvd_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
-        mvd_segments<F, NT, R>(p, xq, xds, n_tokens, load_mode);                                       \
+        mvd_segments<F, NT, R, false>(p, xq, xds, n_tokens, load_mode);                                \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+        mvd_##name##_n##NT##_r##R##_t(const MvSegs p, const int8_t* __restrict__ xq,                  \
+                                      const float* __restrict__ xds, int n_tokens, int load_mode) {    \
+        mvd_segments<F, NT, R, true>(p, xq, xds, n_tokens, load_mode);                                 \
     }
 #define MVD_FORMAT(name, F)                                                                             \
     MVD_KERNEL(name, F, 1, 1) MVD_KERNEL(name, F, 1, 2) MVD_KERNEL(name, F, 1, 4)                       \

@@ -178,9 +178,10 @@ static DIRECT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// the per-shape rule.
 static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Whether one- and two-token Q4_K and IQ4_XS segment products of rows of a multiple of 1024
-/// values run on the direct kernels (kernels/matvec_direct.cu `mvd_*`: the weights loaded
-/// straight into registers, ~30-40 % fewer instructions a weight byte than the staged kernels).
+/// Whether one- and two-token Q4_K and IQ4_XS segment products run on the direct kernels
+/// (kernels/matvec_direct.cu `mvd_*`: the weights loaded straight into registers, ~30-40 % fewer
+/// instructions a weight byte than the staged kernels; `_t` for rows not a multiple of 1024
+/// values).
 /// An experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_kernels`] overrides).
 pub fn direct_kernels() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -653,7 +654,7 @@ impl CudaDevice {
         let nt = n_tokens.next_power_of_two();
         let direct = nt <= 2
             && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
-            && cols.is_multiple_of(1024)
+            && cols.is_multiple_of(256)
             && direct_kernels();
         let r = if direct {
             direct_rows_per_warp(total_rows)
@@ -666,7 +667,9 @@ impl CudaDevice {
             return Ok(());
         }
         let base = if direct {
-            format!("mvd_{stem}_n{nt}_r{r}")
+            // `_t`: a partial last iteration of 1-3 super-blocks
+            let t = if cols.is_multiple_of(1024) { "" } else { "_t" };
+            format!("mvd_{stem}_n{nt}_r{r}{t}")
         } else if nt == 1 {
             format!("mvm_{stem}_r{r}")
         } else {
@@ -726,8 +729,8 @@ impl CudaDevice {
         b.arg(&load_mode);
         // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
         // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT, and
-        // mvd_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows of
-        // a multiple of 1024 values, whose loads stay inside every row);
+        // mvd_<fmt>_n<NT>_r<R>[_t](MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows
+        // of a multiple of 1024 values, or of 256 with _t, whose loads stay inside every row);
         // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
         // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
         // for n_tokens tokens of `cols`.

@@ -402,9 +402,10 @@ fn segment_widths(ty: GgmlType) -> Vec<usize> {
 /// The direct Q4_K and IQ4_XS segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_direct.cu
 /// `mvd_*`)
 /// against the CPU's exact q8_1 pipeline (dequantized rows · d * q, f64), bias and residual
-/// included: 1, 2, 3 and 4 segments of odd row counts, rows of 1, 3 and 5 iterations of 1024
-/// values (and 4608, which falls back to the staged kernels), 1 and 2 tokens, 1, 2 and 4 rows
-/// per warp, the tiled q8_1 layout on and off.
+/// included: 1, 2, 3 and 4 segments of odd row counts; rows of 1 and 5 iterations of 1024
+/// values, and (the `_t` kernels) of 1 and 3 super-blocks only, of an odd and an even number of
+/// whole iterations plus 2 or 1 super-blocks (1536, 2304, 3584); 1 and 2 tokens; 1, 2 and 4 rows
+/// per warp; the tiled q8_1 layout on and off (where the width is a multiple of 512).
 #[test]
 fn direct_segments_match_cpu_reference() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -419,7 +420,7 @@ fn direct_segments_match_cpu_reference() {
     let mut seed = 5000u64;
     for (ty, cols) in [GgmlType::Q4K, GgmlType::IQ4XS]
         .into_iter()
-        .flat_map(|ty| [1024usize, 3072, 5120, 4608].map(|c| (ty, c)))
+        .flat_map(|ty| [1024usize, 5120, 256, 768, 1536, 2304, 3584].map(|c| (ty, c)))
     {
         for rows in SEGMENT_ROW_SETS {
             for nt in [1usize, 2] {
