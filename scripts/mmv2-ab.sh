@@ -412,7 +412,8 @@ direct)
     # session 21 (written without a device): Q4_K / IQ4_XS one- and two-token segment products
     # with the weights loaded straight into registers (kernels/matvec_direct.cu mvd_*: Q4_K 0.083
     # SASS instructions a weight byte at 4 rows per warp, 0.092 at 2, against the staged
-    # kernels' 0.119; IQ4_XS 0.146 against ~0.23). Checks first; then one row, rounds alternating
+    # kernels' 0.119; IQ4_XS 0.146 against ~0.23). Checks first; then one row, rounds alternating.
+    # On a fresh machine (the synthetic files written first) ROUNDS=1 keeps it under 600 s.
     (wait $SP; [ -e /tmp/x32.gguf ] || $R synth --shape qwen2.5-32b --type IQ4_XS -o /tmp/x32.gguf >/tmp/sx32.log 2>&1) &
     XP=$!
     timeout 120 devbin/t_gpu_matvec --test-threads 1 direct_segments 2>&1 | grep -E "^test |result|panicked|failures" | head -8
