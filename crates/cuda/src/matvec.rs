@@ -181,14 +181,14 @@ static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// Whether one- and two-token Q4_K and IQ4_XS segment products run on the direct kernels
 /// (kernels/matvec_direct.cu `mvd_*`: the weights loaded straight into registers, ~30-40 % fewer
 /// instructions a weight byte than the staged kernels; `_t` for rows not a multiple of 1024
-/// values).
-/// An experiment, off unless `REDLINE_MV_DIRECT=1` ([`set_direct_kernels`] overrides).
+/// values). On unless `REDLINE_MV_DIRECT=0` ([`set_direct_kernels`] overrides): on an H100 the
+/// 32B Q4_K_M one row +4.8 %, IQ4_XS +11 %, the 27B +1.5 % (BENCHMARKS.md, session 21).
 pub fn direct_kernels() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match DIRECT_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MV_DIRECT").is_ok_and(|v| v == "1")),
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MV_DIRECT").map_or(true, |v| v != "0")),
     }
 }
 
@@ -200,10 +200,10 @@ pub fn set_direct_kernels(on: Option<bool>, rows_per_warp: u32) {
     DIRECT_ROWS_OVERRIDE.store(rows_per_warp, Ordering::Relaxed);
 }
 
-/// Rows per warp of a direct product of `n_rows` rows: 4 for the tall ones (gate/up:
-/// enough blocks either way, x read once for 4 rows), else 2 (a 5120-row product at 4 would
-/// leave the SMs 2.4 blocks each).
-fn direct_rows_per_warp(n_rows: usize) -> u32 {
+/// Rows per warp of a direct product: 2 (93 registers for Q4_K, 80 for IQ4_XS: 5-6 blocks per
+/// SM). On an H100 the 32B one row took 110.33 tok/s with 2 everywhere, 109.60 with 4 for the
+/// tall products (gate/up, 128 registers), 106.85 with 4 everywhere (session 21).
+fn direct_rows_per_warp() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let forced = match DIRECT_ROWS_OVERRIDE.load(Ordering::Relaxed) {
         0 => *ENV.get_or_init(|| {
@@ -216,7 +216,6 @@ fn direct_rows_per_warp(n_rows: usize) -> u32 {
     };
     match forced {
         1 | 2 | 4 => forced,
-        _ if n_rows >= 12288 => 4,
         _ => 2,
     }
 }
@@ -657,7 +656,7 @@ impl CudaDevice {
             && cols.is_multiple_of(256)
             && direct_kernels();
         let r = if direct {
-            direct_rows_per_warp(total_rows)
+            direct_rows_per_warp()
         } else {
             rows_per_warp(ty, total_rows, cols, nt)
         };
