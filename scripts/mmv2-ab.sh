@@ -414,7 +414,8 @@ direct)
     # SASS instructions a weight byte at 4 rows per warp, 0.092 at 2, against the staged
     # kernels' 0.119; IQ4_XS 0.146 against ~0.23). Checks first; then one row, rounds alternating.
     # On a fresh machine (the synthetic files written first) ROUNDS=1 keeps it under 600 s.
-    (wait $SP; [ -e /tmp/x32.gguf ] || $R synth --shape qwen2.5-32b --type IQ4_XS -o /tmp/x32.gguf >/tmp/sx32.log 2>&1) &
+    (while [ ! -e /tmp/synth.done ]; do sleep 2; done
+        [ -e /tmp/x32.gguf ] || $R synth --shape qwen2.5-32b --type IQ4_XS -o /tmp/x32.gguf >/tmp/sx32.log 2>&1) &
     XP=$!
     timeout 120 devbin/t_gpu_matvec --test-threads 1 direct_segments 2>&1 | grep -E "^test |result|panicked|failures" | head -8
     REDLINE_MV_DIRECT=1 timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -4
