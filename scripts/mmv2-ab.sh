@@ -34,6 +34,8 @@
 #          (session 19: no gain; the load mode is removed, the stage is the record)
 # skip1:   a one-row 32B step op by op (profile and REDLINE_SKIP_OPS)
 # ks8:     the mmv2 K split (REDLINE_MMV2_KSPLIT=2|4) at 8 streams
+# s22:     the defaults of session 21 (direct kernels on): the matvec and speculative suites, one
+#          row of both models against REDLINE_MV_DIRECT=0, 8 streams, and (SERVE=1) issue 6's rows
 # direct:  the direct Q4_K / IQ4_XS one-/two-token kernels (REDLINE_MV_DIRECT=1, session 21):
 #          checks, one row of both models (and the 32B IQ4_XS, /tmp/x32.gguf) at 1 / 2 / 4 rows
 #          per warp against the staged kernels (rounds alternating), the per-op profile, two
@@ -407,6 +409,18 @@ l2pf)
         grep -E "op profile|^matmul|^attention" "$OUT/prof1pf_${v%%=*}.txt" | head -9 | cut -c1-110
     done
     echo "== l2pf $(el)"
+    ;;
+s22)
+    timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked" | head -6
+    timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test result|panicked|FAILED" | head -4
+    echo "== checks $(el)"
+    wait $SP
+    for v in X=1 REDLINE_MV_DIRECT=0; do
+        for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
+    done
+    for m in m32 m27; do b $m -n 64 -r 2 --parallel 8; done
+    echo "== s22 $(el)"
+    [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
     ;;
 direct)
     # session 21 (written without a device): Q4_K / IQ4_XS one- and two-token segment products
