@@ -40,13 +40,8 @@
 #          checks, one row of both models (and the 32B IQ4_XS, /tmp/x32.gguf) at 1 / 2 / 4 rows
 #          per warp against the staged kernels (rounds alternating), the per-op profile, two
 #          streams and the 27B verify cost
-# l2pf:    the o-projection's weights fetched toward L2 by extra blocks of the one-row attention
-#          launch (REDLINE_ATTN_PREFETCH=1, session 21): the bit-equality test, one row of both
-#          models with and without it (and with the direct kernels), rounds alternating
 # ncudir:  ncu on one-row 32B steps: the direct Q4_K kernel at 4 rows (gate/up) against the staged
 #          one (mvm_q4_k_r4), to read a result of the direct stage (issue slots, occupancy, DRAM)
-# q6cap:   the two-token Q6_K kernel at 4 rows compiled for 3 blocks per SM (REDLINE_MV_Q6_CAP=1,
-#          session 21): the segment checks, the 27B verify k = 2 and two streams of both models
 # s21:     the 8-warp default against the old choice, x staged at 8 warps, serve rows (SERVE=1)
 # q4w:     8 warps per block for the Q4_K mmv2 launches (REDLINE_MMV2_Q4_WARPS=8)
 # spread:  small mmv2 launches padded with shared memory to spread over the SMs (session 20)
@@ -369,46 +364,6 @@ evict)
         echo "round $r $(el)"
     done
     echo "== evict $(el)"
-    ;;
-q6cap)
-    # session 21 (written without a device). Prediction: the 5120-row Q6_K down projections at
-    # two tokens in one wave (320 blocks, 3 per SM) instead of 1.2 (2 per SM at 255 registers):
-    # 50.4 -> ~40 us a call despite the 34 spill loads / stores; 27B verify k = 2 -0.2 to
-    # -0.3 ms (x1.25 -> ~x1.22), two streams +2-3 %. Also with the direct Q4_K kernels.
-    timeout 200 devbin/t_gpu_matvec --test-threads 1 matvec_segments 2>&1 | grep -E "^test |result|panicked|failures" | head -6
-    echo "== checks $(el)"
-    wait $SP
-    for r in ${ROUNDS:-1 2}; do
-        for v in X=1 REDLINE_MV_Q6_CAP=1 "REDLINE_MV_Q6_CAP=1 REDLINE_MV_DIRECT=1"; do
-            echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr '\n' ' ')"
-            for m in m32 m27; do ST=$v b $m -n 64 -r 2 --parallel 2; done
-        done
-        echo "round $r $(el)"
-    done
-    echo "== q6cap $(el)"
-    ;;
-l2pf)
-    # session 21 (written without a device). Prediction: the o-projection (14.7 MB on the 32B,
-    # 17.7 MB on the 27B's attention layers) read from L2 instead of DRAM: ~3 us a layer of its
-    # ~7 in the graph, the 32B one row +2 %, the 27B +0.5 % (16 attention layers). Against it:
-    # session 8's separate prefetch kernel (one block per SM, after RoPE) measured no gain; this
-    # one runs inside the attention launch, so it cannot delay the chain, but it reads as likely
-    # to miss the same way (secondary to the direct stage)
-    timeout 200 devbin/t_gpu_decode --test-threads 1 attention_l2_prefetch 2>&1 | grep -E "^test |result|panicked|equal" | head -6
-    echo "== checks $(el)"
-    wait $SP
-    for r in ${ROUNDS:-1 2}; do
-        for v in X=1 REDLINE_ATTN_PREFETCH=1 "REDLINE_ATTN_PREFETCH=1 REDLINE_MV_DIRECT=1"; do
-            for m in m32 m27; do ST=$v b $m -n 128 -r 2; done
-        done
-        echo "round $r $(el)"
-    done
-    for v in X=1 REDLINE_ATTN_PREFETCH=1; do
-        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 >"$OUT/prof1pf_${v%%=*}.txt" 2>&1
-        echo "profile $v:"
-        grep -E "op profile|^matmul|^attention" "$OUT/prof1pf_${v%%=*}.txt" | head -9 | cut -c1-110
-    done
-    echo "== l2pf $(el)"
     ;;
 s22)
     timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test |result|panicked" | head -6

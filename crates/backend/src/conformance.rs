@@ -638,7 +638,6 @@ pub fn attention_block_with_products<B: Backend>(b: &B) -> Result<(Vec<f32>, Vec
                     norm_eps: eps,
                     positions: &positions,
                     rope,
-                    next: Some(&wo_w),
                 },
                 &rows,
                 &mut [c0, c1],

@@ -391,10 +391,6 @@ pub struct AttnBlock<'a, B: Backend> {
     /// The RoPE position of each row.
     pub positions: &'a [u32],
     pub rope: &'a RopeParams,
-    /// The product that reads the block's output next (the o-projection), if any: a hint; a
-    /// device may fetch its weights toward its cache while the block runs (the CUDA backend's
-    /// `REDLINE_ATTN_PREFETCH=1`). It changes no result.
-    pub next: Option<&'a B::Weight>,
 }
 
 /// [`Backend::attention_block`] as separate ops: the query (and gate) heads copied out of a

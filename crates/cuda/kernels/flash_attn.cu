@@ -444,22 +444,7 @@ struct FdFuse {
     float freq_base, freq_scale, eps;
     int8_t* xq;            // the q8_1 copy of out for the product after (one split writing), or null
     float* xds;
-    const uint8_t* pf;     // weights of the product after (REDLINE_ATTN_PREFETCH), or null:
-    long long pf_bytes;    // the launch's extra blocks fetch them toward L2
 };
-
-// The extra blocks of a fused launch (grid rows past the heads', REDLINE_ATTN_PREFETCH) fetch
-// the next product's weights fz.pf toward L2 while the heads' blocks run their chain of round
-// trips (~10 us a layer in which the memory bus is otherwise idle), so that product reads them
-// from L2. This block is `b` of `n`; the hint changes no result. Before the PDL wait: nothing
-// here depends on the kernel before.
-static __device__ __forceinline__ void fd_prefetch_l2(const FdFuse& fz, long long b, long long n) {
-    if (!fz.pf || n <= 0) return;
-    const long long lines = (fz.pf_bytes + 127) / 128, per = (lines + n - 1) / n;
-    const long long l1 = min(lines, (b + 1) * per);
-    for (long long l = b * per + threadIdx.x; l < l1; l += blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(fz.pf + 128 * l));
-}
 
 // f32 loads through L2 (partials other blocks of the same launch wrote).
 static __device__ __forceinline__ float ld_cg(const float* p) {
@@ -935,13 +920,6 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
                                                           long long kpb, long long vpb, float scale, int min_per,
                                                           const FdFuse& fz) {
     const int G = n_head / n_kv_head, n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
-    if ((int)blockIdx.y >= n_kv_head * n_sub) {
-        // an extra row of blocks (fused launches only): the L2 prefetch of the product after
-        const long long extra = gridDim.y - n_kv_head * n_sub, per_row = (long long)gridDim.x * gridDim.z;
-        const long long b = (blockIdx.y - n_kv_head * n_sub) * per_row + blockIdx.z * gridDim.x + blockIdx.x;
-        fd_prefetch_l2(fz, b, extra * per_row);
-        return;
-    }
     const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
     const int h0 = kvh * G + sub * FD_MAX_G, gb = min(FD_MAX_G, G - sub * FD_MAX_G);
 #define FD_BODY(GM) \
@@ -1000,11 +978,10 @@ FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
              const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qn,               \
              const float* __restrict__ kn, const float* __restrict__ factors, const int* __restrict__ rpos,         \
              int min_per, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale,       \
-             float eps, int8_t* __restrict__ xq, float* __restrict__ xds, const uint8_t* __restrict__ pf,         \
-             long long pf_bytes) {                                                                                 \
+             float eps, int8_t* __restrict__ xq, float* __restrict__ xds) {                                        \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        const FdFuse fz = {k,        v,     qn,   kn,        factors,    rpos, q_stride, gate_off,                 \
-                           n_rot,    neox,  freq_base, freq_scale, eps, xq,  xds,     pf,       pf_bytes};         \
+        const FdFuse fz = {k,   v,     qn,   kn,        factors,    rpos, q_stride,                                \
+                           gate_off, n_rot, neox, freq_base, freq_scale, eps,  xq, xds};                          \
         flash_decode_heads<D, FA_F16, true>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,   \
                                             min_per, fz);                                                          \
     }

@@ -448,17 +448,6 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
 MVM_KERNEL_XS(q4_k, FmtQ4_K, 2) MVM_KERNEL_XS(q4_k, FmtQ4_K, 4)
 MVM_KERNEL_XS(q6_k, FmtQ6_K, 2) MVM_KERNEL_XS(q6_k, FmtQ6_K, 4)
 
-// The two-token Q6_K kernel at 4 rows compiled for 3 blocks per SM (168 registers, 40 bytes of
-// stack: 34 spill loads and stores) instead of the compiler's 255 registers (2 blocks): the
-// 5120-row down projections' 320 blocks then fit an H100 / H200 in one wave instead of 1.2
-// (REDLINE_MV_Q6_CAP=1, an experiment; session 18 found the 27B's Q6_K down at 2 tokens 41 %
-// slower than at one, 35.8 -> 50.4 us, for this reason).
-extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 3)
-    mvm_q6_k_n2_r4_xs_b3(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, int n_tokens,
-                         int load_mode) {
-    mvm_quant<FmtQ6_K, 2, 4, true>(p, xq, xds, n_tokens, load_mode);
-}
-
 MVM_FORMAT(q4_0, FmtQ4_0)
 MVM_FORMAT(q4_1, FmtQ4_1)
 MVM_FORMAT(q5_0, FmtQ5_0)

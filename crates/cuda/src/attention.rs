@@ -443,33 +443,6 @@ pub struct FusedInputs {
     /// Device addresses of a q8_1 copy of out (int8 values, f32 (d, d * sum) per 32) that the
     /// kernel writing out fills too, for the product after it; (0, 0): none.
     pub q8: (u64, u64),
-    /// Device address and byte count of the next product's weights, which extra blocks of the
-    /// launch fetch toward L2 (a hint, [`l2_prefetch`]); (0, 0): none.
-    pub prefetch: (u64, u64),
-}
-
-/// 0: `REDLINE_ATTN_PREFETCH` decides; 1: off; 2: on.
-static L2_PREFETCH_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Whether the one-row fused decode launch takes about two extra blocks per SM that fetch the
-/// o-projection's weights toward L2 while the heads' blocks run their chain (flash_attn.cu
-/// `fd_prefetch_l2`; the bus is otherwise idle for those ~10 us a layer). An experiment, off
-/// unless `REDLINE_ATTN_PREFETCH=1` ([`set_l2_prefetch`] overrides).
-pub fn l2_prefetch() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match L2_PREFETCH_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_ATTN_PREFETCH").is_ok_and(|v| v == "1")),
-    }
-}
-
-/// Forces [`l2_prefetch`] on or off (`None`: back to `REDLINE_ATTN_PREFETCH`). For tests.
-pub fn set_l2_prefetch(on: Option<bool>) {
-    L2_PREFETCH_OVERRIDE.store(
-        on.map_or(0, |b| 1 + b as u32),
-        std::sync::atomic::Ordering::Relaxed,
-    );
 }
 
 /// The fused decode chain of one new token per launch row (`fa_decode_fused_*`, kernel `name`
@@ -514,16 +487,10 @@ pub fn launch_decode_fused(
         return Ok(());
     }
     let func = dev.function(Program::FlashAttn, name)?;
-    // the L2 prefetch's extra rows of blocks: about two per SM in all
-    let prefetch_rows = if f.prefetch.0 != 0 && f.prefetch.1 > 0 {
-        (2 * dev.info().sm_count.max(1) as usize).div_ceil(splits * n_rows)
-    } else {
-        0
-    };
     let cfg = LaunchConfig {
         grid_dim: (
             splits as u32,
-            (p.n_kv_head * group(p).div_ceil(DECODE_MAX_G) + prefetch_rows) as u32,
+            (p.n_kv_head * group(p).div_ceil(DECODE_MAX_G)) as u32,
             n_rows as u32,
         ),
         block_dim: (DECODE_THREADS as u32, 1, 1),
@@ -558,13 +525,10 @@ pub fn launch_decode_fused(
         .push(f.freq_scale)
         .push(f.eps)
         .push(f.q8.0)
-        .push(f.q8.1)
-        .push(f.prefetch.0)
-        .push(f.prefetch.1 as i64);
+        .push(f.q8.1);
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
     // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
-    // neox, freq_base, freq_scale, eps, xq, xds, pf, pf_bytes); the caller vouches for the device
-    // addresses (pf: 0 or pf_bytes readable bytes; only prefetched, never read): q of
+    // neox, freq_base, freq_scale, eps, xq, xds); the caller vouches for the device addresses: q of
     // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
     // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of
     // n_rows, part of partials_len when splits > 1, each cache (kvp: a table of n_rows K, V

@@ -150,28 +150,6 @@ pub fn set_x_in_shared(on: Option<bool>) {
     X_IN_SHARED_OVERRIDE.store(on.map_or(0, |b| if b { 2 } else { 1 }), Ordering::Relaxed);
 }
 
-/// Whether the two-token Q6_K products at 4 rows per warp take the kernel compiled for 3 blocks
-/// per SM (kernels/matvec_quant.cu `mvm_q6_k_n2_r4_xs_b3`: 168 registers with a few spills, one
-/// wave for the 5120-row down projections) instead of 255 registers. An experiment, off unless
-/// `REDLINE_MV_Q6_CAP=1` ([`set_q6_two_token_cap`] overrides).
-fn q6_two_token_cap() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match Q6_CAP_OVERRIDE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MV_Q6_CAP").is_ok_and(|v| v == "1")),
-    }
-}
-
-/// 0: `REDLINE_MV_Q6_CAP` decides; 1: off; 2: on.
-static Q6_CAP_OVERRIDE: AtomicU32 = AtomicU32::new(0);
-
-/// Forces the 3-blocks-per-SM two-token Q6_K kernel on or off (`None`: back to
-/// `REDLINE_MV_Q6_CAP`). For tests and benchmarks.
-pub fn set_q6_two_token_cap(on: Option<bool>) {
-    Q6_CAP_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
-}
-
 /// 0: `REDLINE_MV_DIRECT` decides; 1: off; 2: on.
 static DIRECT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// Forced rows per warp of the direct kernels (1, 2 or 4); 0: `REDLINE_MV_DIRECT_R`, else
@@ -681,8 +659,7 @@ impl CudaDevice {
         let xs_bytes = (n_tokens * cols + n_tokens * (cols / 32) * 8) as u32;
         let mut f = None;
         if !direct && nt == 2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && x_in_shared() {
-            let cap = ty == GgmlType::Q6K && r == 4 && q6_two_token_cap();
-            let name = format!("{base}_xs{}", if cap { "_b3" } else { "" });
+            let name = format!("{base}_xs");
             let fx = self.function(Program::MatvecQuant, &name)?;
             f = self.xs_launch_fits(&name, &fx, xs_bytes).then_some(fx);
         }

@@ -648,18 +648,6 @@ fn x_in_shared_matches_l1_on_synth_q4_k_m_shapes() {
     );
 }
 
-/// The o-projection's weights fetched toward L2 by extra blocks of the one-row attention launch
-/// (`cuda::attention::set_l2_prefetch`, `REDLINE_ATTN_PREFETCH`) against none: only a hint, so
-/// the same logits bit for bit (the extra rows of blocks must leave the heads' work alone).
-#[test]
-fn attention_l2_prefetch_matches_none_on_synth_q4_k_m_shapes() {
-    same_logits_under_switch(
-        "l2pf",
-        "logits with the attention launch's L2 prefetch equal those without",
-        &|on| cuda::attention::set_l2_prefetch(on),
-    );
-}
-
 /// On each synthetic cut, two models (graphs, the fused paths and every staged fusion on) run
 /// side by side with a process-wide switch off for one and on for the other
 /// (`set(Some(false))` / `set(Some(true))`; `set(None)` after), asserting the same logits bit

@@ -319,8 +319,7 @@ fn check_segments(
 /// each output equals the per-matrix matvec of the same quantized x — for every block format,
 /// odd row counts, 1-4 segments, both rows-per-warp kernels, 1, 2, 3 and 8 tokens (batched
 /// decode and verify passes: every token's row block of each output); two-token Q4_K / Q6_K
-/// with x staged in shared memory and without (Q6_K's also with the 3-blocks-per-SM kernel),
-/// the tiled q8_1 layout on and off.
+/// with x staged in shared memory and without, the tiled q8_1 layout on and off.
 #[test]
 fn matvec_segments_match_single_matvecs() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -351,10 +350,8 @@ fn matvec_segments_match_single_matvecs() {
                         // the tiled q8_1 layout on every other case (1-2 tokens, widths of
                         // a multiple of 512)
                         cuda::matvec::set_q8_1_tiled(Some(seed.is_multiple_of(2)));
-                        // two tokens: x staged in shared memory or read through L1, and
-                        // Q6_K's 3-blocks-per-SM kernel or the default one
+                        // two tokens: x staged in shared memory or read through L1
                         cuda::matvec::set_x_in_shared(Some(seed % 4 < 2));
-                        cuda::matvec::set_q6_two_token_cap(Some(seed % 8 < 4));
                         check_segments(
                             &dev,
                             ty,
@@ -379,7 +376,6 @@ fn matvec_segments_match_single_matvecs() {
     cuda::matvec::set_rows_per_warp_override(0);
     cuda::matvec::set_q8_1_tiled(None);
     cuda::matvec::set_x_in_shared(None);
-    cuda::matvec::set_q6_two_token_cap(None);
     cuda::matvec::set_direct_kernels(None, 0);
     assert!(
         failures.is_empty(),

@@ -151,7 +151,6 @@ pub fn attention<B: Backend>(
             norm_eps: cfg.rms_eps,
             positions: &batch.positions,
             rope: &cfg.rope,
-            next: Some(&w.wo),
         },
         &batch.rows,
         caches,

@@ -482,13 +482,6 @@ impl CudaBackend {
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
             q8: (0, 0),
-            prefetch: match a.next.and_then(|w| w.matrix.as_ref()) {
-                Some(m) if attention::l2_prefetch() => (
-                    super::step::dev_ptr(&m.data, stream),
-                    m.weight_bytes() as u64,
-                ),
-                _ => (0, 0),
-            },
         };
         let kv = cache.kv_ref(0);
         let out_ptr = super::step::dev_ptr(&*out.data, stream);

@@ -199,7 +199,6 @@ impl<B: Backend> GatedAttention<B> {
                 norm_eps: cfg.rms_eps,
                 positions: &batch.positions,
                 rope: &cfg.rope,
-                next: Some(&self.wo),
             },
             &batch.rows,
             caches,
