@@ -40,6 +40,7 @@
 #          checks, one row of both models (and the 32B IQ4_XS, /tmp/x32.gguf) at 1 / 2 / 4 rows
 #          per warp against the staged kernels (rounds alternating), the per-op profile, two
 #          streams and the 27B verify cost
+# s32:     32 streams: batched decode at 8 / 16 / 32 rows, the profile at 32, the server's step log
 # ncudir:  ncu on one-row 32B steps: the direct Q4_K kernel at 4 rows (gate/up) against the staged
 #          one (mvm_q4_k_r4), to read a result of the direct stage (issue slots, occupancy, DRAM)
 # s21:     the 8-warp default against the old choice, x staged at 8 warps, serve rows (SERVE=1)
@@ -376,6 +377,20 @@ s22)
     for m in m32 m27; do b $m -n 64 -r 2 --parallel 8; done
     echo "== s22 $(el)"
     [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
+    ;;
+s32)
+    # session 22: why 32 serve streams aggregate less than 8 (session 21: 402.7 against 578.3
+    # decode tok/s). Pure batched decode at 8 / 16 / 32 rows, the per-op profile at 32 rows, then
+    # the server's step log (REDLINE_STEP_LOG=1) at 32 streams, summarized by step kind.
+    wait $SP
+    for n in 8 16 32; do b m32 -n 64 -r 2 --parallel $n; done
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 32 >"$OUT/prof32.txt" 2>&1
+    sed -n "/op profile/,\$p" "$OUT/prof32.txt" | head -28 | cut -c1-120
+    echo "== s32 bench $(el)"
+    TOKENS=${TOKENS:-256} serve_rows steplog 32 ${STREAMS:-32} REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_steplog.log | tee "$OUT/steplog.txt"
+    xz -c /tmp/serve_steplog.log >"$OUT/serve_steplog.log.xz"
+    echo "== s32 $(el)"
     ;;
 direct)
     # session 21 (written without a device): Q4_K / IQ4_XS one- and two-token segment products

@@ -236,6 +236,9 @@ impl StepCtl {
             }
         };
         self.mode = mode;
+        if step_log() {
+            eprintln!("cuda step {mode:?}");
+        }
         match mode {
             Mode::Capture => StepMode::Capture,
             Mode::Replay => StepMode::Replay,
@@ -435,4 +438,11 @@ pub(super) fn dev_ptr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> CUdevice
     use cudarc::driver::DevicePtr;
     let (p, _sync) = s.device_ptr(stream);
     p
+}
+
+/// Whether each recorded-step opening prints its mode (eager, capture, replay) to stderr, a
+/// diagnostic beside the scheduler's step lines (`REDLINE_STEP_LOG=1`).
+fn step_log() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_STEP_LOG").as_deref() == Ok("1"))
 }

@@ -126,6 +126,7 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
         // only makes each step up to one chunk larger.
         // With speculation each decode row becomes a verify pass: the pending token plus the
         // drafts proposed for it by batched draft steps over all decoding slots.
+        let step_t0 = Instant::now();
         let mut plan = plan_step(&slots, config.prefill_chunk);
         let spec = model.speculation();
         let mut drafts = match &spec {
@@ -283,6 +284,17 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             }
         }
 
+        if step_log() && !plan.is_empty() {
+            let fwd = prefill_stats.1 + decode_stats.1;
+            eprintln!(
+                "step seqs={} decode={} prefill={} fwd_ms={:.2} host_ms={:.2}",
+                plan.len(),
+                decode_stats.0,
+                prefill_stats.0,
+                fwd * 1e3,
+                (step_t0.elapsed().as_secs_f64() - fwd) * 1e3
+            );
+        }
         let mut st = lock(&shared.stats);
         st.prefill_tokens_total += prefill_stats.0;
         st.prefill_seconds_total += prefill_stats.1;
@@ -496,6 +508,14 @@ fn on_sampled<S>(
 fn parallel_sampling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLINE_PARALLEL_SAMPLING").as_deref() != Ok("0"))
+}
+
+/// Whether every step prints one line to stderr (`REDLINE_STEP_LOG=1`, a diagnostic): its
+/// sequences, decode and prompt tokens, the model call's time and the rest of the step's
+/// (drafting, sampling, events).
+fn step_log() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_STEP_LOG").as_deref() == Ok("1"))
 }
 
 /// Vocabularies from this size up sample a step's rows on several threads.
