@@ -86,7 +86,7 @@ def one(out):
         if r.status != 200:
             out.append(("error", f"HTTP {r.status}: {r.read()[:200]!r}"))
             return
-        ttft, n, usage = None, 0, None
+        ttft, n, usage, times = None, 0, None, []
         while True:
             line = r.readline()
             if not line:
@@ -102,12 +102,14 @@ def one(out):
                 usage = ev["usage"]
             for ch in ev.get("choices", []):
                 if ch.get("text"):
+                    now = time.perf_counter()
                     if ttft is None:
-                        ttft = time.perf_counter() - t0
+                        ttft = now - t0
                     n += 1
+                    times.append(now)
         toks = usage["completion_tokens"] if usage else n
         out.append(("ok", ttft if ttft is not None else time.perf_counter() - t0, toks, t0,
-                    time.perf_counter()))
+                    time.perf_counter(), times))
     except Exception as e:  # a failed request is counted, not fatal
         out.append(("error", repr(e)))
 
@@ -117,9 +119,26 @@ def pct(xs, p):
 
 # aggregate tok/s: every generated token over the wall time (prefills and first tokens included);
 # per-stream tok/s: a request's tokens over its time after the first token, averaged; aggregate
-# decode: streams x per-stream (issue 6's "8 streams >= 6x one stream" compares this column)
-print(f"| streams | requests | errors | generated tokens | wall s | aggregate tok/s | per-stream tok/s | aggregate decode tok/s | TTFT p50 ms | TTFT p99 ms |")
-print(f"| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+# decode: streams x per-stream (issue 6's "8 streams >= 6x one stream" compares this column);
+# all-streams decode: the tokens that arrive while every one of the C streams is between its
+# first and last token, over that time (no prompt is being prefilled then, so this is the
+# batched decode step's rate as the clients see it)
+def all_decoding(ok, c):
+    edges = sorted([(o[5][0], 1) for o in ok if len(o[5]) > 1] + [(o[5][-1], -1) for o in ok if len(o[5]) > 1])
+    spans, live, since = [], 0, None
+    for t, d in edges:
+        live += d
+        if live == c and d == 1:
+            since = t
+        elif since is not None and live < c:
+            spans.append((since, t))
+            since = None
+    secs = sum(b - a for a, b in spans)
+    toks = sum(1 for o in ok for t in o[5] for a, b in spans if a < t <= b)
+    return toks / secs if secs > 0 else float("nan"), secs
+
+print(f"| streams | requests | errors | generated tokens | wall s | aggregate tok/s | per-stream tok/s | aggregate decode tok/s | all-streams decode tok/s (s) | TTFT p50 ms | TTFT p99 ms |")
+print(f"| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for c in [int(x) for x in levels.split(",")]:
     out = []
     def client():
@@ -137,8 +156,10 @@ for c in [int(x) for x in levels.split(",")]:
     toks = sum(o[2] for o in ok)
     ttft = [o[1] * 1e3 for o in ok] or [float("nan")]
     per_stream = sum(o[2] / max(o[4] - o[3] - o[1], 1e-9) for o in ok) / max(len(ok), 1)
+    steady, steady_s = all_decoding(ok, c)
     print(f"| {c} | {len(out)} | {len(errs)} | {toks} | {wall:.1f} | {toks / wall:.1f} | "
-          f"{per_stream:.1f} | {c * per_stream:.1f} | {pct(ttft, 50):.0f} | {pct(ttft, 99):.0f} |", flush=True)
+          f"{per_stream:.1f} | {c * per_stream:.1f} | {steady:.1f} ({steady_s:.1f}) | {pct(ttft, 50):.0f} | "
+          f"{pct(ttft, 99):.0f} |", flush=True)
     for e in errs[:3]:
         print("  error:", e[1])
 PY
