@@ -304,9 +304,14 @@ fn mixed_batches_of_several_sequences() {
             ],
             "three decode rows",
         );
-        let mut back: Vec<Row> = run(0, 51, 80);
+        // seqs 2 and 1 decode (one batched launch) while seq 0 prefills a chunk on its own
+        let mut rows = vec![Row { seq: 2, pos: 10 }];
+        rows.extend(run(0, 51, 71));
+        rows.push(Row { seq: 1, pos: 72 });
+        pair.call(&rows, "two decode rows beside a chunk");
+        let mut back: Vec<Row> = run(0, 71, 100);
         back.reverse();
-        back.push(Row { seq: 1, pos: 72 });
+        back.push(Row { seq: 1, pos: 73 });
         pair.call(&back, "reversed chunk");
         pair.report("mixed batches");
     }

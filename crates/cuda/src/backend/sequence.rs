@@ -549,13 +549,31 @@ impl CudaBackend {
         }
         let by_seq = rows_by_seq(rows, caches.len())?;
         let flash = attention::enabled();
+        // Sequences whose rows went to the batched launch (the decode rows of a mixed step:
+        // a prompt chunk beside them runs on its own below).
+        let mut batched = vec![false; by_seq.len()];
         if flash {
-            if let Some(tile) = batched_decode_tile(&self.dev, &by_seq, caches, p) {
-                return self.attend_flash_batched(q, k, v, rows, &by_seq, caches, tile, p, out);
+            let few = |idx: &Vec<usize>, c: &CudaKvCache| {
+                idx.len() < attention::PREFILL_MIN_ROWS
+                    || !attention::prefill_supported(&self.dev, p, c.kv_type)
+            };
+            let small: Vec<Vec<usize>> = by_seq
+                .iter()
+                .zip(caches.iter())
+                .map(|(idx, c)| if few(idx, c) { idx.clone() } else { Vec::new() })
+                .collect();
+            if let Some(tile) = batched_decode_tile(&self.dev, &small, caches, p) {
+                self.attend_flash_batched(q, k, v, rows, &small, caches, tile, p, out)?;
+                if small == by_seq {
+                    return Ok(());
+                }
+                for (b, idx) in batched.iter_mut().zip(&small) {
+                    *b = !idx.is_empty();
+                }
             }
         }
         for (s, idx) in by_seq.iter().enumerate() {
-            if idx.is_empty() {
+            if idx.is_empty() || batched[s] {
                 continue;
             }
             let cache = &mut *caches[s];
