@@ -121,6 +121,14 @@ pub(super) fn batched_seqs() -> bool {
     *ON.get_or_init(|| std::env::var("REDLINE_BATCHED_SEQS").map_or(true, |v| v != "0"))
 }
 
+/// Whether a mixed step's decode rows of several sequences go to one batched launch beside the
+/// prompt chunks (`REDLINE_MIXED_BATCHED=0`: every sequence on its own when any has a chunk, the
+/// old path, for A/B measurements).
+fn mixed_batched() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_MIXED_BATCHED").map_or(true, |v| v != "0"))
+}
+
 /// The decode tile when the rows of every sequence can go to the device in one batched
 /// split-KV decode launch ([`CudaBackend::attend_flash_batched`]): two or more sequences with
 /// rows, each with fewer rows than the prefill kernel takes, caches of one type and row size
@@ -562,7 +570,12 @@ impl CudaBackend {
                 .zip(caches.iter())
                 .map(|(idx, c)| if few(idx, c) { idx.clone() } else { Vec::new() })
                 .collect();
-            if let Some(tile) = batched_decode_tile(&self.dev, &small, caches, p) {
+            let tile = if small == by_seq || mixed_batched() {
+                batched_decode_tile(&self.dev, &small, caches, p)
+            } else {
+                None
+            };
+            if let Some(tile) = tile {
                 self.attend_flash_batched(q, k, v, rows, &small, caches, tile, p, out)?;
                 if small == by_seq {
                     return Ok(());
