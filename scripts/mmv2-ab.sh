@@ -383,13 +383,16 @@ s32)
     # decode tok/s). Pure batched decode at 8 / 16 / 32 rows, the per-op profile at 32 rows, then
     # the server's step log (REDLINE_STEP_LOG=1) at 32 streams, summarized by step kind.
     wait $SP
-    for n in 8 16 32; do b m32 -n 64 -r 2 --parallel $n; done
+    for n in 16 32; do b m32 -n 64 -r 2 --parallel $n; done
     REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 32 >"$OUT/prof32.txt" 2>&1
     sed -n "/op profile/,\$p" "$OUT/prof32.txt" | head -28 | cut -c1-120
     echo "== s32 bench $(el)"
-    TOKENS=${TOKENS:-256} serve_rows steplog 32 ${STREAMS:-32} REDLINE_STEP_LOG=1
-    python3 scripts/steplog-summary.py /tmp/serve_steplog.log | tee "$OUT/steplog.txt"
-    xz -c /tmp/serve_steplog.log >"$OUT/serve_steplog.log.xz"
+    for v in X=1 REDLINE_MIXED_BATCHED=0; do
+        TOKENS=${TOKENS:-128} serve_rows "steplog_${v%%=*}" 32 ${STREAMS:-32} REDLINE_STEP_LOG=1 $v
+        python3 scripts/steplog-summary.py "/tmp/serve_steplog_${v%%=*}.log" | tee "$OUT/steplog_${v%%=*}.txt"
+        xz -c "/tmp/serve_steplog_${v%%=*}.log" >"$OUT/serve_steplog_${v%%=*}.log.xz"
+        echo "== serve $v $(el)"
+    done
     echo "== s32 $(el)"
     ;;
 direct)
