@@ -320,53 +320,70 @@ struct MqQ6_K {
 
 // ---- the kernel --------------------------------------------------------------------------
 
-// Vectors of 16 bytes staged per row per chunk (the chunk rounded out to 16 bytes).
-template <typename F>
+// Vectors of 16 bytes staged per row per chunk (the chunk rounded out to 16 bytes), and per
+// lane for the 16 * MT rows of a warp's stage.
+template <typename F, int MT>
 struct MqStage {
     static constexpr int VPR = (F::CB + (16 - F::ALIGN) + 15) / 16;
-    static constexpr int L = (16 * VPR + 31) / 32;  // vectors per lane
+    static constexpr int L = (16 * MT * VPR + 31) / 32;  // vectors per lane
 };
 
-// One chunk of this warp's 16 rows, staged in shared memory (rows g and g + 8 at pg, pg8),
-// times x of units U0 .. U0 + nvalid - 1, accumulated into acc[tile][c-fragment].
-template <typename F, int NT, bool EMU>
-static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t* pg8, int U0, int nvalid,
-                                                const int8_t* __restrict__ xq, const MqF2* __restrict__ xds,
-                                                int ncols, int nunits, int n_tokens, float (&acc)[NT][4]) {
+// One chunk of this warp's 16 * MT rows, staged in shared memory (rows 16 mt + g and + 8 of
+// m-tile mt at pg[mt], pg8[mt]), times x of units U0 .. U0 + nvalid - 1, accumulated into
+// acc[mt][tile][c-fragment]. x's fragments of a unit are loaded once for all MT m-tiles.
+template <typename F, int NT, int MT, bool EMU>
+static __device__ __forceinline__ void mq_chunk(const uint8_t* const (&pg)[MT], const uint8_t* const (&pg8)[MT],
+                                                int U0, int nvalid, const int8_t* __restrict__ xq,
+                                                const MqF2* __restrict__ xds, int ncols, int nunits, int n_tokens,
+                                                float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    const typename F::Row rg = F::row(pg), rg8 = F::row(pg8);
+    typename F::Row rg[MT], rg8[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        rg[mt] = F::row(pg[mt]);
+        rg8[mt] = F::row(pg8[mt]);
+    }
 #pragma unroll
     for (int u = 0; u < 8; u++) {
         if (u < nvalid) {
             const int U = U0 + u;
             if constexpr (F::K16) {
-                uint32_t wg[2], wg8[2];
-                int scg[2], scg8[2];
-                F::unit16(pg, u, t, wg, scg);
-                F::unit16(pg8, u, t, wg8, scg8);
-                const float sg = rg.d, sg8 = rg8.d;
+                uint32_t wg[MT][2], wg8[MT][2];
+                int scg[MT][2], scg8[MT][2];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    F::unit16(pg[mt], u, t, wg[mt], scg[mt]);
+                    F::unit16(pg8[mt], u, t, wg8[mt], scg8[mt]);
+                }
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const int tb = min(8 * j + g, n_tokens - 1);
                     // x's elements 4t.. (half 0) and 16 + 4t.. (half 1) of token tb
                     const int8_t* xp = xq + (long long)tb * ncols + 32 * U + 4 * t;
                     const uint32_t xb[2] = {*(const uint32_t*)xp, *(const uint32_t*)(xp + 16)};
-                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
-                    const uint32_t a0[2] = {wg[0], wg8[0]}, a1[2] = {wg[1], wg8[1]};
-                    mq_mma_k16<EMU>(c0, a0, xb[0]);
-                    mq_mma_k16<EMU>(c1, a1, xb[1]);
                     const MqF2 x0 = xds[(long long)min(8 * j + 2 * t, n_tokens - 1) * nunits + U];
                     const MqF2 x1 = xds[(long long)min(8 * j + 2 * t + 1, n_tokens - 1) * nunits + U];
-                    acc[j][0] += (float)(scg[0] * c0[0] + scg[1] * c1[0]) * (sg * x0.x);
-                    acc[j][1] += (float)(scg[0] * c0[1] + scg[1] * c1[1]) * (sg * x1.x);
-                    acc[j][2] += (float)(scg8[0] * c0[2] + scg8[1] * c1[2]) * (sg8 * x0.x);
-                    acc[j][3] += (float)(scg8[0] * c0[3] + scg8[1] * c1[3]) * (sg8 * x1.x);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+                        const uint32_t a0[2] = {wg[mt][0], wg8[mt][0]}, a1[2] = {wg[mt][1], wg8[mt][1]};
+                        mq_mma_k16<EMU>(c0, a0, xb[0]);
+                        mq_mma_k16<EMU>(c1, a1, xb[1]);
+                        const float sg = rg[mt].d, sg8 = rg8[mt].d;
+                        acc[mt][j][0] += (float)(scg[mt][0] * c0[0] + scg[mt][1] * c1[0]) * (sg * x0.x);
+                        acc[mt][j][1] += (float)(scg[mt][0] * c0[1] + scg[mt][1] * c1[1]) * (sg * x1.x);
+                        acc[mt][j][2] += (float)(scg8[mt][0] * c0[2] + scg8[mt][1] * c1[2]) * (sg8 * x0.x);
+                        acc[mt][j][3] += (float)(scg8[mt][0] * c0[3] + scg8[mt][1] * c1[3]) * (sg8 * x1.x);
+                    }
                 }
             } else {
-                uint32_t a[4];
-                float s[2], m[2];
-                F::unit(pg, rg, u, t, a[0], a[2], s[0], m[0]);
-                F::unit(pg8, rg8, u, t, a[1], a[3], s[1], m[1]);
+                uint32_t a[MT][4];
+                float s[MT][2], m[MT][2];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    F::unit(pg[mt], rg[mt], u, t, a[mt][0], a[mt][2], s[mt][0], m[mt][0]);
+                    F::unit(pg8[mt], rg8[mt], u, t, a[mt][1], a[mt][3], s[mt][1], m[mt][1]);
+                }
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const int tb = min(8 * j + g, n_tokens - 1);
@@ -374,19 +391,22 @@ static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t
                     const MqPair xv = *(const MqPair*)(xq + (long long)tb * ncols + 32 * U + 8 * t);
                     xb[0] = xv.x;
                     xb[1] = xv.y;
-                    int c[4] = {0, 0, 0, 0};
-                    mq_mma_k32<EMU>(c, a, xb);
                     const MqF2 x0 = xds[(long long)min(8 * j + 2 * t, n_tokens - 1) * nunits + U];
                     const MqF2 x1 = xds[(long long)min(8 * j + 2 * t + 1, n_tokens - 1) * nunits + U];
-                    acc[j][0] += (float)c[0] * (s[0] * x0.x);
-                    acc[j][1] += (float)c[1] * (s[0] * x1.x);
-                    acc[j][2] += (float)c[2] * (s[1] * x0.x);
-                    acc[j][3] += (float)c[3] * (s[1] * x1.x);
-                    if constexpr (F::HAS_MIN) {
-                        acc[j][0] += m[0] * x0.y;
-                        acc[j][1] += m[0] * x1.y;
-                        acc[j][2] += m[1] * x0.y;
-                        acc[j][3] += m[1] * x1.y;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        int c[4] = {0, 0, 0, 0};
+                        mq_mma_k32<EMU>(c, a[mt], xb);
+                        acc[mt][j][0] += (float)c[0] * (s[mt][0] * x0.x);
+                        acc[mt][j][1] += (float)c[1] * (s[mt][0] * x1.x);
+                        acc[mt][j][2] += (float)c[2] * (s[mt][1] * x0.x);
+                        acc[mt][j][3] += (float)c[3] * (s[mt][1] * x1.x);
+                        if constexpr (F::HAS_MIN) {
+                            acc[mt][j][0] += m[mt][0] * x0.y;
+                            acc[mt][j][1] += m[mt][0] * x1.y;
+                            acc[mt][j][2] += m[mt][1] * x0.y;
+                            acc[mt][j][3] += m[mt][1] * x1.y;
+                        }
                     }
                 }
             }
@@ -394,20 +414,22 @@ static __device__ __forceinline__ void mq_chunk(const uint8_t* pg, const uint8_t
     }
 }
 
-// grid (ceil(nrows / 16)), block (32, nw <= MMQ_MAX_WARPS), dynamic shared memory
-// max(nw * MMQ_STAGES * 16 * VPR * 16, nw * NT * 4 * 32 * 4) bytes (MMQ_STAGES: 4 on sm_80+,
-// 1 on sm_70). n_tokens <= 8 * NT.
-template <typename F, int NT>
+// grid (ceil(nrows / (16 MT))), block (32, nw <= MMQ_MAX_WARPS), dynamic shared memory
+// max(nw * MMQ_STAGES * 16 MT * VPR * 16, nw * MT * NT * 4 * 32 * 4) bytes (MMQ_STAGES: 4 on
+// sm_80+, 1 on sm_70). n_tokens <= 8 * NT. A block owns MT 16-row tiles (the mma's m): x's
+// loads of a unit serve all of them (at 32 tokens a 16-row tile reads ~5x its weight bytes of
+// x through L1, so MT > 1 cuts that traffic by MT).
+template <typename F, int NT, int MT>
 static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                            const float* __restrict__ xds_f, float* __restrict__ y, int nrows,
                                            int ncols, long long row_bytes, int n_tokens, int emulate) {
-    constexpr int VPR = MqStage<F>::VPR, L = MqStage<F>::L, RS = 16 * VPR;
+    constexpr int VPR = MqStage<F, MT>::VPR, L = MqStage<F, MT>::L, RS = 16 * VPR, SR = 16 * MT;
     extern __shared__ MqVec mq_smem[];
     const int lane = threadIdx.x, wid = threadIdx.y, nw = blockDim.y;
     const int g = lane >> 2;
-    const int row0 = blockIdx.x * 16;
+    const int row0 = blockIdx.x * SR;
     const MqF2* xds = (const MqF2*)xds_f;
-    MqVec* sv = mq_smem + wid * MMQ_STAGES * 16 * VPR;  // this warp's stages
+    MqVec* sv = mq_smem + wid * MMQ_STAGES * SR * VPR;  // this warp's stages
     const int nunits = ncols / 32;
     const int nchunks = (nunits + 7) / 8;
 
@@ -415,17 +437,24 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     const uint8_t* slot_row[L];
 #pragma unroll
     for (int k = 0; k < L; k++) {
-        const int i = lane + 32 * k, r = min(i / VPR, 15);
+        const int i = lane + 32 * k, r = min(i / VPR, SR - 1);
         slot_row[k] = W + (long long)min(row0 + r, nrows - 1) * row_bytes;
     }
-    const uint8_t* row_g = W + (long long)min(row0 + g, nrows - 1) * row_bytes;
-    const uint8_t* row_g8 = W + (long long)min(row0 + g + 8, nrows - 1) * row_bytes;
+    const uint8_t* row_g[MT];
+    const uint8_t* row_g8[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        row_g[mt] = W + (long long)min(row0 + 16 * mt + g, nrows - 1) * row_bytes;
+        row_g8[mt] = W + (long long)min(row0 + 16 * mt + g + 8, nrows - 1) * row_bytes;
+    }
 
-    float acc[NT][4];
+    float acc[MT][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][j][i] = 0.0f;
 
     // chunk c's byte range of this lane's slot rows: vector v of slot i = r * VPR + v is
     // copied when it holds bytes of the chunk (the range rounded out to 16 bytes)
@@ -436,16 +465,21 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
         const uint8_t* start = slot_row[k] + cofs;
         const int off = (int)((unsigned long long)start & 15ull);
         src = (const MqVec*)(start - off) + v;
-        return i < 16 * VPR && v < ((off + len + 15) >> 4);
+        return i < SR * VPR && v < ((off + len + 15) >> 4);
     };
     auto compute = [&](int c, const uint8_t* sb) {
         const long long cofs = (long long)c * F::CB;
-        const uint8_t* pg = sb + g * RS + (int)((unsigned long long)(row_g + cofs) & 15ull);
-        const uint8_t* pg8 = sb + (g + 8) * RS + (int)((unsigned long long)(row_g8 + cofs) & 15ull);
+        const uint8_t* pg[MT];
+        const uint8_t* pg8[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pg[mt] = sb + (16 * mt + g) * RS + (int)((unsigned long long)(row_g[mt] + cofs) & 15ull);
+            pg8[mt] = sb + (16 * mt + g + 8) * RS + (int)((unsigned long long)(row_g8[mt] + cofs) & 15ull);
+        }
         if (emulate)
-            mq_chunk<F, NT, true>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, acc);
+            mq_chunk<F, NT, MT, true>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, acc);
         else
-            mq_chunk<F, NT, false>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, acc);
+            mq_chunk<F, NT, MT, false>(pg, pg8, 8 * c, min(8, nunits - 8 * c), xq, xds, ncols, nunits, n_tokens, acc);
     };
 #if __CUDA_ARCH__ >= 800
     constexpr int S = MMQ_STAGES;
@@ -458,17 +492,17 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (wid + s * nw < nchunks) issue(wid + s * nw, sv + s * 16 * VPR);
+        if (wid + s * nw < nchunks) issue(wid + s * nw, sv + s * SR * VPR);
         mq_cp_commit();
     }
     int it = 0;
     for (int c = wid; c < nchunks; c += nw, it++) {
         const int cn = c + (S - 1) * nw;
-        if (cn < nchunks) issue(cn, sv + ((it + S - 1) % S) * 16 * VPR);
+        if (cn < nchunks) issue(cn, sv + ((it + S - 1) % S) * SR * VPR);
         mq_cp_commit();
         mq_cp_wait<S - 1>();  // chunk c's group is complete
         __syncwarp();
-        compute(c, (const uint8_t*)(sv + (it % S) * 16 * VPR));
+        compute(c, (const uint8_t*)(sv + (it % S) * SR * VPR));
         __syncwarp();  // its stage is refilled next iteration
     }
     mq_cp_wait<0>();
@@ -489,7 +523,7 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
 #pragma unroll
         for (int k = 0; k < L; k++) {
             const int i = lane + 32 * k;
-            if (i < 16 * VPR) sv[i] = st[k];
+            if (i < SR * VPR) sv[i] = st[k];
         }
         __syncwarp();
         if (c + nw < nchunks) load(c + nw);
@@ -497,37 +531,44 @@ static __device__ __forceinline__ void mmq(const uint8_t* __restrict__ W, const 
     }
 #endif
 
-    // the warps' partial sums: red[w][j * 4 + i][lane]
+    // the warps' partial sums: red[w][(mt * NT + j) * 4 + i][lane]
+    constexpr int PW = MT * NT * 4 * 32;  // partials per warp
     __syncthreads();
     float* red = (float*)mq_smem;
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[(wid * NT * 4 + j * 4 + i) * 32 + lane] = acc[j][i];
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[wid * PW + ((mt * NT + j) * 4 + i) * 32 + lane] = acc[mt][j][i];
     __syncthreads();
-    for (int o = wid * 32 + lane; o < NT * 4 * 32; o += nw * 32) {
+    for (int o = wid * 32 + lane; o < PW; o += nw * 32) {
         float s = 0.0f;
-        for (int w = 0; w < nw; w++) s += red[w * NT * 4 * 32 + o];
-        const int ji = o >> 5, ln = o & 31, j = ji >> 2, i = ji & 3;
-        const int row = row0 + (ln >> 2) + 8 * (i >> 1);
+        for (int w = 0; w < nw; w++) s += red[w * PW + o];
+        const int mji = o >> 5, ln = o & 31, mt = mji / (NT * 4), ji = mji % (NT * 4), j = ji >> 2, i = ji & 3;
+        const int row = row0 + 16 * mt + (ln >> 2) + 8 * (i >> 1);
         const int tok = 8 * j + 2 * (ln & 3) + (i & 1);
         if (row < nrows && tok < n_tokens) y[(long long)tok * nrows + row] = s;
     }
 }
 
-// One kernel per (format, NT): up to 8 * NT tokens, the weights read once. Each comes twice, as
-// mmv.cu's: `name` with the int8 mma (the emulation compiled out, fewer registers) and
-// `name_emu` with it emulated (sm_70, tests); `emulate` is ignored (the host picks the suffix).
-#define MMQ_KERNEL1(name, F, NT, SUFFIX, EMU)                                                            \
+// One kernel per (format, NT, MT): up to 8 * NT tokens, the weights read once, MT 16-row tiles a
+// block. MT = 1 comes twice, as mmv.cu's: `name` with the int8 mma (the emulation compiled out,
+// fewer registers) and `name_emu` with it emulated (sm_70, tests); `emulate` is ignored (the
+// host picks the suffix). MT = 2 (`_m2`, 9..32 tokens) comes with the mma only: the host takes
+// it on sm_80+ and never with the emulation.
+#define MMQ_KERNEL1(name, F, NT, MT, SUFFIX, EMU)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * MMQ_MAX_WARPS)                                   \
         mmq_##name##_t##NT##SUFFIX(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,       \
                                    const float* __restrict__ xds, float* __restrict__ y, int nrows,   \
                                    int ncols, long long row_bytes, int n_tokens, int emulate) {        \
         (void)emulate;                                                                                 \
-        mmq<F, NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, EMU);                             \
+        mmq<F, NT, MT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens, EMU);                         \
     }
-#define MMQ_KERNEL(name, F, NT) MMQ_KERNEL1(name, F, NT, , 0) MMQ_KERNEL1(name, F, NT, _emu, 1)
-#define MMQ_FORMAT(name, F) MMQ_KERNEL(name, F, 1) MMQ_KERNEL(name, F, 2) MMQ_KERNEL(name, F, 3) MMQ_KERNEL(name, F, 4)
+#define MMQ_KERNEL(name, F, NT) MMQ_KERNEL1(name, F, NT, 1, , 0) MMQ_KERNEL1(name, F, NT, 1, _emu, 1)
+#define MMQ_FORMAT(name, F)                                                                              \
+    MMQ_KERNEL(name, F, 1) MMQ_KERNEL(name, F, 2) MMQ_KERNEL(name, F, 3) MMQ_KERNEL(name, F, 4)          \
+        MMQ_KERNEL1(name, F, 2, 2, _m2, 0) MMQ_KERNEL1(name, F, 3, 2, _m2, 0) MMQ_KERNEL1(name, F, 4, 2, _m2, 0)
 
 MMQ_FORMAT(q4_0, MqQ4_0)
 MMQ_FORMAT(q8_0, MqQ8_0)

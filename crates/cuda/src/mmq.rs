@@ -32,6 +32,31 @@ const ROWS_PER_BLOCK: usize = 16;
 static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
 /// Forced warps per block (1..=8); 0 = per-shape choice.
 static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+/// Forced 16-row tiles per block (1 or 2); 0 = `REDLINE_MMQ_MT`, else 1.
+static MT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the 16-row tiles per block of the 9..32-token launches (`mmq_*_t{2,3,4}_m2` at 2;
+/// 0: back to `REDLINE_MMQ_MT`). For tests and benchmarks.
+pub fn set_m_tiles_override(mt: u32) {
+    MT_OVERRIDE.store(mt.min(2), Ordering::Relaxed);
+}
+
+/// 16-row tiles per block for a launch of `tiles` 8-token tiles: 2 (`REDLINE_MMQ_MT=2`) puts two
+/// tiles of rows in a block so that one load of x's fragments serves both (at 32 tokens a
+/// 16-row tile reads ~5x its weight bytes of x); 9..32 tokens with the int8 mma only.
+fn m_tiles(tiles: usize, emulate: bool) -> usize {
+    if emulate || tiles < 2 {
+        return 1;
+    }
+    static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    match MT_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| match std::env::var("REDLINE_MMQ_MT").as_deref() {
+            Ok("2") => 2,
+            _ => 1,
+        }),
+        m => m as usize,
+    }
+}
 
 /// Runs the sm_70 fallback (warp shuffles + dp4a instead of mma) on every card, for tests.
 pub fn set_force_emulation(on: bool) {
@@ -139,17 +164,18 @@ fn stage_bytes(chunk_bytes: usize, align: usize) -> usize {
 /// sm_80+ parts (sm_86 / sm_89; A100 and H100/H200 allow more).
 const MAX_SHARED_BYTES: usize = 99 * 1024;
 
-/// Dynamic shared memory of one block: the warps' staging buffers, reused for the partial
-/// sums (nw x NT x 4 x 32 f32).
+/// Dynamic shared memory of one block of `mt` 16-row tiles: the warps' staging buffers, reused
+/// for the partial sums (nw x MT x NT x 4 x 32 f32).
 fn shared_bytes(
     chunk_bytes: usize,
     align: usize,
     warps: u32,
     tiles: usize,
     stages: usize,
+    mt: usize,
 ) -> usize {
-    let stage = warps as usize * stages * stage_bytes(chunk_bytes, align);
-    let red = warps as usize * tiles * 4 * 32 * 4;
+    let stage = warps as usize * stages * mt * stage_bytes(chunk_bytes, align);
+    let red = warps as usize * mt * tiles * 4 * 32 * 4;
     stage.max(red)
 }
 
@@ -203,19 +229,23 @@ impl CudaDevice {
         // checks cols % 32 and the buffer sizes; x is what the caller quantized into it
         let (xq, xds, _) = scratch.buffers_for(n_tokens, cols)?;
         let st = stages(self.arch());
-        let per_warp = st * stage_bytes(chunk_bytes, align);
-        let warps = warps_per_block(rows, cols).min((MAX_SHARED_BYTES / per_warp) as u32);
         let emulate = i32::from(self.arch() < 80 || FORCE_EMULATION.load(Ordering::Relaxed));
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes() as i64);
         let mut t0 = 0;
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
             let tiles = n.div_ceil(8);
-            let f = self.function(
-                Program::Mmq,
-                &format!("mmq_{stem}_t{tiles}{}", crate::mmv::emu_suffix(emulate)),
-            )?;
-            let smem = shared_bytes(chunk_bytes, align, warps, tiles, st);
+            let mt = m_tiles(tiles, emulate != 0);
+            let per_warp = st * mt * stage_bytes(chunk_bytes, align);
+            let warps = warps_per_block(rows.div_ceil(mt), cols)
+                .min((MAX_SHARED_BYTES / per_warp) as u32)
+                .max(1);
+            let name = match mt {
+                1 => format!("mmq_{stem}_t{tiles}{}", crate::mmv::emu_suffix(emulate)),
+                _ => format!("mmq_{stem}_t{tiles}_m{mt}"),
+            };
+            let f = self.function(Program::Mmq, &name)?;
+            let smem = shared_bytes(chunk_bytes, align, warps, tiles, st, mt);
             if smem > 48 * 1024 {
                 // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
                 // stream operation: fine inside graph capture)
@@ -225,7 +255,7 @@ impl CudaDevice {
                 )?;
             }
             let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+                grid_dim: (rows.div_ceil(ROWS_PER_BLOCK * mt) as u32, 1, 1),
                 block_dim: (32, warps, 1),
                 shared_mem_bytes: smem as u32,
             };
@@ -240,12 +270,12 @@ impl CudaDevice {
                 .arg(&row_bytes)
                 .arg(&n_i)
                 .arg(&emulate);
-            // SAFETY: matches mmq_<fmt>_t<NT>(W, xq, xds, y, nrows, ncols, row_bytes, n_tokens,
-            // emulate) with n <= 8 * NT; W is a live DeviceMatrix of this format with >= 16
+            // SAFETY: matches mmq_<fmt>_t<NT>[_m<MT>](W, xq, xds, y, nrows, ncols, row_bytes,
+            // n_tokens, emulate) with n <= 8 * NT and a grid of ceil(rows / 16 MT) blocks; W is a live DeviceMatrix of this format with >= 16
             // bytes of padding (the rounded-out 16-byte loads); xq/xds/y slices hold n tokens
             // (sizes checked above and by buffers_for); the dynamic shared memory is what the
-            // kernel indexes for `warps` warps at this arch's stage count (<= 99 KiB, opted
-            // in above when over 48 KiB).
+            // kernel indexes for `warps` warps and MT tiles at this arch's stage count (<= 99
+            // KiB, opted in above when over 48 KiB).
             unsafe { b.launch(cfg) }?;
             t0 += n;
         }
@@ -275,11 +305,15 @@ mod tests {
                 (90, MAX_SHARED_BYTES),
             ] {
                 let st = stages(arch);
-                let w = MAX_WARPS.min((MAX_SHARED_BYTES / (st * stage_bytes(cb, al))) as u32);
-                assert!(w >= 2, "{} sm_{arch}: {w} warps", ty.name());
-                for tiles in 1..=4 {
-                    let b = shared_bytes(cb, al, w, tiles, st);
-                    assert!(b <= limit, "{} sm_{arch}: {b} bytes", ty.name());
+                for mt in [1, 2] {
+                    let w =
+                        MAX_WARPS.min((MAX_SHARED_BYTES / (st * mt * stage_bytes(cb, al))) as u32);
+                    assert!(w >= 2, "{} sm_{arch} mt {mt}: {w} warps", ty.name());
+                    for tiles in 1..=4 {
+                        let b = shared_bytes(cb, al, w, tiles, st, mt);
+                        let limit = if mt == 1 { limit } else { MAX_SHARED_BYTES };
+                        assert!(b <= limit, "{} sm_{arch} mt {mt}: {b} bytes", ty.name());
+                    }
                 }
             }
         }

@@ -246,16 +246,18 @@ fn mmq_matches_cpu_reference_for_every_format() {
             let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
             let mut worst = 0f64;
             for (i, &n) in token_counts.iter().enumerate() {
-                for emulate in [false, true] {
+                // the emulated mma, the mma with one 16-row tile a block, with two (9+ tokens)
+                for (emulate, mt) in [(false, 1), (true, 1), (false, 2)] {
                     // cycle the warps per block: the per-shape choice, 1, 3 (not a power of
                     // two), 8
-                    let warps = [0, 1, 3, 8][(i + emulate as usize) % 4];
+                    let warps = [0, 1, 3, 8][(i + emulate as usize + mt as usize) % 4];
                     cuda::mmq::set_force_emulation(emulate);
                     cuda::mmq::set_warps_override(warps);
+                    cuda::mmq::set_m_tiles_override(mt);
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmq) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
-                            "{e} ({}, warps {warps})",
+                            "{e} ({}, warps {warps}, {mt} tiles a block)",
                             if emulate { "emulated mma" } else { "mma" }
                         )),
                     }
@@ -271,6 +273,7 @@ fn mmq_matches_cpu_reference_for_every_format() {
     }
     cuda::mmq::set_force_emulation(false);
     cuda::mmq::set_warps_override(0);
+    cuda::mmq::set_m_tiles_override(0);
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }
@@ -367,6 +370,18 @@ fn mmq_timing_vs_matvec() {
                     sweep.push((warps, us));
                 }
                 cuda::mmq::set_warps_override(0);
+                // two 16-row tiles a block (9+ tokens), the per-shape warps
+                let m2 = if n > 8 {
+                    cuda::mmq::set_m_tiles_override(2);
+                    let us = time_us(&dev, copies, 40, |i| {
+                        dev.mmq_prequantized(&ws[i], n, &mut s, &mut y)
+                    })
+                    .expect("mmq timing");
+                    cuda::mmq::set_m_tiles_override(0);
+                    format!(" m2 {us:.1}")
+                } else {
+                    String::new()
+                };
                 let mq = sweep[0].1;
                 let best =
                     sweep
@@ -374,7 +389,7 @@ fn mmq_timing_vs_matvec() {
                         .skip(1)
                         .fold((0, f64::MAX), |b, &(w, t)| if t < b.1 { (w, t) } else { b });
                 println!(
-                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6}  {}",
+                    "{:>7} {:>12} {:>3} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6}  {}{m2}",
                     ty.name(),
                     format!("{rows}x{cols}"),
                     n,
