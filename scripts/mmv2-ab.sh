@@ -380,25 +380,28 @@ s22)
     ;;
 s32)
     # session 22: why 32 serve streams aggregate less than 8 (session 21: 402.7 against 578.3
-    # decode tok/s). Pure batched decode at 8 / 16 / 32 rows, the per-op profile at 32 rows, then
-    # the server's step log (REDLINE_STEP_LOG=1) at 32 streams, summarized by step kind.
+    # decode tok/s). Most important first (partial output comes back on a timeout): the checks,
+    # batched decode at 16 / 32 rows with and without two tiles a block in mmq, the server's
+    # step log (REDLINE_STEP_LOG=1) at 32 streams summarized by step kind, the per-op profile at
+    # 32 rows, mmq's kernel timing (MMQT=1), the serve log without the mixed-step batching.
     timeout 200 devbin/t_gpu_mmq --test-threads 1 mmq_matches 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
     echo "== checks $(el)"
     wait $SP
     for v in X=1 REDLINE_MMQ_MT=2; do
         for n in 16 32; do ST=$v b m32 -n 64 -r 2 --parallel $n; done
     done
-    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 32 >"$OUT/prof32.txt" 2>&1
-    sed -n "/op profile/,\$p" "$OUT/prof32.txt" | head -28 | cut -c1-120
     echo "== s32 bench $(el)"
-    [ -z "${MMQT:-}" ] || MMQ_TYPES=q4_K,q6_K timeout 150 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmq_timing >"$OUT/mmq_timing.txt" 2>&1
-    grep -E "^ *q[46]_K" "$OUT/mmq_timing.txt" | grep -E " (8|16|32) " | head -24
-    for v in X=1 REDLINE_MIXED_BATCHED=0; do
+    for v in X=1 ${SERVE_AB:-}; do
         TOKENS=${TOKENS:-128} serve_rows "steplog_${v%%=*}" 32 ${STREAMS:-32} REDLINE_STEP_LOG=1 $v
         python3 scripts/steplog-summary.py "/tmp/serve_steplog_${v%%=*}.log" | tee "$OUT/steplog_${v%%=*}.txt"
         xz -c "/tmp/serve_steplog_${v%%=*}.log" >"$OUT/serve_steplog_${v%%=*}.log.xz"
         echo "== serve $v $(el)"
     done
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 32 >"$OUT/prof32.txt" 2>&1
+    sed -n "/op profile/,\$p" "$OUT/prof32.txt" | head -28 | cut -c1-120
+    echo "== profile $(el)"
+    [ -z "${MMQT:-}" ] || MMQ_TYPES=q4_K,q6_K timeout 150 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmq_timing >"$OUT/mmq_timing.txt" 2>&1
+    grep -E "^ *q[46]_K" "$OUT/mmq_timing.txt" | grep -E " (8|16|32) " | head -24
     echo "== s32 $(el)"
     ;;
 direct)
