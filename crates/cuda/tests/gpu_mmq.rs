@@ -29,6 +29,13 @@ const FORMATS: [GgmlType; 6] = [
     GgmlType::Q5K,
 ];
 
+/// The device with x in the natural q8_1 layout: the products tested here read that layout
+/// (the tiled one, the default for 1-2 tokens, is the dp4a matvec's, tested in gpu_matvec).
+fn device() -> Option<cuda::CudaDevice> {
+    cuda::matvec::set_q8_1_tiled(Some(false));
+    open_or_cpu(&CudaOptions::default())
+}
+
 fn q8_1_reference(x: &[f32]) -> Vec<f32> {
     // what quantize_q8_1 in kernels/matvec_quant.cu produces, dequantized: d * q per element
     let mut out = vec![0f32; x.len()];
@@ -211,7 +218,7 @@ fn check(
 
 #[test]
 fn mmq_matches_cpu_reference_for_every_format() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -307,7 +314,7 @@ fn time_us(
 #[test]
 #[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
 fn mmq_timing_vs_matvec() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -416,7 +423,7 @@ const MMV_FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
 
 #[test]
 fn mmv_matches_cpu_reference() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -491,7 +498,7 @@ fn mmv_matches_cpu_reference() {
 #[test]
 #[allow(clippy::needless_range_loop)] // rows index several parallel arrays
 fn mmv_segments_with_bias_and_accumulate() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -566,7 +573,7 @@ fn mmv_segments_with_bias_and_accumulate() {
 #[test]
 #[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
 fn mmv_timing_vs_matvec() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -667,7 +674,7 @@ fn mmv_timing_vs_matvec() {
 /// RMS output), for every kernel the dispatch can pick (1..8 tokens, both formats).
 #[test]
 fn mmv_rounds_no_worse_than_the_matvec() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -715,7 +722,7 @@ fn mmv_rounds_no_worse_than_the_matvec() {
 /// (the first element of largest |x| sets the sign of dy).
 #[test]
 fn quantize_q8_k_matches_cpu() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -782,7 +789,7 @@ const MMV2_AND_MMV_FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
 
 #[test]
 fn mmv2_matches_cpu_reference() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -875,7 +882,7 @@ fn mmv2_matches_cpu_reference() {
 #[test]
 #[allow(clippy::needless_range_loop)] // rows index several parallel arrays
 fn mmv2_segments_with_bias_and_accumulate() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -988,7 +995,7 @@ fn mmv2_segments_with_bias_and_accumulate() {
 /// (per-256 activation scales are coarser than per-32 ones).
 #[test]
 fn mmv2_rounding_vs_the_q8_1_paths() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
@@ -1048,7 +1055,7 @@ fn mmv2_rounding_vs_the_q8_1_paths() {
 #[test]
 #[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
 fn mmv2_timing_vs_matvec_and_mmv() {
-    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+    let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
     };
