@@ -378,6 +378,20 @@ s22)
     echo "== s22 $(el)"
     [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
     ;;
+s22b)
+    # session 22's last window: mmq's check with two tiles a block (the gpu_mmq tests now set
+    # the natural q8_1 layout), the serve rows at 1 / 8 streams (256 tokens) and 32 (128) with
+    # the all-streams decode column, mmq's kernel timing with MT = 2 (Q4_K).
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmq_matches 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
+    echo "== checks $(el)"
+    wait $SP
+    TOKENS=256 serve_rows p32 32 1,8
+    TOKENS=128 serve_rows p32b 32 32
+    echo "== serve $(el)"
+    MMQ_TYPES=q4_K timeout 100 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmq_timing >"$OUT/mmq_timing.txt" 2>&1
+    grep -E "^ *q4_K" "$OUT/mmq_timing.txt" | grep -E " (8|16|32) " | head -12
+    echo "== s22b $(el)"
+    ;;
 s32)
     # session 22: why 32 serve streams aggregate less than 8 (session 21: 402.7 against 578.3
     # decode tok/s). Most important first (partial output comes back on a timeout): the checks,
