@@ -385,6 +385,10 @@ s22b)
     timeout 150 devbin/t_gpu_mmq --test-threads 1 mmq_matches 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
     echo "== checks $(el)"
     wait $SP
+    # the 32-row step: replayed 75 ms in the server, eager ~59-63 ms, the eager profile 56.8:
+    # graphs or PDL?
+    for v in X=1 REDLINE_CUDA_GRAPHS=0 REDLINE_PDL=0; do ST=$v b m32 -n 32 -r 2 --parallel 32; done
+    echo "== graphs $(el)"
     TOKENS=256 serve_rows p32 32 1,8
     TOKENS=128 serve_rows p32b 32 32
     echo "== serve $(el)"
