@@ -378,6 +378,16 @@ s22)
     echo "== s22 $(el)"
     [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
     ;;
+s22c)
+    # two 16-row tiles a block for 16384+ rows by default (session 22): the 32B at 32 and 16
+    # rows against REDLINE_MMQ_MT=1. Run with NO_SYNTH=1 (only the 32B is written here).
+    [ -e /tmp/m32.gguf ] || $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1
+    echo "== synth $(el)"
+    for n in 32 16; do
+        for v in X=1 REDLINE_MMQ_MT=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
+    done
+    echo "== s22c $(el)"
+    ;;
 s22b)
     # session 22's last window: mmq's check with two tiles a block (the gpu_mmq tests now set
     # the natural q8_1 layout), the serve rows at 1 / 8 streams (256 tokens) and 32 (128) with

@@ -32,29 +32,42 @@ const ROWS_PER_BLOCK: usize = 16;
 static FORCE_EMULATION: AtomicBool = AtomicBool::new(false);
 /// Forced warps per block (1..=8); 0 = per-shape choice.
 static WARPS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
-/// Forced 16-row tiles per block (1 or 2); 0 = `REDLINE_MMQ_MT`, else 1.
+/// Forced 16-row tiles per block (1 or 2); 0 = `REDLINE_MMQ_MT`, else the shape rule.
 static MT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
 /// Forces the 16-row tiles per block of the 9..32-token launches (`mmq_*_t{2,3,4}_m2` at 2;
-/// 0: back to `REDLINE_MMQ_MT`). For tests and benchmarks.
+/// 0: back to `REDLINE_MMQ_MT` and the shape rule). For tests and benchmarks.
 pub fn set_m_tiles_override(mt: u32) {
     MT_OVERRIDE.store(mt.min(2), Ordering::Relaxed);
 }
 
-/// 16-row tiles per block for a launch of `tiles` 8-token tiles: 2 (`REDLINE_MMQ_MT=2`) puts two
+/// Rows from which a 9..32-token launch takes two 16-row tiles a block by default.
+const MT2_MIN_ROWS: usize = 16384;
+
+/// 16-row tiles per block for a launch of `tiles` 8-token tiles over `rows` rows: 2 puts two
 /// tiles of rows in a block so that one load of x's fragments serves both (at 32 tokens a
-/// 16-row tile reads ~5x its weight bytes of x); 9..32 tokens with the int8 mma only.
-fn m_tiles(tiles: usize, emulate: bool) -> usize {
+/// 16-row tile reads ~5x its weight bytes of x); 9..32 tokens with the int8 mma only. By
+/// default for matrices of [`MT2_MIN_ROWS`]+ rows (H200, session 22: q4_K 27648x5120 at 32
+/// tokens 179.3 -> 137.3 us, at 16 106.3 -> 93.6; 17408x5120 at 32 111.8 -> 100.2; the
+/// 5120-row products no faster, 5120x5120 at 16 slower: half as many blocks);
+/// `REDLINE_MMQ_MT=1|2` forces one or two everywhere.
+fn m_tiles(tiles: usize, rows: usize, emulate: bool) -> usize {
     if emulate || tiles < 2 {
         return 1;
     }
     static ENV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    match MT_OVERRIDE.load(Ordering::Relaxed) {
+    let forced = match MT_OVERRIDE.load(Ordering::Relaxed) {
         0 => *ENV.get_or_init(|| match std::env::var("REDLINE_MMQ_MT").as_deref() {
+            Ok("1") => 1,
             Ok("2") => 2,
-            _ => 1,
+            _ => 0,
         }),
         m => m as usize,
+    };
+    match forced {
+        0 if rows >= MT2_MIN_ROWS => 2,
+        0 => 1,
+        m => m,
     }
 }
 
@@ -235,7 +248,7 @@ impl CudaDevice {
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
             let tiles = n.div_ceil(8);
-            let mt = m_tiles(tiles, emulate != 0);
+            let mt = m_tiles(tiles, rows, emulate != 0);
             let per_warp = st * mt * stage_bytes(chunk_bytes, align);
             let warps = warps_per_block(rows.div_ceil(mt), cols)
                 .min((MAX_SHARED_BYTES / per_warp) as u32)
@@ -335,5 +348,15 @@ mod tests {
         assert_eq!(warps_per_block(5120, 27648), 8);
         assert_eq!(warps_per_block(27648, 5120), 4);
         assert_eq!(warps_per_block(100, 512), 2);
+    }
+
+    #[test]
+    fn two_row_tiles_for_wide_products_of_nine_tokens_or_more() {
+        set_m_tiles_override(0);
+        assert_eq!(m_tiles(4, 27648, false), 2);
+        assert_eq!(m_tiles(2, 17408, false), 2);
+        assert_eq!(m_tiles(4, 5120, false), 1);
+        assert_eq!(m_tiles(1, 27648, false), 1);
+        assert_eq!(m_tiles(4, 27648, true), 1);
     }
 }
