@@ -378,6 +378,23 @@ s22)
     echo "== s22 $(el)"
     [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
     ;;
+s23)
+    # written in session 22 for the next window: the 9..32-row products. Checks (mmq with two
+    # tiles a block, mmv2 in groups of 8 against the q8_K reference), then the 32B at 16 / 24 /
+    # 32 rows: the default (mmq, two tiles a block from 16384 rows), one tile everywhere
+    # (REDLINE_MMQ_MT=1), and mmv2 in groups of 8 (REDLINE_MMV2_GROUPS=1). Predicted for the
+    # groups from the H100 per-op profiles: 32 rows +15-20 % (products 51 -> ~43 ms a step), 16
+    # rows +50-80 % (2 x 8-row products ~21 ms against mmq's ~38). Then the serve rows.
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmq_matches mmv2_grouped 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
+    echo "== checks $(el)"
+    wait $SP
+    for n in 32 16 24; do
+        for v in X=1 REDLINE_MMQ_MT=1 REDLINE_MMV2_GROUPS=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
+    done
+    echo "== rows $(el)"
+    [ -z "${SERVE:-}" ] || { TOKENS=256 serve_rows p32 32 1,8; TOKENS=128 serve_rows p32b 32 32; }
+    echo "== s23 $(el)"
+    ;;
 s22c)
     # two 16-row tiles a block for 16384+ rows by default (session 22): the 32B at 32 and 16
     # rows against REDLINE_MMQ_MT=1. Run with NO_SYNTH=1 (only the 32B is written here).

@@ -840,6 +840,18 @@ fn small_on_mmv2(dev: &CudaDevice, segs: &[Segment<'_>], n: usize) -> bool {
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
 /// format, `min_tokens2`..=8 tokens (fewer stay on the dp4a matvec).
+/// Whether a product of 9..=32 tokens goes to [`CudaDevice::mmv2_grouped`] (mmv2 launches of up
+/// to 8 tokens each) instead of mmq: an experiment of session 22, off unless
+/// `REDLINE_MMV2_GROUPS=1`. Where it comes from (H100, per op in a 32-row step): gate/up on mmq
+/// 376 us a call against 4 x 75.6 on mmv2 at 8 rows, the Q6_K down 334 against 4 x 55.9; the
+/// Q4_K down 221 against 4 x 63.8 and o 47 against 4 x 18.6 go the other way.
+pub fn dispatch2_grouped(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    (MAX_TOKENS + 1..=crate::mmq::MAX_TOKENS).contains(&n)
+        && *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_GROUPS").as_deref() == Ok("1"))
+        && dispatch2(dev, ty, MAX_TOKENS)
+}
+
 pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     mmv2_enabled()
         && dev.arch() >= 80
@@ -857,18 +869,30 @@ impl CudaDevice {
         cols: usize,
         s: &mut MatvecScratch,
     ) -> Result<()> {
+        self.quantize_q8_k_at(self.device_address(x), x.len(), n_tokens, cols, s)
+    }
+
+    /// [`CudaDevice::quantize_q8_k`] of the `n_tokens` rows at device address `xa` (f32, of a
+    /// buffer with `x_len` values from there).
+    fn quantize_q8_k_at(
+        &self,
+        xa: u64,
+        x_len: usize,
+        n_tokens: usize,
+        cols: usize,
+        s: &mut MatvecScratch,
+    ) -> Result<()> {
         let k = &mut s.q8k;
         let elems = n_tokens * cols;
         if !cols.is_multiple_of(256)
             || cols > i32::MAX as usize
-            || x.len() < elems
+            || x_len < elems
             || k.q.len() < elems
             || k.dy.len() < elems / 256
             || k.bsum.len() < elems / 32
         {
             return Err(CudaError::Shape(format!(
-                "q8_K of x {n_tokens}x{cols} (x holds {}, scratch {})",
-                x.len(),
+                "q8_K of x {n_tokens}x{cols} (x holds {x_len}, scratch {})",
                 k.q.len()
             )));
         }
@@ -882,36 +906,57 @@ impl CudaDevice {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        let mut cols_i = cols as i32;
-        if crate::pdl::enabled(self.arch()) {
-            let (mut px, mut pq, mut pd, mut pb) = (
-                self.device_address(x),
-                self.device_address(&k.q),
-                self.device_address(&k.dy),
-                self.device_address(&k.bsum),
-            );
-            let mut params = [
-                crate::pdl::arg(&mut px),
-                crate::pdl::arg(&mut pq),
-                crate::pdl::arg(&mut pd),
-                crate::pdl::arg(&mut pb),
-                crate::pdl::arg(&mut cols_i),
-            ];
-            // SAFETY: as below; the kernel waits for the previous kernel before reading x or
-            // writing the scratch.
-            unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
-        } else {
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(x)
-                .arg(&mut k.q)
-                .arg(&mut k.dy)
-                .arg(&mut k.bsum)
-                .arg(&cols_i);
-            // SAFETY: matches quantize_q8_k(x, q, dy, bsum, ncols); x holds n_tokens * cols
-            // f32 and the buffers their shares of it (checked above); cols % 256 == 0.
-            unsafe { b.launch(cfg) }?;
+        let mut a = crate::pdl::Args::new();
+        a.push(xa)
+            .push(self.device_address(&k.q))
+            .push(self.device_address(&k.dy))
+            .push(self.device_address(&k.bsum))
+            .push(cols as i32);
+        // SAFETY: matches quantize_q8_k(x, q, dy, bsum, ncols); x holds n_tokens * cols f32
+        // from xa (the caller's x_len, checked above) and the buffers their shares of it;
+        // cols % 256 == 0. With PDL the kernel waits for the previous kernel before reading x
+        // or writing the scratch.
+        unsafe { a.launch(self.stream(), &f, cfg, crate::pdl::enabled(self.arch())) }?;
+        k.holds = Some((xa, n_tokens, cols));
+        Ok(())
+    }
+
+    /// `y = W x` for 9..=32 tokens as mmv2 launches of up to 8 tokens each (x of each group
+    /// quantized to q8_K into `s` before its launch): each group reads the weights again, but
+    /// at 8 tokens mmv2 streams them at ~2 TB/s where mmq's 32-token kernels move 0.4
+    /// ([`dispatch2_grouped`]). y holds at least `n_tokens * w.n_rows` f32, x `n_tokens *
+    /// w.n_cols`.
+    pub fn mmv2_grouped(
+        &self,
+        w: &crate::DeviceMatrix,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+        s: &mut MatvecScratch,
+    ) -> Result<()> {
+        let (rows, cols) = (w.n_rows, w.n_cols);
+        if y.len() < n_tokens * rows || x.len() < n_tokens * cols {
+            return Err(CudaError::Shape(format!(
+                "mmv2 {rows}x{cols} for {n_tokens} tokens: x holds {}, y {}",
+                x.len(),
+                y.len()
+            )));
         }
-        k.holds = Some((self.device_address(x), n_tokens, cols));
+        let (xa, ya) = (self.device_address(x), self.device_address(y));
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(MAX_TOKENS);
+            let xg = xa + (t0 * cols * 4) as u64;
+            self.quantize_q8_k_at(xg, x.len() - t0 * cols, n, cols, s)?;
+            let seg = Segment {
+                w,
+                y: ya + (t0 * rows * 4) as u64,
+                bias: None,
+                accumulate: false,
+            };
+            self.mmv2_segments(&[seg], s)?;
+            t0 += n;
+        }
         Ok(())
     }
 

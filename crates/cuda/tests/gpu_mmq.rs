@@ -155,6 +155,8 @@ enum Path {
     Mmv,
     /// q8_K x (`rf` must be a q8_K reference)
     Mmv2,
+    /// 9..32 tokens as mmv2 launches of up to 8 (q8_K reference)
+    Mmv2Grouped,
 }
 
 /// Runs the product for the first `n` tokens and checks it; returns the worst relative error.
@@ -182,6 +184,7 @@ fn check(
             .quantize_q8_k(xd, n, cols, scratch)
             .and_then(|_| dev.mmv2_prequantized(w, scratch, &mut y)),
         Path::Mmq => dev.mmq(w, xd, n, &mut y, scratch),
+        Path::Mmv2Grouped => dev.mmv2_grouped(w, xd, n, &mut y, scratch),
     }
     .map_err(|e| e.to_string())?;
     let y = dev.stream().clone_dtoh(&y).map_err(|e| e.to_string())?;
@@ -866,6 +869,52 @@ fn mmv2_matches_cpu_reference() {
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
     cuda::mmv::set_mmv2_xs(None);
+    for f in failures.iter().take(40) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures (first above)",
+        failures.len()
+    );
+}
+
+/// 9..32 tokens as mmv2 launches of up to 8 tokens each (`REDLINE_MMV2_GROUPS=1`): every
+/// token's outputs against the q8_K reference, full and partial last groups, odd row counts.
+#[test]
+fn mmv2_grouped_matches_cpu_reference() {
+    let Some(dev) = device() else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
+    const MAX_N: usize = 32;
+    let mut failures = Vec::new();
+    let mut seed = 370u64;
+    for ty in MMV2_FORMATS {
+        for &(rows, cols) in &[(17, 2304), (523, 2560), (129, 5376)] {
+            seed += 1;
+            let wbytes = random_matrix(ty, rows, cols, seed);
+            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
+            let rf = reference_with(ty, &wbytes, rows, cols, &x, MAX_N, q8_k_reference);
+            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
+            let xd = dev.stream().clone_htod(&x).expect("upload x");
+            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let mut worst = 0f64;
+            for n in [9, 12, 16, 17, 24, 25, 31, 32] {
+                match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2Grouped) {
+                    Ok(e) => worst = worst.max(e),
+                    Err(e) => failures.push(e),
+                }
+            }
+            eprintln!(
+                "mmv2 grouped checked {:>5} {:>4}x{:<5} n=9..{MAX_N}: max rel err {worst:.2e}",
+                ty.name(),
+                rows,
+                cols
+            );
+        }
+    }
     for f in failures.iter().take(40) {
         eprintln!("FAIL {f}");
     }

@@ -167,6 +167,14 @@ impl CudaBackend {
             {
                 return Ok(());
             }
+            // 9..32 tokens as mmv2 launches of 8 (REDLINE_MMV2_GROUPS=1, an experiment)
+            if crate::mmv::dispatch2_grouped(&self.dev, m.ty, n) {
+                return self.with_scratch(n, w.cols, |s| {
+                    self.dev
+                        .mmv2_grouped(m, &x.data, n, &mut out.data, s)
+                        .map_err(dev_err)
+                });
+            }
             // A few tokens (batched decode, speculative verify): int8 tensor cores read the
             // weights once for up to 32 tokens where the matvec reads them once per token.
             if crate::mmq::dispatch(&self.dev, m.ty, n) {
