@@ -148,6 +148,18 @@ fn reference_with(
     out
 }
 
+/// Prints the first 40 failures and fails the test if there are any.
+fn assert_no_failures(failures: &[String]) {
+    for f in failures.iter().take(40) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures (first above)",
+        failures.len()
+    );
+}
+
 /// The product under test.
 #[derive(Clone, Copy, PartialEq)]
 enum Path {
@@ -284,14 +296,7 @@ fn mmq_matches_cpu_reference_for_every_format() {
     cuda::mmq::set_force_emulation(false);
     cuda::mmq::set_warps_override(0);
     cuda::mmq::set_m_tiles_override(0);
-    for f in failures.iter().take(40) {
-        eprintln!("FAIL {f}");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures (first above)",
-        failures.len()
-    );
+    assert_no_failures(&failures);
 }
 
 /// µs per launch of `run` over `copies` weight copies (cycled so the weights come from DRAM,
@@ -485,14 +490,7 @@ fn mmv_matches_cpu_reference() {
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
     cuda::mmv::set_mmv2_xs(None);
-    for f in failures.iter().take(40) {
-        eprintln!("FAIL {f}");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures (first above)",
-        failures.len()
-    );
+    assert_no_failures(&failures);
 }
 
 /// Three matrices in one launch (Q/K/V-like: 40, 17 and 1 rows), one with a bias, one that
@@ -869,14 +867,7 @@ fn mmv2_matches_cpu_reference() {
     cuda::mmv::set_mmv2_stages(None);
     cuda::mmv::set_mmv2_ksplit(None);
     cuda::mmv::set_mmv2_xs(None);
-    for f in failures.iter().take(40) {
-        eprintln!("FAIL {f}");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures (first above)",
-        failures.len()
-    );
+    assert_no_failures(&failures);
 }
 
 /// 9..32 tokens as mmv2 launches of up to 8 tokens each (`REDLINE_MMV2_GROUPS=1`): every
@@ -915,14 +906,7 @@ fn mmv2_grouped_matches_cpu_reference() {
             );
         }
     }
-    for f in failures.iter().take(40) {
-        eprintln!("FAIL {f}");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures (first above)",
-        failures.len()
-    );
+    assert_no_failures(&failures);
 }
 
 /// Three matrices in one mmv2 launch (40, 17 and 1 rows), one with a bias, one accumulating
