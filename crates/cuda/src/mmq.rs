@@ -44,14 +44,14 @@ pub fn set_m_tiles_override(mt: u32) {
 /// Rows from which a 9..32-token launch takes two 16-row tiles a block by default.
 const MT2_MIN_ROWS: usize = 16384;
 
-/// 16-row tiles per block for a launch of `tiles` 8-token tiles over `rows` rows: 2 puts two
+/// 16-row tiles per block for a launch of `tiles` 8-token tiles over `rows` rows of `ty`: 2 puts two
 /// tiles of rows in a block so that one load of x's fragments serves both (at 32 tokens a
 /// 16-row tile reads ~5x its weight bytes of x); 9..32 tokens with the int8 mma only. By
-/// default for matrices of [`MT2_MIN_ROWS`]+ rows (H200, session 22: q4_K 27648x5120 at 32
+/// default for Q4_K matrices of [`MT2_MIN_ROWS`]+ rows (H200, session 22: 27648x5120 at 32
 /// tokens 179.3 -> 137.3 us, at 16 106.3 -> 93.6; 17408x5120 at 32 111.8 -> 100.2; the
-/// 5120-row products no faster, 5120x5120 at 16 slower: half as many blocks);
-/// `REDLINE_MMQ_MT=1|2` forces one or two everywhere.
-fn m_tiles(tiles: usize, rows: usize, emulate: bool) -> usize {
+/// 5120-row products no faster, 5120x5120 at 16 slower: half as many blocks; the other formats
+/// checked but not timed); `REDLINE_MMQ_MT=1|2` forces one or two everywhere.
+fn m_tiles(ty: GgmlType, tiles: usize, rows: usize, emulate: bool) -> usize {
     if emulate || tiles < 2 {
         return 1;
     }
@@ -65,7 +65,7 @@ fn m_tiles(tiles: usize, rows: usize, emulate: bool) -> usize {
         m => m as usize,
     };
     match forced {
-        0 if rows >= MT2_MIN_ROWS => 2,
+        0 if ty == GgmlType::Q4K && rows >= MT2_MIN_ROWS => 2,
         0 => 1,
         m => m,
     }
@@ -248,7 +248,7 @@ impl CudaDevice {
         while t0 < n_tokens {
             let n = (n_tokens - t0).min(MAX_TOKENS_PER_LAUNCH);
             let tiles = n.div_ceil(8);
-            let mt = m_tiles(tiles, rows, emulate != 0);
+            let mt = m_tiles(w.ty, tiles, rows, emulate != 0);
             let per_warp = st * mt * stage_bytes(chunk_bytes, align);
             let warps = warps_per_block(rows.div_ceil(mt), cols)
                 .min((MAX_SHARED_BYTES / per_warp) as u32)
@@ -353,10 +353,12 @@ mod tests {
     #[test]
     fn two_row_tiles_for_wide_products_of_nine_tokens_or_more() {
         set_m_tiles_override(0);
-        assert_eq!(m_tiles(4, 27648, false), 2);
-        assert_eq!(m_tiles(2, 17408, false), 2);
-        assert_eq!(m_tiles(4, 5120, false), 1);
-        assert_eq!(m_tiles(1, 27648, false), 1);
-        assert_eq!(m_tiles(4, 27648, true), 1);
+        let q4k = GgmlType::Q4K;
+        assert_eq!(m_tiles(q4k, 4, 27648, false), 2);
+        assert_eq!(m_tiles(q4k, 2, 17408, false), 2);
+        assert_eq!(m_tiles(q4k, 4, 5120, false), 1);
+        assert_eq!(m_tiles(q4k, 1, 27648, false), 1);
+        assert_eq!(m_tiles(q4k, 4, 27648, true), 1);
+        assert_eq!(m_tiles(GgmlType::Q6K, 4, 152064, false), 1);
     }
 }
