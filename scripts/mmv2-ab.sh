@@ -378,6 +378,24 @@ s22)
     echo "== s22 $(el)"
     [ -z "${SERVE:-}" ] || serve_rows p32 32 1,8,32
     ;;
+table)
+    # issue 4's bench table with the current defaults (session 21's direct kernels were never in
+    # one): pp512 + tg128 of the 32B and 27B Q4_K_M and the 32B IQ4_XS, tg128 after 4096 tokens
+    # on the 32B, the H200's 8-row per-op profile (issue 6's 6x: where an 8-row step goes).
+    (while [ ! -e /tmp/synth.done ]; do sleep 2; done
+        [ -e /tmp/x32.gguf ] || $R synth --shape qwen2.5-32b --type IQ4_XS -o /tmp/x32.gguf >/tmp/sx32.log 2>&1) &
+    XP=$!
+    wait $SP
+    for m in m32 m27; do
+        echo "$m table: $(timeout 200 $R bench --device cuda -m /tmp/$m.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
+    done
+    echo "m32 d4096: $(timeout 200 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 128 -d 4096 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 --parallel 8 >"$OUT/prof8.txt" 2>&1
+    sed -n "/op profile/,\$p" "$OUT/prof8.txt" | head -16 | cut -c1-120
+    wait $XP
+    echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
+    echo "== table $(el)"
+    ;;
 s23)
     # written in session 22 for the next window: the 9..32-row products. Checks (mmq with two
     # tiles a block, mmv2 in groups of 8 against the q8_K reference), then the 32B at 16 / 24 /
