@@ -7,9 +7,12 @@ export XDG_CACHE_HOME=$PWD/devbin/cache
 R=devbin/redline
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0))s]"; }
-[ -n "${NO_SYNTH:-}" ] || [ -e /tmp/synth.done ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
-    $R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 && touch /tmp/synth.done) &
+[ -n "${NO_SYNTH:-}" ] || [ -e /tmp/synth.done ] || ($R synth --shape qwen2.5-32b --type Q4_K_M -o /tmp/m32.gguf >/tmp/s32.log 2>&1 &&
+    touch /tmp/m32.done && $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1 &&
+    touch /tmp/synth.done) &
 SP=$!
+# wait_m32: until the 32B file is written (stages that need only it start before the 27B's).
+wait_m32() { while [ ! -e /tmp/m32.done ] && [ ! -e /tmp/synth.done ] && kill -0 $SP 2>/dev/null; do sleep 1; done; }
 
 # serve_rows LABEL SLOTS STREAMS [VAR=value...]: issue 6's serve rows on the 32B (bench-full.sh's
 # stdlib client, TOKENS (64) tokens, 2 requests per stream, after a warm-up), the server started

@@ -405,7 +405,7 @@ s23)
     # rows +50-80 % (2 x 8-row products ~21 ms against mmq's ~38). Then the serve rows.
     timeout 150 devbin/t_gpu_mmq --test-threads 1 mmq_matches mmv2_grouped 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
     echo "== checks $(el)"
-    wait $SP
+    wait_m32
     for n in 32 16 24; do
         for v in X=1 REDLINE_MMQ_MT=1 REDLINE_MMV2_GROUPS=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
     done
