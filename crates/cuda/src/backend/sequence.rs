@@ -153,13 +153,23 @@ fn batched_decode_tile(
         || used.iter().any(|&(n, c)| {
             (c.kv_type, c.k_pos_bytes, c.v_pos_bytes)
                 != (c0.kv_type, c0.k_pos_bytes, c0.v_pos_bytes)
-                || (n >= attention::PREFILL_MIN_ROWS
-                    && attention::prefill_supported(dev, p, c.kv_type))
+                || prefill_takes(dev, p, n, c)
         })
     {
         return None;
     }
     attention::decode_tile_for(p, c0.kv_type)
+}
+
+/// Whether a sequence's `n` rows over `cache` go to the tensor-core prefill kernel (not to a
+/// split-KV decode launch).
+fn prefill_takes(
+    dev: &crate::device::CudaDevice,
+    p: &AttentionParams,
+    n: usize,
+    cache: &CudaKvCache,
+) -> bool {
+    n >= attention::PREFILL_MIN_ROWS && attention::prefill_supported(dev, p, cache.kv_type)
 }
 
 /// Batch rows grouped by sequence, in batch order (rows of one sequence keep their order).
@@ -557,30 +567,25 @@ impl CudaBackend {
         }
         let by_seq = rows_by_seq(rows, caches.len())?;
         let flash = attention::enabled();
-        // Sequences whose rows went to the batched launch (the decode rows of a mixed step:
-        // a prompt chunk beside them runs on its own below).
-        let mut batched = vec![false; by_seq.len()];
         if flash {
-            let few = |idx: &Vec<usize>, c: &CudaKvCache| {
-                idx.len() < attention::PREFILL_MIN_ROWS
-                    || !attention::prefill_supported(&self.dev, p, c.kv_type)
-            };
-            let small: Vec<Vec<usize>> = by_seq
+            if let Some(tile) = batched_decode_tile(&self.dev, &by_seq, caches, p) {
+                return self.attend_flash_batched(q, k, v, rows, &by_seq, caches, tile, p, out);
+            }
+        }
+        // A mixed step (decode rows beside prompt chunks): the decode rows of every sequence in
+        // one batched launch, each chunk on its own below. `batched`: the sequences it took.
+        let mut batched = vec![false; by_seq.len()];
+        let chunk =
+            |(idx, c): (&Vec<usize>, &&mut CudaKvCache)| prefill_takes(&self.dev, p, idx.len(), c);
+        if flash && mixed_batched() && by_seq.iter().zip(caches.iter()).any(chunk) {
+            let decode: Vec<Vec<usize>> = by_seq
                 .iter()
                 .zip(caches.iter())
-                .map(|(idx, c)| if few(idx, c) { idx.clone() } else { Vec::new() })
+                .map(|e| if chunk(e) { Vec::new() } else { e.0.clone() })
                 .collect();
-            let tile = if small == by_seq || mixed_batched() {
-                batched_decode_tile(&self.dev, &small, caches, p)
-            } else {
-                None
-            };
-            if let Some(tile) = tile {
-                self.attend_flash_batched(q, k, v, rows, &small, caches, tile, p, out)?;
-                if small == by_seq {
-                    return Ok(());
-                }
-                for (b, idx) in batched.iter_mut().zip(&small) {
+            if let Some(tile) = batched_decode_tile(&self.dev, &decode, caches, p) {
+                self.attend_flash_batched(q, k, v, rows, &decode, caches, tile, p, out)?;
+                for (b, idx) in batched.iter_mut().zip(&decode) {
                     *b = !idx.is_empty();
                 }
             }
