@@ -396,22 +396,28 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
-s23)
-    # written in session 22 for the next window: the 9..32-row products. Checks (mmq with two
-    # tiles a block, mmv2 in groups of 8 against the q8_K reference), then the 32B at 16 / 24 /
-    # 32 rows: the default (mmq, two tiles a block from 16384 rows), one tile everywhere
-    # (REDLINE_MMQ_MT=1), and mmv2 in groups of 8 (REDLINE_MMV2_GROUPS=1). Predicted for the
-    # groups from the H100 per-op profiles: 32 rows +15-20 % (products 51 -> ~43 ms a step), 16
-    # rows +50-80 % (2 x 8-row products ~21 ms against mmq's ~38). Then the serve rows.
-    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmq_matches mmv2_grouped 2>&1 | grep -E "^test |result|panicked|FAIL" | head -8
+s24)
+    # session 23: mmv2 with NT tiles of 8 tokens per warp for 9..32-token Q4_K / Q6_K products
+    # (REDLINE_MMV2_N=1) against mmq. Checks, then the kernel timing (µs, mmq vs mmv2 by warps),
+    # then the 32B at 32 / 16 / 24 rows. Predicted from the SASS (NVRTC 12.4, sm_90: 775
+    # instructions per super-block and warp at NT = 4 for 32 IMMAs, against 300 for 8 at NT =
+    # 1): the 32-token Q4_K products ~2.5x faster than mmq's 0.44 TB/s (~1 TB/s), the 32-row
+    # step 73 -> ~35-40 ms. Then the serve rows with it on (SERVE=1).
+    timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_n_tiles 2>&1 | grep -E "^test |result|panicked|FAIL|checked" | head -12
+    timeout 200 devbin/t_gpu_decode --nocapture --test-threads 1 mmv2_n_tiles 2>&1 | grep -E "^test |result|panicked|sequences" | head -8
     echo "== checks $(el)"
+    MMV2N_SHAPES=${SHAPES:-} timeout 150 devbin/t_gpu_mmq --ignored --nocapture --test-threads 1 mmv2n_timing 2>&1 | grep -E "^ *(Q|type)|panicked" | head -24
+    echo "== timing $(el)"
     wait_m32
     for n in 32 16 24; do
-        for v in X=1 REDLINE_MMQ_MT=1 REDLINE_MMV2_GROUPS=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
+        for v in X=1 REDLINE_MMV2_N=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
     done
     echo "== rows $(el)"
-    [ -z "${SERVE:-}" ] || { TOKENS=256 serve_rows p32 32 1,8; TOKENS=128 serve_rows p32b 32 32; }
-    echo "== s23 $(el)"
+    [ -z "${SERVE:-}" ] || {
+        TOKENS=256 serve_rows p32 32 8 REDLINE_MMV2_N=1
+        TOKENS=128 serve_rows p32b 32 32 REDLINE_MMV2_N=1
+    }
+    echo "== s24 $(el)"
     ;;
 s22c)
     # two 16-row tiles a block for 16384+ rows by default (session 22): the 32B at 32 and 16

@@ -891,6 +891,158 @@ struct Mv2Q6K {
     }
 };
 
+// ---- mmv2 for 9..32 tokens: NT tiles of 8 tokens per warp ----------------------------------
+//
+// Why: mmq (q8_1 x, a float scale per 32 activations) spends ~60 SASS instructions per mma,
+// a third of them per-unit float work, and moved the 32-token Q4_K 27648x5120 product at 0.44
+// TB/s (H200, session 22); mmv2 at 8 tokens streams it at ~2 TB/s. Here a warp decodes each
+// unit of its 16 rows once (nibble masks, the two rows' scales) and runs it against NT tiles
+// of 8 tokens: per tile one 8-byte x load, one mma, 4 IMADs; the float step stays once per
+// super-block, row and token. Tokens of the last tile past n_tokens read the last token (as
+// mv2_x) and are not stored. Same x layout (q8k_q_at: unit U of token k at q + 32 (U n + k)).
+template <int NT>
+struct Mv2XN {
+    const int8_t* q;  // q + 8t (unit 0)
+    const int16_t* bsum;
+    const float* dy;
+    int qo[NT];       // tile j's x offset: 32 min(8j + g, n - 1)
+    int t0[NT];       // tile j's tokens 2t, 2t + 1 (clamped)
+    int t1[NT];
+    int n;
+    int emulate;
+};
+
+template <int NT>
+static __device__ __forceinline__ Mv2XN<NT> mv2n_x(const int8_t* __restrict__ q, const float* __restrict__ dy,
+                                                   const int16_t* __restrict__ bsum, int n_tokens, int emulate) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    Mv2XN<NT> x;
+    x.q = q + 8 * t;
+    x.bsum = bsum;
+    x.dy = dy;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        x.qo[j] = 32 * min(8 * j + g, n_tokens - 1);
+        x.t0[j] = min(8 * j + 2 * t, n_tokens - 1);
+        x.t1[j] = min(8 * j + 2 * t + 1, n_tokens - 1);
+    }
+    x.n = n_tokens;
+    x.emulate = emulate;
+    return x;
+}
+
+// Mv2Q4K::compute for NT tiles: acc[j] (c-fragment order) += super-block s of rows g, g + 8
+// against tile j's tokens 8j + 2t, 8j + 2t + 1. The same integer sums per tile as compute.
+template <int NT>
+static __device__ __forceinline__ void mv2n_q4k(const MvQ4K::Frag& f, int s, const Mv2XN<NT>& x,
+                                                float (&acc)[NT][4]) {
+    const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
+    const int us = 32 * x.n;
+    const int8_t* xs = x.q + (long long)(8 * s) * us;
+    int ai[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) ai[j][0] = ai[j][1] = ai[j][2] = ai[j][3] = 0;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
+        const uint32_t m = (u & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+        const uint32_t a0 = wg.x & m, a1 = wg8.x & m, a2 = wg.y & m, a3 = wg8.y & m;
+        const uint32_t w0 = u < 4 ? k0.sc_lo : k0.sc_hi, w8 = u < 4 ? k1.sc_lo : k1.sc_hi;
+        const int jb = u & 3;
+        const int sg = (u & 1) ? (int)__byte_perm(w0, 0u, 0x4440u | jb) : (int)(((w0 >> (8 * jb)) << 4) & 0x3F0u);
+        const int s8 = (u & 1) ? (int)__byte_perm(w8, 0u, 0x4440u | jb) : (int)(((w8 >> (8 * jb)) << 4) & 0x3F0u);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const MvV2 xb = *(const MvV2*)(xs + u * us + x.qo[j]);
+            const MmaI4 c = (u & 1) ? mv_mma_k32_u8_rt(MmaI4{0, 0, 0, 0}, a0, a1, a2, a3, xb.x, xb.y, x.emulate)
+                                    : mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, a0, a1, a2, a3, xb.x, xb.y, x.emulate);
+            ai[j][0] += sg * c.x;
+            ai[j][1] += sg * c.y;
+            ai[j][2] += s8 * c.z;
+            ai[j][3] += s8 * c.w;
+        }
+    }
+    const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mg = f16_to_f32((uint16_t)(f.h[0].x >> 16));
+    const float d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), m8 = f16_to_f32((uint16_t)(f.h[1].x >> 16));
+    const MvV4* bs = (const MvV4*)x.bsum + s * x.n;
+    const float* dys = x.dy + s * x.n;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const MvV4 b0 = bs[x.t0[j]], b1 = bs[x.t1[j]];
+        const float y0 = dys[x.t0[j]], y1 = dys[x.t1[j]];
+        acc[j][0] += y0 * (dg * (float)(ai[j][0] >> 4) - mg * (float)mv2_min_dot(b0, k0));
+        acc[j][1] += y1 * (dg * (float)(ai[j][1] >> 4) - mg * (float)mv2_min_dot(b1, k0));
+        acc[j][2] += y0 * (d8 * (float)(ai[j][2] >> 4) - m8 * (float)mv2_min_dot(b0, k1));
+        acc[j][3] += y1 * (d8 * (float)(ai[j][3] >> 4) - m8 * (float)mv2_min_dot(b1, k1));
+    }
+}
+
+// Mv2Q6K::compute_t for NT tiles (the weights of each unit decoded once).
+template <int NT, bool EMU>
+static __device__ __forceinline__ void mv2n_q6k(const MvQ6K::Frag& f, int s, const Mv2XN<NT>& x,
+                                                float (&acc)[NT][4]) {
+    const int t = threadIdx.x & 3;
+    const int us = 32 * x.n;
+    // this thread's k16 B words: bytes 16h + 4t of each unit
+    const int8_t* xs = x.q - 4 * t + (long long)(8 * s) * us;
+    int ai[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) ai[j][0] = ai[j][1] = ai[j][2] = ai[j][3] = 0;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int n = u >> 2, k = u & 3;
+        uint32_t w[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) w[h][r] = q6k_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
+        }
+        const int wi = 2 * n + (k >> 1), b0 = 8 * ((2 * k) & 3);
+        const int sg0 = (int)(int8_t)(f.sc[0][wi] >> b0), sg1 = (int)(int8_t)(f.sc[0][wi] >> (b0 + 8));
+        const int s80 = (int)(int8_t)(f.sc[1][wi] >> b0), s81 = (int)(int8_t)(f.sc[1][wi] >> (b0 + 8));
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            MmaI4 c[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t xb = *(const uint32_t*)(xs + u * us + x.qo[j] + 16 * h);
+                c[h] = mv_mma_k16<EMU>(w[h][0], w[h][1], xb);
+            }
+            ai[j][0] += sg0 * c[0].x + sg1 * c[1].x;
+            ai[j][1] += sg0 * c[0].y + sg1 * c[1].y;
+            ai[j][2] += s80 * c[0].z + s81 * c[1].z;
+            ai[j][3] += s80 * c[0].w + s81 * c[1].w;
+        }
+    }
+    const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
+    const float* dys = x.dy + s * x.n;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float y0 = dys[x.t0[j]], y1 = dys[x.t1[j]];
+        acc[j][0] += (dg * y0) * (float)ai[j][0];
+        acc[j][1] += (dg * y1) * (float)ai[j][1];
+        acc[j][2] += (d8 * y0) * (float)ai[j][2];
+        acc[j][3] += (d8 * y1) * (float)ai[j][3];
+    }
+}
+
+// The NT-tile results summed over the block's warps and stored by warp 0 (tile j: tokens
+// 8j + 2t, 8j + 2t + 1; past n_tokens: nothing).
+template <int NT>
+static __device__ __forceinline__ void mv_finishn(const MvTile& tl, float (&acc)[NT][4], int n_tokens) {
+    float(&flat)[4 * NT] = reinterpret_cast<float(&)[4 * NT]>(acc);
+    if (!mv_reduce_warps(flat)) return;
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int tok = 8 * j + 2 * t + (i & 1);
+            if (tok < n_tokens) mv_store(tl.sel, tok, tl.row0 + g + 8 * (i >> 1), acc[j][i]);
+        }
+    }
+}
+
 // 8 token columns against q8_K x; C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
 template <typename M>
 static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __restrict__ q, const float* __restrict__ dy,
@@ -1008,6 +1160,7 @@ MMV2_KERNEL(iq4_xs, Mv2IQ4XS)
 // 60 words keeps the 8 rows of a fragment load on distinct banks up to the row's (start & 12)).
 #define MV6_ROW_VECS 15
 
+template <int NT = 1, bool EMU = false>
 static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                 int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,
@@ -1018,8 +1171,9 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     const MvTile tl = mv_tile_at(p, k.tile);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
     const int nsb = k.s1;
-    // (pointers only: x is read after the wait)
+    // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
+    const Mv2XN<NT> xn = mv2n_x<NT>(q, dy, bsum, n_tokens, emulate);
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile).
     // Lanes 14 and 15 load vector 13 again and store into slot 14, which nothing reads: the 14
@@ -1084,7 +1238,9 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         f.d = (d[0] & 0xFFFFu) | (d[1] << 16);
     };
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     if (k.s0 + wid < nsb) load(k.s0 + wid);
     pdl_wait();
     pdl_trigger();
@@ -1094,10 +1250,16 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         if (s + nw < nsb) load(s + nw);
         MvQ6K::Frag f;
         fragment(s, f);
-        Mv2Q6K::compute(f, s, x, acc);
+        if constexpr (NT > 1)
+            mv2n_q6k<NT, EMU>(f, s, xn, acc);
+        else
+            Mv2Q6K::compute(f, s, x, acc[0]);
         __syncwarp();
     }
-    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+    if constexpr (NT > 1)
+        mv_finishn<NT>(tl, acc, n_tokens);  // (no K split: ks = 1)
+    else
+        mv_finish8_ks(tl, acc[0], n_tokens, k, kpart, kcount);
 }
 
 #define MMV2_Q6K_KERNEL(SUFFIX, EMU)                                                                      \
@@ -1110,6 +1272,20 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     }
 MMV2_Q6K_KERNEL(, 0)
 MMV2_Q6K_KERNEL(_emu, 1)
+
+// 9..32 tokens (NT tiles of 8), no K split (ks must be 1): mmv2_q6_k_n{NT}
+#define MMV2_Q6KN_KERNEL1(NT, SUFFIX, EMU)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
+        mmv2_q6_k_n##NT##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
+                                const int16_t* __restrict__ bsum, int n_tokens, int load_mode,          \
+                                int emulate, float* kpart, int* kcount, int ks) {                       \
+        (void)emulate;                                                                                   \
+        mmv2_q6k<NT, EMU>(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                 \
+    }
+#define MMV2_Q6KN_KERNEL(NT) MMV2_Q6KN_KERNEL1(NT, , 0) MMV2_Q6KN_KERNEL1(NT, _emu, 1)
+MMV2_Q6KN_KERNEL(2)
+MMV2_Q6KN_KERNEL(3)
+MMV2_Q6KN_KERNEL(4)
 
 // ---- mmv2 Q4_K with the weights staged through shared memory (cp.async) ------------------
 //
@@ -1161,7 +1337,7 @@ static __device__ __forceinline__ void mv_cp4(uint32_t dst_s, uint8_t* dst, cons
 #endif
 }
 
-template <int NST, bool XS>
+template <int NST, bool XS, int NT = 1>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
@@ -1171,8 +1347,9 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     const MvTile tl = mv_tile_at(p, k.tile);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wid = threadIdx.y, nw = blockDim.y;
     const int nsb = k.s1;
-    // (pointers only: x is read after the wait)
+    // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
+    const Mv2XN<NT> xn = mv2n_x<NT>(q, dy, bsum, n_tokens, emulate);
 
     // this lane's vectors v = lane + 32 k (k < 5, v < 144) of a super-block's 16 rows: row v / 9,
     // piece v % 9, as byte offsets from the tile's first row (rows clamped to the last, as mv_tile)
@@ -1229,7 +1406,9 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     // XS: this thread's x words, unit sums and dy at a stage's offsets (mv2_x's, over the
     // stage's n tokens)
     const int xg = 32 * min(g, n - 1) + 8 * t, t0 = min(2 * t, n - 1), t1 = min(2 * t + 1, n - 1);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     int b = 0;
     bool first = true;
     for (int s = k.s0 + wid; s < nsb; s += nw) {
@@ -1255,21 +1434,26 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
 #pragma unroll
             for (int j = 0; j < 4; j++) f.q[r][j] = *(const MvV2*)(row + 16 + 32 * j + 8 * t);
         }
-        if constexpr (XS) {
+        if constexpr (NT > 1) {
+            mv2n_q4k<NT>(f, s, xn, acc);
+        } else if constexpr (XS) {
             Mv2X xl = x;
             xl.q = (const int8_t*)(st + MV4SX_X) + xg;
             xl.bs0 = (const MvV4*)(st + MV4SX_BS) + t0;
             xl.bs1 = (const MvV4*)(st + MV4SX_BS) + t1;
             xl.dy0 = (const float*)(st + MV4SX_DY) + t0;
             xl.dy1 = (const float*)(st + MV4SX_DY) + t1;
-            Mv2Q4K::compute(f, 0, xl, acc);
+            Mv2Q4K::compute(f, 0, xl, acc[0]);
         } else {
-            Mv2Q4K::compute(f, s, x, acc);
+            Mv2Q4K::compute(f, s, x, acc[0]);
         }
         __syncwarp();
         b = b + 1 == NST ? 0 : b + 1;
     }
-    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+    if constexpr (NT > 1)
+        mv_finishn<NT>(tl, acc, n_tokens);  // (no K split: ks = 1)
+    else
+        mv_finish8_ks(tl, acc[0], n_tokens, k, kpart, kcount);
 }
 
 #define MMV2S_KERNEL1(NST, XS, XSUF, SUFFIX, EMU)                                                          \
@@ -1289,3 +1473,19 @@ MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
 MMV2SX_KERNEL(2)
 MMV2SX_KERNEL(3)
+
+// 9..32 tokens (NT tiles of 8), two stages, no K split (ks must be 1): mmv2s_q4_k_s2_n{NT}
+#define MMV2SN_KERNEL1(NT, SUFFIX, EMU)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
+        mmv2s_q4_k_s2_n##NT##SUFFIX(const MvSegs p, const int8_t* __restrict__ q,                         \
+                                    const float* __restrict__ dy, const int16_t* __restrict__ bsum,      \
+                                    int n_tokens, int load_mode, int emulate, float* kpart, int* kcount, \
+                                    int ks) {                                                            \
+        (void)load_mode;                                                                                 \
+        (void)emulate;                                                                                   \
+        mmv2s_q4k<2, false, NT>(p, q, dy, bsum, n_tokens, EMU, kpart, kcount, ks);                       \
+    }
+#define MMV2SN_KERNEL(NT) MMV2SN_KERNEL1(NT, , 0) MMV2SN_KERNEL1(NT, _emu, 1)
+MMV2SN_KERNEL(2)
+MMV2SN_KERNEL(3)
+MMV2SN_KERNEL(4)

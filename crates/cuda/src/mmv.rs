@@ -840,23 +840,48 @@ fn small_on_mmv2(dev: &CudaDevice, segs: &[Segment<'_>], n: usize) -> bool {
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
 /// format, `min_tokens2`..=8 tokens (fewer stay on the dp4a matvec).
-/// Whether a product of 9..=32 tokens goes to [`CudaDevice::mmv2_grouped`] (mmv2 launches of up
-/// to 8 tokens each) instead of mmq: an experiment of session 22, off unless
-/// `REDLINE_MMV2_GROUPS=1`. Where it comes from (H100, per op in a 32-row step): gate/up on mmq
-/// 376 us a call against 4 x 75.6 on mmv2 at 8 rows, the Q6_K down 334 against 4 x 55.9; the
-/// Q4_K down 221 against 4 x 63.8 and o 47 against 4 x 18.6 go the other way.
-pub fn dispatch2_grouped(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    (MAX_TOKENS + 1..=crate::mmq::MAX_TOKENS).contains(&n)
-        && *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_GROUPS").as_deref() == Ok("1"))
-        && dispatch2(dev, ty, MAX_TOKENS)
-}
-
 pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     mmv2_enabled()
         && dev.arch() >= 80
         && dispatched2_format(ty)
         && (min_tokens2(ty)..=MAX_TOKENS).contains(&n)
+}
+
+/// Most tokens of an mmv2 launch: up to [`MAX_TOKENS`] one tile of 8 token columns, past it
+/// (Q4_K and Q6_K) `ceil(n / 8)` tiles per warp (`mmv2s_q4_k_s2_n*`, `mmv2_q6_k_n*`).
+pub const MAX_TOKENS_N: usize = 32;
+
+/// Whether a product of 9..=[`MAX_TOKENS_N`] tokens goes to the mmv2 kernels with several
+/// 8-token tiles per warp (the weights decoded once for all of them) instead of mmq: Q4_K and
+/// Q6_K on sm_80+, when [`mmv2n_enabled`]. Why (session 22): mmq moved the 32-token Q4_K
+/// 27648x5120 product at 0.44 TB/s on the H200 (~60 SASS instructions per mma, a third of them
+/// q8_1's per-unit float scale work), mmv2 streams it at ~2 TB/s at 8 tokens.
+pub fn dispatch2n(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+    (MAX_TOKENS + 1..=MAX_TOKENS_N).contains(&n)
+        && mmv2n_enabled()
+        && mmv2_enabled()
+        && dev.arch() >= 80
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+}
+
+/// Whether [`dispatch2n`] may take 9..=32-token products: the override ([`set_mmv2n`]), else
+/// `REDLINE_MMV2_N=1` (off by default until measured on a card).
+pub fn mmv2n_enabled() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match MMV2N_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV2_N").as_deref() == Ok("1")),
+    }
+}
+
+/// 0: `REDLINE_MMV2_N` decides; 1 off, 2 on.
+static MMV2N_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces [`dispatch2n`] on or off (`None`: back to `REDLINE_MMV2_N`). For tests and benchmarks;
+/// recorded steps made under the other setting must be dropped by the caller.
+pub fn set_mmv2n(on: Option<bool>) {
+    MMV2N_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
 impl CudaDevice {
@@ -921,45 +946,6 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `y = W x` for 9..=32 tokens as mmv2 launches of up to 8 tokens each (x of each group
-    /// quantized to q8_K into `s` before its launch): each group reads the weights again, but
-    /// at 8 tokens mmv2 streams them at ~2 TB/s where mmq's 32-token kernels move 0.4
-    /// ([`dispatch2_grouped`]). y holds at least `n_tokens * w.n_rows` f32, x `n_tokens *
-    /// w.n_cols`.
-    pub fn mmv2_grouped(
-        &self,
-        w: &crate::DeviceMatrix,
-        x: &CudaSlice<f32>,
-        n_tokens: usize,
-        y: &mut CudaSlice<f32>,
-        s: &mut MatvecScratch,
-    ) -> Result<()> {
-        let (rows, cols) = (w.n_rows, w.n_cols);
-        if y.len() < n_tokens * rows || x.len() < n_tokens * cols {
-            return Err(CudaError::Shape(format!(
-                "mmv2 {rows}x{cols} for {n_tokens} tokens: x holds {}, y {}",
-                x.len(),
-                y.len()
-            )));
-        }
-        let (xa, ya) = (self.device_address(x), self.device_address(y));
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let n = (n_tokens - t0).min(MAX_TOKENS);
-            let xg = xa + (t0 * cols * 4) as u64;
-            self.quantize_q8_k_at(xg, x.len() - t0 * cols, n, cols, s)?;
-            let seg = Segment {
-                w,
-                y: ya + (t0 * rows * 4) as u64,
-                bias: None,
-                accumulate: false,
-            };
-            self.mmv2_segments(&[seg], s)?;
-            t0 += n;
-        }
-        Ok(())
-    }
-
     /// [`CudaDevice::quantize_for_matvec`] and [`CudaDevice::quantize_q8_k`] of the same x
     /// in one launch (kernels/mmv.cu `quantize_q8_1_k`, the same bits); cols % 256 == 0.
     pub fn quantize_q8_1_and_k(
@@ -1021,8 +1007,8 @@ impl CudaDevice {
         self.quantize_q8_k(x, n_tokens, cols, s)
     }
 
-    /// `y (+)= W x (+ bias)` for every segment by the mmv2 kernels, x of 1..=8 tokens already
-    /// quantized to q8_K into `s` ([`CudaDevice::quantize_q8_k`]). Same contract as
+    /// `y (+)= W x (+ bias)` for every segment by the mmv2 kernels, x of 1..=8 tokens (Q4_K,
+    /// Q6_K: 1..=32) already quantized to q8_K into `s` ([`CudaDevice::quantize_q8_k`]). Same contract as
     /// [`CudaDevice::mmv_segments`]: every `y` holds `n_tokens * w.n_rows` f32, every `bias`
     /// `w.n_rows`.
     pub fn mmv2_segments(&self, segs: &[Segment<'_>], s: &MatvecScratch) -> Result<()> {
@@ -1033,8 +1019,11 @@ impl CudaDevice {
         let stem = stem2(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
         let k = &s.q8k;
         let (n_tokens, xcols) = k.holds.map_or((0, 0), |(_, n, c)| (n, c));
+        // 8-token tiles per warp: one up to MAX_TOKENS, else Q4_K / Q6_K only
+        let nt = n_tokens.div_ceil(8);
         if segs.len() > MAX_SEGMENTS
-            || !(1..=MAX_TOKENS).contains(&n_tokens)
+            || !(1..=MAX_TOKENS_N).contains(&n_tokens)
+            || (nt > 1 && !matches!(ty, GgmlType::Q4K | GgmlType::Q6K))
             || xcols != cols
             || !cols.is_multiple_of(256)
             || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
@@ -1050,8 +1039,18 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        let stages = if ty == GgmlType::Q4K { stages2() } else { 0 };
-        let xs = stages > 0 && stages <= 3 && xs2(cols);
+        // (the NT-tile kernels: Q4_K staged in two stages, no K split, x not staged)
+        let stages = match ty {
+            GgmlType::Q4K if nt > 1 => 2,
+            GgmlType::Q4K => stages2(),
+            _ => 0,
+        };
+        let xs = nt == 1 && stages > 0 && stages <= 3 && xs2(cols);
+        let nsuf = if nt > 1 {
+            format!("_n{nt}")
+        } else {
+            String::new()
+        };
         // (x staged, the same choice: alone the 8-token Q4_K 5120x27648 took 43.4 µs at 3 warps,
         // 46.1 at 8, but at 3 it was 78.6 inside a step, where 8 warps serve the plain kernel
         // best; session 20)
@@ -1061,7 +1060,10 @@ impl CudaDevice {
         let (f, smem) = if stages > 0 {
             let f = self.function(
                 Program::Mmv,
-                &format!("mmv2s_{stem}_s{stages}{}{emu}", if xs { "x" } else { "" }),
+                &format!(
+                    "mmv2s_{stem}_s{stages}{}{nsuf}{emu}",
+                    if xs { "x" } else { "" }
+                ),
             )?;
             let per_stage = if xs {
                 STAGE_BYTES_Q4K_XS
@@ -1087,17 +1089,22 @@ impl CudaDevice {
             }
             (f, smem)
         } else {
-            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{emu}"))?;
+            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{nsuf}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
-        let ks = ksplit2(blocks, cols / 256);
+        let ks = if nt > 1 {
+            1
+        } else {
+            ksplit2(blocks, cols / 256)
+        };
         let smem = if spread2() {
             spread_smem(self, blocks * ks as usize, smem)
         } else {
             smem
         };
-        // (beside the kernels' static shared memory: mv_reduce_warps' 4 KB and a margin)
-        if smem > 40 * 1024 {
+        // (beside the kernels' static shared memory: mv_reduce_warps' 4 KB per token tile and
+        // a margin)
+        if smem + 4096 * (nt as u32 - 1) > 40 * 1024 {
             // beyond the default 48 KiB a kernel must opt in (a host-side attribute, not a
             // stream operation: fine inside graph capture)
             f.set_attribute(
@@ -1136,7 +1143,9 @@ impl CudaDevice {
             crate::pdl::arg(&mut ks_i),
         ];
         // SAFETY: matches mmv2_<fmt>(MvSegs, q, dy, bsum, n_tokens, load_mode, emulate, kpart,
-        // kcount, ks) with n_tokens <= 8; the scratch holds x of n_tokens x cols in q8_K
+        // kcount, ks) with n_tokens <= 8, or its `_n{nt}` variant (Q4_K / Q6_K, nt tiles of 8
+        // tokens, n_tokens <= MAX_TOKENS_N = 32, ks = 1); the scratch holds x of n_tokens x
+        // cols in q8_K
         // (quantize_q8_k checked its sizes); every segment's matrix is a live DeviceMatrix of
         // this format and width (>= 16 bytes of padding, rows of whole super-blocks), outputs
         // hold n_tokens * n_rows f32 and biases n_rows (the caller's contract); Q6_K and the
@@ -1157,8 +1166,8 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `y = W x` for one matrix by the mmv2 kernels, x (1..=8 tokens) already in q8_K in `s`;
-    /// y holds at least `n_tokens * w.n_rows` f32.
+    /// `y = W x` for one matrix by the mmv2 kernels, x (1..=8 tokens; Q4_K, Q6_K: 1..=32)
+    /// already in q8_K in `s`; y holds at least `n_tokens * w.n_rows` f32.
     pub fn mmv2_prequantized(
         &self,
         w: &crate::DeviceMatrix,

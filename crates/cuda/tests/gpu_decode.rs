@@ -648,6 +648,77 @@ fn x_in_shared_matches_l1_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// Batched steps of 12 and 32 sequences with their 9..32-token Q4_K / Q6_K products on the mmv2
+/// n-tile kernels (`cuda::mmv::set_mmv2n`, x in q8_K) against mmq (x in q8_1), two models side
+/// by side with graphs and the fused paths on. The activations are quantized differently, so
+/// the logits differ a little; a product wired to the wrong rows, tokens or strides would differ
+/// by the logits' own size.
+#[test]
+fn mmv2_n_tiles_match_mmq_on_synth_q4_k_m_shapes() {
+    if gpu().is_none() {
+        return;
+    }
+    for (name, layers) in SYNTH_CUTS {
+        let path = synth_q4_k_m(name, layers, "mmv2n");
+        let load = || {
+            let b = gpu().unwrap();
+            b.set_graphs_enabled(true);
+            b.set_fused(true);
+            let file = gguf::GgufFile::open(&path).unwrap();
+            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
+        };
+        let (d, s) = (load(), load());
+        let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
+        let nv = d.config().n_vocab;
+        for n_seq in [12usize, 32] {
+            let mut bd: Vec<_> = (0..n_seq)
+                .map(|_| d.new_state(64, KvType::F16).unwrap())
+                .collect();
+            let mut bs: Vec<_> = (0..n_seq)
+                .map(|_| s.new_state(64, KvType::F16).unwrap())
+                .collect();
+            for (i, (a, b)) in bd.iter_mut().zip(bs.iter_mut()).enumerate() {
+                let p = &prompt[..prompt.len() - i % 5];
+                cuda::mmv::set_mmv2n(Some(false));
+                d.forward(a, p, false).unwrap();
+                cuda::mmv::set_mmv2n(Some(true));
+                s.forward(b, p, false).unwrap();
+            }
+            let mut bt: Vec<u32> = (0..n_seq as u32).map(|i| 7 + 13 * i).collect();
+            let (mut worst, mut agree) = (0f32, 0usize);
+            for step in 0..4 {
+                let mut rd: Vec<&mut _> = bd.iter_mut().collect();
+                let mut rs: Vec<&mut _> = bs.iter_mut().collect();
+                cuda::mmv::set_mmv2n(Some(false));
+                let ld = d.forward_batch(&mut rd, &bt).unwrap();
+                cuda::mmv::set_mmv2n(Some(true));
+                let ls = s.forward_batch(&mut rs, &bt).unwrap();
+                for i in 0..n_seq {
+                    let (a, b) = (&ls[i * nv..(i + 1) * nv], &ld[i * nv..(i + 1) * nv]);
+                    let r = rel_diff(a, b);
+                    worst = worst.max(r);
+                    assert!(
+                        r <= 5e-2,
+                        "{name}: batched step {step} of {n_seq} sequences, sequence {i}: mmv2 \
+                         n-tiles vs mmq logits differ by {r} (relative)"
+                    );
+                    agree += usize::from(argmax(a) == argmax(b));
+                }
+                bt = (0..n_seq)
+                    .map(|i| argmax(&ld[i * nv..(i + 1) * nv]))
+                    .collect();
+            }
+            println!(
+                "{name}: {n_seq} sequences x 4 steps, mmv2 n-tiles vs mmq: max relative |diff| \
+                 {worst:.2e}, greedy tokens equal {agree}/{}",
+                4 * n_seq
+            );
+        }
+        cuda::mmv::set_mmv2n(None);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// On each synthetic cut, two models (graphs, the fused paths and every staged fusion on) run
 /// side by side with a process-wide switch off for one and on for the other
 /// (`set(Some(false))` / `set(Some(true))`; `set(None)` after), asserting the same logits bit

@@ -167,8 +167,6 @@ enum Path {
     Mmv,
     /// q8_K x (`rf` must be a q8_K reference)
     Mmv2,
-    /// 9..32 tokens as mmv2 launches of up to 8 (q8_K reference)
-    Mmv2Grouped,
 }
 
 /// Runs the product for the first `n` tokens and checks it; returns the worst relative error.
@@ -196,7 +194,6 @@ fn check(
             .quantize_q8_k(xd, n, cols, scratch)
             .and_then(|_| dev.mmv2_prequantized(w, scratch, &mut y)),
         Path::Mmq => dev.mmq(w, xd, n, &mut y, scratch),
-        Path::Mmv2Grouped => dev.mmv2_grouped(w, xd, n, &mut y, scratch),
     }
     .map_err(|e| e.to_string())?;
     let y = dev.stream().clone_dtoh(&y).map_err(|e| e.to_string())?;
@@ -870,10 +867,12 @@ fn mmv2_matches_cpu_reference() {
     assert_no_failures(&failures);
 }
 
-/// 9..32 tokens as mmv2 launches of up to 8 tokens each (`REDLINE_MMV2_GROUPS=1`): every
-/// token's outputs against the q8_K reference, full and partial last groups, odd row counts.
+/// 9..32 tokens on the mmv2 kernels with 2..4 tiles of 8 tokens per warp (`mmv2s_q4_k_s2_n*`,
+/// `mmv2_q6_k_n*`): every token's outputs against the q8_K reference, full and partial last
+/// tiles (the clamped token columns must not be stored), rows not a multiple of the 16-row
+/// tile, mma and emulated, several warps per block.
 #[test]
-fn mmv2_grouped_matches_cpu_reference() {
+fn mmv2_n_tiles_match_cpu_reference() {
     let Some(dev) = device() else {
         eprintln!("skipped: no CUDA device");
         return;
@@ -882,8 +881,8 @@ fn mmv2_grouped_matches_cpu_reference() {
     const MAX_N: usize = 32;
     let mut failures = Vec::new();
     let mut seed = 370u64;
-    for ty in MMV2_FORMATS {
-        for &(rows, cols) in &[(17, 2304), (523, 2560), (129, 5376)] {
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        for &(rows, cols) in &[(17, 2304), (37, 8448), (523, 2560), (129, 5376)] {
             seed += 1;
             let wbytes = random_matrix(ty, rows, cols, seed);
             let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
@@ -892,20 +891,32 @@ fn mmv2_grouped_matches_cpu_reference() {
             let xd = dev.stream().clone_htod(&x).expect("upload x");
             let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
             let mut worst = 0f64;
-            for n in [9, 12, 16, 17, 24, 25, 31, 32] {
-                match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2Grouped) {
-                    Ok(e) => worst = worst.max(e),
-                    Err(e) => failures.push(e),
+            for (i, n) in [9, 12, 16, 17, 23, 24, 25, 31, 32].into_iter().enumerate() {
+                for emulate in [false, true] {
+                    let warps = [0, 1, 3, 8, 5, 2][(i + 3 * emulate as usize) % 6];
+                    cuda::mmv::set_force_emulation(emulate);
+                    cuda::mmv::set_warps_override(warps);
+                    cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
+                    match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
+                        Ok(e) => worst = worst.max(e),
+                        Err(e) => failures.push(format!(
+                            "{e} ({}, warps {warps})",
+                            if emulate { "emulated mma" } else { "mma" }
+                        )),
+                    }
                 }
             }
             eprintln!(
-                "mmv2 grouped checked {:>5} {:>4}x{:<5} n=9..{MAX_N}: max rel err {worst:.2e}",
+                "mmv2 n-tiles checked {:>5} {:>4}x{:<5} n=9..{MAX_N}: max rel err {worst:.2e}",
                 ty.name(),
                 rows,
                 cols
             );
         }
     }
+    cuda::mmv::set_force_emulation(false);
+    cuda::mmv::set_warps_override(0);
+    cuda::mmv::set_load_mode_override(None);
     assert_no_failures(&failures);
 }
 
@@ -1263,5 +1274,85 @@ fn mmv2_timing_vs_matvec_and_mmv() {
     println!("mmv2 sweep (µs):");
     for l in sweeps {
         println!("{l}");
+    }
+}
+
+/// 9..32 tokens: mmq (x quantized q8_1 in the launch) against the mmv2 n-tile kernels (x
+/// quantized q8_K first, timed apart), µs a launch with the weights cycled past L2, and the
+/// weight stream in GB/s. `MMV2N_SHAPES=q4` / `q6` narrows it for a short device window.
+#[test]
+#[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
+fn mmv2n_timing_vs_mmq() {
+    let Some(dev) = device() else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    dev.module(cuda::Program::Mmv).expect("mmv kernels compile");
+    dev.module(cuda::Program::Mmq).expect("mmq kernels compile");
+    // the 32B's gate/up, down (Q4_K and Q6_K), o / the square, and the output head
+    let shapes = [
+        (GgmlType::Q4K, 34816usize, 5120usize),
+        (GgmlType::Q4K, 5120, 27648),
+        (GgmlType::Q4K, 5120, 5120),
+        (GgmlType::Q6K, 5120, 27648),
+        (GgmlType::Q6K, 152064, 5120),
+    ];
+    let only = std::env::var("MMV2N_SHAPES").unwrap_or_default();
+    println!(
+        "{:>5} {:>12} {:>3} {:>8} {:>8} {:>8} {:>8}  mmv2 by warps (µs)",
+        "type", "shape", "n", "mmq", "mmv2", "GB/s", "q8_K"
+    );
+    for (ty, rows, cols) in shapes {
+        let tag = if ty == GgmlType::Q4K { "q4" } else { "q6" };
+        if !only.is_empty() && only != tag {
+            continue;
+        }
+        let bytes = random_matrix(ty, rows, cols, 99);
+        let nbytes = bytes.len();
+        let copies = (400_000_000 / nbytes).clamp(2, 16);
+        let ws: Vec<_> = (0..copies)
+            .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
+            .collect();
+        drop(bytes);
+        let x = dev
+            .stream()
+            .clone_htod(&random_activations(32 * cols, 5))
+            .expect("x");
+        let mut y = dev.stream().alloc_zeros::<f32>(32 * rows).expect("y");
+        let mut s = dev.matvec_scratch(32, cols).expect("scratch");
+        for n in [8usize, 16, 24, 32] {
+            let mq = if n > 8 {
+                time_us(&dev, copies, 20, |i| dev.mmq(&ws[i], &x, n, &mut y, &mut s))
+                    .unwrap_or(f64::NAN)
+            } else {
+                f64::NAN
+            };
+            let qk = time_us(&dev, 1, 20, |_| dev.quantize_q8_k(&x, n, cols, &mut s))
+                .expect("q8_K timing");
+            let mut time2 = |warps: u32| {
+                cuda::mmv::set_warps_override(warps);
+                let us = time_us(&dev, copies, 20, |i| {
+                    dev.mmv2_prequantized(&ws[i], &s, &mut y)
+                })
+                .unwrap_or_else(|e| {
+                    eprintln!("mmv2 {} {rows}x{cols} n={n} w{warps}: {e}", ty.name());
+                    f64::NAN
+                });
+                cuda::mmv::set_warps_override(0);
+                us
+            };
+            let m2 = time2(0);
+            let sweep: Vec<String> = [2u32, 3, 4, 6, 8]
+                .iter()
+                .map(|&w| format!("w{w} {:.1}", time2(w)))
+                .collect();
+            println!(
+                "{:>5} {:>12} {n:>3} {mq:>8.1} {m2:>8.1} {:>8.0} {qk:>8.1}  {}",
+                ty.name(),
+                format!("{rows}x{cols}"),
+                nbytes as f64 / m2 / 1e3,
+                sweep.join(" ")
+            );
+        }
     }
 }

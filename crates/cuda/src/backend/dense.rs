@@ -167,11 +167,13 @@ impl CudaBackend {
             {
                 return Ok(());
             }
-            // 9..32 tokens as mmv2 launches of 8 (REDLINE_MMV2_GROUPS=1, an experiment)
-            if crate::mmv::dispatch2_grouped(&self.dev, m.ty, n) {
+            // 9..32 tokens of Q4_K / Q6_K: mmv2 with several 8-token tiles per warp
+            // (REDLINE_MMV2_N)
+            if crate::mmv::dispatch2n(&self.dev, m.ty, n) {
                 return self.with_scratch(n, w.cols, |s| {
                     self.dev
-                        .mmv2_grouped(m, &x.data, n, &mut out.data, s)
+                        .quantize_q8_k(&x.data, n, w.cols, s)
+                        .and_then(|_| self.dev.mmv2_prequantized(m, s, &mut out.data))
                         .map_err(dev_err)
                 });
             }
