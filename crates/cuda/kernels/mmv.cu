@@ -691,11 +691,13 @@ MMV_KERNEL(q6_k, MvQ6K)
 // x: [n_tokens, ncols] f32 (ncols % 256 == 0) -> q8_K as quant::activation::quantize_row_q8_k
 // (ggml quantize_row_q8_K), bit for bit: per 256, iscale = -127 / (the first element of largest
 // magnitude), q = min(127, rint(iscale x)), dy = 1 / iscale (all 0 for a zero block), plus bsum
-// per 32. grid (ceil(ncols / 256 / 8), n_tokens), block (32, 8):
-// a warp per 256, 8 consecutive elements per lane. Waits for the previous kernel first (PDL).
+// per 32, laid out (q8k_q_at) over nlay >= n_tokens tokens (n_tokens rounded up to 8 past 8
+// tokens, for the n-tile kernels; the padding tokens are not written). grid (ceil(ncols / 256
+// / 8), n_tokens), block (32, 8): a warp per 256, 8 consecutive elements per lane. Waits for
+// the previous kernel first (PDL).
 extern "C" __global__ void __launch_bounds__(256) quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
                                                                 float* __restrict__ dy,
-                                                                int16_t* __restrict__ bsum, int ncols) {
+                                                                int16_t* __restrict__ bsum, int ncols, int nlay) {
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x, sb = blockIdx.x * blockDim.y + threadIdx.y, tok = blockIdx.y;
@@ -724,7 +726,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_k(const float* __r
         }
         d = 1.0f / iscale;
     }
-    const int ntok = gridDim.y;
+    const int ntok = nlay;
     *(MvV2*)(q + q8k_q_at(tok, 256 * sb + 8 * lane, ntok)) = MvV2{w[0], w[1]};
     sum += __shfl_xor_sync(FULL_MASK, sum, 1);
     sum += __shfl_xor_sync(FULL_MASK, sum, 2);
@@ -898,35 +900,27 @@ struct Mv2Q6K {
 // TB/s (H200, session 22); mmv2 at 8 tokens streams it at ~2 TB/s. Here a warp decodes each
 // unit of its 16 rows once (nibble masks, the two rows' scales) and runs it against NT tiles
 // of 8 tokens: per tile one 8-byte x load, one mma, 4 IMADs; the float step stays once per
-// super-block, row and token. Tokens of the last tile past n_tokens read the last token (as
-// mv2_x) and are not stored. Same x layout (q8k_q_at: unit U of token k at q + 32 (U n + k)).
-template <int NT>
+// super-block, row and token. The x layout is q8k_q_at's over nl = n_tokens rounded up to 8
+// tokens (quantize_q8_k's `nlay`, crate::mmv::q8k_layout_tokens): tile j of a unit sits 256 j
+// bytes after tile 0, a constant offset from one address per unit. The padding tokens' values
+// are whatever the scratch held (finite: only quantize writes there); their columns are not
+// stored.
 struct Mv2XN {
-    const int8_t* q;  // q + 8t (unit 0)
-    const int16_t* bsum;
-    const float* dy;
-    int qo[NT];       // tile j's x offset: 32 min(8j + g, n - 1)
-    int t0[NT];       // tile j's tokens 2t, 2t + 1 (clamped)
-    int t1[NT];
-    int n;
+    const int8_t* q;     // token g's bytes 8t.. of unit 0
+    const int16_t* bsum;  // token 2t's sums of super-block 0 (+ 1: token 2t + 1)
+    const float* dy;      // ... its dy
+    int nl;              // tokens of the layout
     int emulate;
 };
 
-template <int NT>
-static __device__ __forceinline__ Mv2XN<NT> mv2n_x(const int8_t* __restrict__ q, const float* __restrict__ dy,
-                                                   const int16_t* __restrict__ bsum, int n_tokens, int emulate) {
+static __device__ __forceinline__ Mv2XN mv2n_x(const int8_t* __restrict__ q, const float* __restrict__ dy,
+                                               const int16_t* __restrict__ bsum, int n_tokens, int emulate) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    Mv2XN<NT> x;
-    x.q = q + 8 * t;
-    x.bsum = bsum;
-    x.dy = dy;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        x.qo[j] = 32 * min(8 * j + g, n_tokens - 1);
-        x.t0[j] = min(8 * j + 2 * t, n_tokens - 1);
-        x.t1[j] = min(8 * j + 2 * t + 1, n_tokens - 1);
-    }
-    x.n = n_tokens;
+    Mv2XN x;
+    x.q = q + 32 * g + 8 * t;
+    x.bsum = bsum + 8 * (2 * t);
+    x.dy = dy + 2 * t;
+    x.nl = (n_tokens + 7) & ~7;
     x.emulate = emulate;
     return x;
 }
@@ -934,10 +928,10 @@ static __device__ __forceinline__ Mv2XN<NT> mv2n_x(const int8_t* __restrict__ q,
 // Mv2Q4K::compute for NT tiles: acc[j] (c-fragment order) += super-block s of rows g, g + 8
 // against tile j's tokens 8j + 2t, 8j + 2t + 1. The same integer sums per tile as compute.
 template <int NT>
-static __device__ __forceinline__ void mv2n_q4k(const MvQ4K::Frag& f, int s, const Mv2XN<NT>& x,
+static __device__ __forceinline__ void mv2n_q4k(const MvQ4K::Frag& f, int s, const Mv2XN& x,
                                                 float (&acc)[NT][4]) {
     const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
-    const int us = 32 * x.n;
+    const int us = 32 * x.nl;
     const int8_t* xs = x.q + (long long)(8 * s) * us;
     int ai[NT][4];
 #pragma unroll
@@ -953,7 +947,7 @@ static __device__ __forceinline__ void mv2n_q4k(const MvQ4K::Frag& f, int s, con
         const int s8 = (u & 1) ? (int)__byte_perm(w8, 0u, 0x4440u | jb) : (int)(((w8 >> (8 * jb)) << 4) & 0x3F0u);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const MvV2 xb = *(const MvV2*)(xs + u * us + x.qo[j]);
+            const MvV2 xb = *(const MvV2*)(xs + u * us + 256 * j);
             const MmaI4 c = (u & 1) ? mv_mma_k32_u8_rt(MmaI4{0, 0, 0, 0}, a0, a1, a2, a3, xb.x, xb.y, x.emulate)
                                     : mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, a0, a1, a2, a3, xb.x, xb.y, x.emulate);
             ai[j][0] += sg * c.x;
@@ -964,12 +958,12 @@ static __device__ __forceinline__ void mv2n_q4k(const MvQ4K::Frag& f, int s, con
     }
     const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mg = f16_to_f32((uint16_t)(f.h[0].x >> 16));
     const float d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), m8 = f16_to_f32((uint16_t)(f.h[1].x >> 16));
-    const MvV4* bs = (const MvV4*)x.bsum + s * x.n;
-    const float* dys = x.dy + s * x.n;
+    const MvV4* bs = (const MvV4*)x.bsum + s * x.nl;
+    const float* dys = x.dy + s * x.nl;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        const MvV4 b0 = bs[x.t0[j]], b1 = bs[x.t1[j]];
-        const float y0 = dys[x.t0[j]], y1 = dys[x.t1[j]];
+        const MvV4 b0 = bs[8 * j], b1 = bs[8 * j + 1];
+        const float y0 = dys[8 * j], y1 = dys[8 * j + 1];
         acc[j][0] += y0 * (dg * (float)(ai[j][0] >> 4) - mg * (float)mv2_min_dot(b0, k0));
         acc[j][1] += y1 * (dg * (float)(ai[j][1] >> 4) - mg * (float)mv2_min_dot(b1, k0));
         acc[j][2] += y0 * (d8 * (float)(ai[j][2] >> 4) - m8 * (float)mv2_min_dot(b0, k1));
@@ -979,10 +973,10 @@ static __device__ __forceinline__ void mv2n_q4k(const MvQ4K::Frag& f, int s, con
 
 // Mv2Q6K::compute_t for NT tiles (the weights of each unit decoded once).
 template <int NT, bool EMU>
-static __device__ __forceinline__ void mv2n_q6k(const MvQ6K::Frag& f, int s, const Mv2XN<NT>& x,
+static __device__ __forceinline__ void mv2n_q6k(const MvQ6K::Frag& f, int s, const Mv2XN& x,
                                                 float (&acc)[NT][4]) {
     const int t = threadIdx.x & 3;
-    const int us = 32 * x.n;
+    const int us = 32 * x.nl;
     // this thread's k16 B words: bytes 16h + 4t of each unit
     const int8_t* xs = x.q - 4 * t + (long long)(8 * s) * us;
     int ai[NT][4];
@@ -1005,7 +999,7 @@ static __device__ __forceinline__ void mv2n_q6k(const MvQ6K::Frag& f, int s, con
             MmaI4 c[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t xb = *(const uint32_t*)(xs + u * us + x.qo[j] + 16 * h);
+                const uint32_t xb = *(const uint32_t*)(xs + u * us + 256 * j + 16 * h);
                 c[h] = mv_mma_k16<EMU>(w[h][0], w[h][1], xb);
             }
             ai[j][0] += sg0 * c[0].x + sg1 * c[1].x;
@@ -1015,10 +1009,10 @@ static __device__ __forceinline__ void mv2n_q6k(const MvQ6K::Frag& f, int s, con
         }
     }
     const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), d8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
-    const float* dys = x.dy + s * x.n;
+    const float* dys = x.dy + s * x.nl;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        const float y0 = dys[x.t0[j]], y1 = dys[x.t1[j]];
+        const float y0 = dys[8 * j], y1 = dys[8 * j + 1];
         acc[j][0] += (dg * y0) * (float)ai[j][0];
         acc[j][1] += (dg * y1) * (float)ai[j][1];
         acc[j][2] += (d8 * y0) * (float)ai[j][2];
@@ -1173,7 +1167,7 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     const int nsb = k.s1;
     // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
-    const Mv2XN<NT> xn = mv2n_x<NT>(q, dy, bsum, n_tokens, emulate);
+    const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile).
     // Lanes 14 and 15 load vector 13 again and store into slot 14, which nothing reads: the 14
@@ -1349,7 +1343,7 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     const int nsb = k.s1;
     // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
-    const Mv2XN<NT> xn = mv2n_x<NT>(q, dy, bsum, n_tokens, emulate);
+    const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
 
     // this lane's vectors v = lane + 32 k (k < 5, v < 144) of a super-block's 16 rows: row v / 9,
     // piece v % 9, as byte offsets from the tile's first row (rows clamped to the last, as mv_tile)

@@ -847,6 +847,17 @@ pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
         && (min_tokens2(ty)..=MAX_TOKENS).contains(&n)
 }
 
+/// Tokens of the q8_K copy's layout for x of `n_tokens` (kernels/common.cuh `q8k_q_at`): past
+/// [`MAX_TOKENS`] rounded up to a multiple of 8, so the n-tile kernels find each 8-token tile
+/// of a unit at a constant offset (the padding tokens are never written nor stored).
+pub fn q8k_layout_tokens(n_tokens: usize) -> usize {
+    if n_tokens > MAX_TOKENS {
+        n_tokens.next_multiple_of(8)
+    } else {
+        n_tokens
+    }
+}
+
 /// Most tokens of an mmv2 launch: up to [`MAX_TOKENS`] one tile of 8 token columns, past it
 /// (Q4_K and Q6_K) `ceil(n / 8)` tiles per warp (`mmv2s_q4_k_s2_n*`, `mmv2_q6_k_n*`).
 pub const MAX_TOKENS_N: usize = 32;
@@ -894,24 +905,13 @@ impl CudaDevice {
         cols: usize,
         s: &mut MatvecScratch,
     ) -> Result<()> {
-        self.quantize_q8_k_at(self.device_address(x), x.len(), n_tokens, cols, s)
-    }
-
-    /// [`CudaDevice::quantize_q8_k`] of the `n_tokens` rows at device address `xa` (f32, of a
-    /// buffer with `x_len` values from there).
-    fn quantize_q8_k_at(
-        &self,
-        xa: u64,
-        x_len: usize,
-        n_tokens: usize,
-        cols: usize,
-        s: &mut MatvecScratch,
-    ) -> Result<()> {
+        let (xa, x_len) = (self.device_address(x), x.len());
         let k = &mut s.q8k;
-        let elems = n_tokens * cols;
+        let nlay = q8k_layout_tokens(n_tokens);
+        let elems = nlay * cols;
         if !cols.is_multiple_of(256)
             || cols > i32::MAX as usize
-            || x_len < elems
+            || x_len < n_tokens * cols
             || k.q.len() < elems
             || k.dy.len() < elems / 256
             || k.bsum.len() < elems / 32
@@ -936,9 +936,11 @@ impl CudaDevice {
             .push(self.device_address(&k.q))
             .push(self.device_address(&k.dy))
             .push(self.device_address(&k.bsum))
-            .push(cols as i32);
-        // SAFETY: matches quantize_q8_k(x, q, dy, bsum, ncols); x holds n_tokens * cols f32
-        // from xa (the caller's x_len, checked above) and the buffers their shares of it;
+            .push(cols as i32)
+            .push(nlay as i32);
+        // SAFETY: matches quantize_q8_k(x, q, dy, bsum, ncols, nlay); x holds n_tokens * cols
+        // f32 from xa (x_len >= n_tokens * cols, checked above) and the buffers their shares
+        // of nlay * cols;
         // cols % 256 == 0. With PDL the kernel waits for the previous kernel before reading x
         // or writing the scratch.
         unsafe { a.launch(self.stream(), &f, cfg, crate::pdl::enabled(self.arch())) }?;

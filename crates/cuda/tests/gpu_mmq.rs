@@ -724,7 +724,15 @@ fn quantize_q8_k_matches_cpu() {
         eprintln!("skipped: no CUDA device");
         return;
     };
-    for &(n, cols) in &[(1usize, 256usize), (3, 5120), (8, 2304), (5, 27648)] {
+    // (12 and 25 tokens: the layout pads to 16 and 32, crate::mmv::q8k_layout_tokens)
+    for &(n, cols) in &[
+        (1usize, 256usize),
+        (3, 5120),
+        (8, 2304),
+        (5, 27648),
+        (12, 2304),
+        (25, 512),
+    ] {
         let mut x = random_activations(n * cols, 40 + cols as u64);
         x[..256].fill(0.0);
         let last = (n - 1) * cols;
@@ -735,7 +743,8 @@ fn quantize_q8_k_matches_cpu() {
         x[last + 17] = -11.25;
         x[last + 90] = 11.25;
         let xd = dev.stream().clone_htod(&x).expect("x");
-        let mut s = dev.matvec_scratch(n, cols).expect("scratch");
+        let nl = cuda::mmv::q8k_layout_tokens(n);
+        let mut s = dev.matvec_scratch(nl, cols).expect("scratch");
         dev.quantize_q8_k(&xd, n, cols, &mut s).expect("quantize");
         let (q, dy, bsum, holds) = s.q8_k();
         assert_eq!(holds, Some((n, cols)));
@@ -743,12 +752,12 @@ fn quantize_q8_k_matches_cpu() {
         let dy = dev.stream().clone_dtoh(dy).expect("dy");
         let bsum = dev.stream().clone_dtoh(bsum).expect("bsum");
         let blocks = q8_k_blocks(&x);
-        // the GPU copy is token-interleaved (common.cuh q8k_q_at): unit U of token t at
-        // 32 (U n + t), super-block s's dy / bsum of token t at s n + t
+        // the GPU copy is token-interleaved (common.cuh q8k_q_at) over nl tokens: unit U of
+        // token t at 32 (U nl + t), super-block s's dy / bsum of token t at s nl + t
         let nsb = cols / 256;
         for (j, b) in blocks.iter().enumerate() {
             let (tok, sb) = (j / nsb, j % nsb);
-            let at = sb * n + tok;
+            let at = sb * nl + tok;
             let d = f32::from_le_bytes(b.d);
             assert_eq!(
                 dy[at].to_bits(),
@@ -759,7 +768,7 @@ fn quantize_q8_k_matches_cpu() {
             for (i, &want) in b.qs.iter().enumerate() {
                 let unit = 8 * sb + i / 32;
                 assert_eq!(
-                    q[32 * (unit * n + tok) + i % 32],
+                    q[32 * (unit * nl + tok) + i % 32],
                     want,
                     "{n}x{cols} block {j} q[{i}]"
                 );
