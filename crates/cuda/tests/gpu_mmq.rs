@@ -347,20 +347,14 @@ fn mmq_timing_vs_matvec() {
             }
         }
         for &(rows, cols) in &shapes {
-            let bytes = random_matrix(ty, rows, cols, 99);
-            // >= 400 MB of weight copies: L2 (50 MB on the H200) cannot hold them
-            let copies = (400_000_000 / bytes.len()).clamp(2, 16);
-            let ws: Vec<_> = (0..copies)
-                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
-                .collect();
-            drop(bytes);
-            let nmax = *counts.last().unwrap();
-            let x = dev
-                .stream()
-                .clone_htod(&random_activations(nmax * cols, 5))
-                .expect("x");
-            let mut y = dev.stream().alloc_zeros::<f32>(nmax * rows).expect("y");
-            let mut s = dev.matvec_scratch(nmax, cols).expect("scratch");
+            let TimingSetup {
+                ws,
+                copies,
+                x,
+                mut y,
+                mut s,
+                ..
+            } = timing_setup(&dev, ty, rows, cols, *counts.last().unwrap());
             let mut mv1 = 0.0;
             for &n in &counts {
                 dev.quantize_for_matvec(&x, n, cols, &mut s)
@@ -593,19 +587,14 @@ fn mmv_timing_vs_matvec() {
     );
     for ty in MMV_FORMATS {
         for &(rows, cols) in &shapes {
-            let bytes = random_matrix(ty, rows, cols, 99);
-            let nbytes = bytes.len();
-            let copies = (400_000_000 / nbytes).clamp(2, 16);
-            let ws: Vec<_> = (0..copies)
-                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
-                .collect();
-            drop(bytes);
-            let x = dev
-                .stream()
-                .clone_htod(&random_activations(8 * cols, 5))
-                .expect("x");
-            let mut y = dev.stream().alloc_zeros::<f32>(8 * rows).expect("y");
-            let mut s = dev.matvec_scratch(8, cols).expect("scratch");
+            let TimingSetup {
+                ws,
+                nbytes,
+                copies,
+                x,
+                mut y,
+                mut s,
+            } = timing_setup(&dev, ty, rows, cols, 8);
             let mut mv1 = 0.0;
             for &n in &counts {
                 dev.quantize_for_matvec(&x, n, cols, &mut s)
@@ -1150,19 +1139,14 @@ fn mmv2_timing_vs_matvec_and_mmv() {
             if rows > 100_000 && ty != GgmlType::Q6K {
                 continue;
             }
-            let bytes = random_matrix(ty, rows, cols, 99);
-            let nbytes = bytes.len();
-            let copies = (400_000_000 / nbytes).clamp(2, 16);
-            let ws: Vec<_> = (0..copies)
-                .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
-                .collect();
-            drop(bytes);
-            let x = dev
-                .stream()
-                .clone_htod(&random_activations(8 * cols, 5))
-                .expect("x");
-            let mut y = dev.stream().alloc_zeros::<f32>(8 * rows).expect("y");
-            let mut s = dev.matvec_scratch(8, cols).expect("scratch");
+            let TimingSetup {
+                ws,
+                nbytes,
+                copies,
+                x,
+                mut y,
+                mut s,
+            } = timing_setup(&dev, ty, rows, cols, 8);
             let mut mv1 = 0.0;
             for &n in &counts {
                 let q1 = time_us(&dev, 1, 40, |_| {
@@ -1316,19 +1300,14 @@ fn mmv2n_timing_vs_mmq() {
         if !only.is_empty() && only != tag {
             continue;
         }
-        let bytes = random_matrix(ty, rows, cols, 99);
-        let nbytes = bytes.len();
-        let copies = (400_000_000 / nbytes).clamp(2, 16);
-        let ws: Vec<_> = (0..copies)
-            .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
-            .collect();
-        drop(bytes);
-        let x = dev
-            .stream()
-            .clone_htod(&random_activations(32 * cols, 5))
-            .expect("x");
-        let mut y = dev.stream().alloc_zeros::<f32>(32 * rows).expect("y");
-        let mut s = dev.matvec_scratch(32, cols).expect("scratch");
+        let TimingSetup {
+            ws,
+            nbytes,
+            copies,
+            x,
+            mut y,
+            mut s,
+        } = timing_setup(&dev, ty, rows, cols, 32);
         for n in [8usize, 16, 24, 32] {
             let mq = if n > 8 {
                 time_us(&dev, copies, 20, |i| dev.mmq(&ws[i], &x, n, &mut y, &mut s))
@@ -1363,5 +1342,37 @@ fn mmv2n_timing_vs_mmq() {
                 sweep.join(" ")
             );
         }
+    }
+}
+
+/// What a timing sweep of one shape needs: copies of a random matrix (>= 400 MB together: L2,
+/// 50 MB on the H200, cannot hold them; `nbytes` each), x of `n` random tokens, y and scratch.
+struct TimingSetup {
+    ws: Vec<cuda::DeviceMatrix>,
+    nbytes: usize,
+    copies: usize,
+    x: cuda::CudaSlice<f32>,
+    y: cuda::CudaSlice<f32>,
+    s: cuda::MatvecScratch,
+}
+
+fn timing_setup(dev: &CudaDevice, ty: GgmlType, rows: usize, cols: usize, n: usize) -> TimingSetup {
+    let bytes = random_matrix(ty, rows, cols, 99);
+    let nbytes = bytes.len();
+    let copies = (400_000_000 / nbytes).clamp(2, 16);
+    let ws = (0..copies)
+        .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).expect("upload"))
+        .collect();
+    let x = dev
+        .stream()
+        .clone_htod(&random_activations(n * cols, 5))
+        .expect("x");
+    TimingSetup {
+        ws,
+        nbytes,
+        copies,
+        x,
+        y: dev.stream().alloc_zeros::<f32>(n * rows).expect("y"),
+        s: dev.matvec_scratch(n, cols).expect("scratch"),
     }
 }
