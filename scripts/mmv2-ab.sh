@@ -409,14 +409,11 @@ s24)
     MMV2N_SHAPES=${SHAPES:-} timeout 150 devbin/t_gpu_mmq --ignored --nocapture --test-threads 1 mmv2n_timing 2>&1 | grep -E "^ *(Q|type)|panicked" | head -24
     echo "== timing $(el)"
     wait_m32
-    for n in 32 16 24; do
+    for n in ${ROWS:-32 16}; do
         for v in X=1 REDLINE_MMV2_N=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
     done
     echo "== rows $(el)"
-    [ -z "${SERVE:-}" ] || {
-        TOKENS=256 serve_rows p32 32 8 REDLINE_MMV2_N=1
-        TOKENS=128 serve_rows p32b 32 32 REDLINE_MMV2_N=1
-    }
+    [ -z "${SERVE:-}" ] || TOKENS=128 serve_rows p32b 32 32 REDLINE_MMV2_N=1
     echo "== s24 $(el)"
     ;;
 s22c)
