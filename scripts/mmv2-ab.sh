@@ -401,8 +401,11 @@ s24)
     # (REDLINE_MMV2_N=1) against mmq. Checks, then the kernel timing (µs, mmq vs mmv2 by warps),
     # then the 32B at 32 / 16 / 24 rows. Predicted from the SASS (NVRTC 12.4, sm_90: 775
     # instructions per super-block and warp at NT = 4 for 32 IMMAs, against 300 for 8 at NT =
-    # 1): the 32-token Q4_K products ~2.5x faster than mmq's 0.44 TB/s (~1 TB/s), the 32-row
-    # step 73 -> ~35-40 ms. Then the serve rows with it on (SERVE=1).
+    # 1; 567 after the padded layout): the 32-token Q4_K products ~2.5x faster than mmq's 0.44
+    # TB/s (~1 TB/s), the 32-row step 73 -> ~35-40 ms, unless x (160 KB at 5120 columns, 884 KB
+    # at 27648, read by every 16-row tile) comes from L2: then the register-fragment kernel
+    # (REDLINE_MMV2_STAGE=0: no shared memory for weights, more L1) wins the 5120-wide ones.
+    # Then the serve row at 32 streams with it on (SERVE=1).
     timeout 150 devbin/t_gpu_mmq --test-threads 1 mmv2_n_tiles 2>&1 | grep -E "^test |result|panicked|FAIL|checked" | head -12
     timeout 200 devbin/t_gpu_decode --nocapture --test-threads 1 mmv2_n_tiles 2>&1 | grep -E "^test |result|panicked|sequences" | head -8
     echo "== checks $(el)"
@@ -410,7 +413,7 @@ s24)
     echo "== timing $(el)"
     wait_m32
     for n in ${ROWS:-32 16}; do
-        for v in X=1 REDLINE_MMV2_N=1; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
+        for v in X=1 REDLINE_MMV2_N=1 "REDLINE_MMV2_N=1 REDLINE_MMV2_STAGE=0"; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
     done
     echo "== rows $(el)"
     [ -z "${SERVE:-}" ] || TOKENS=128 serve_rows p32b 32 32 REDLINE_MMV2_N=1

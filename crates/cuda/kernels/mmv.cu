@@ -1037,8 +1037,10 @@ static __device__ __forceinline__ void mv_finishn(const MvTile& tl, float (&acc)
     }
 }
 
-// 8 token columns against q8_K x; C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
-template <typename M>
+// 8 token columns against q8_K x; C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit. NT > 1
+// (Q4_K only): NT tiles of 8 tokens (mv2n_q4k), no K split; the register-fragment kernel uses
+// no shared memory for its weights, which leaves L1 more room for x.
+template <typename M, int NT = 1>
 static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __restrict__ q, const float* __restrict__ dy,
                                             const int16_t* __restrict__ bsum, int n_tokens, int load_mode,
                                             int emulate, float* kpart, int* kcount, int ks) {
@@ -1048,10 +1050,23 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
     const MvTile tl = mv_tile_at(p, k.tile);
     // (pointers only: x is read after the wait in mv_stream)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     mv_stream<F>(
-        tl, k.s1, load_mode, [&](const typename F::Frag& f, int U0) { M::compute(f, U0 / 8, x, acc); }, k.s0);
-    mv_finish8_ks(tl, acc, n_tokens, k, kpart, kcount);
+        tl, k.s1, load_mode,
+        [&](const typename F::Frag& f, int U0) {
+            if constexpr (NT > 1)
+                mv2n_q4k<NT>(f, U0 / 8, xn, acc);
+            else
+                M::compute(f, U0 / 8, x, acc[0]);
+        },
+        k.s0);
+    if constexpr (NT > 1)
+        mv_finishn<NT>(tl, acc, n_tokens);
+    else
+        mv_finish8_ks(tl, acc[0], n_tokens, k, kpart, kcount);
 }
 
 // The mmv2 kernels' parameters: segments, q8_K x (q, dy, bsum), tokens, weight load mode,
@@ -1067,6 +1082,20 @@ static __device__ __forceinline__ void mmv2(const MvSegs& p, const int8_t* __res
 #define MMV2_KERNEL(name, M) MMV2_KERNEL1(name, M, , 0) MMV2_KERNEL1(name, M, _emu, 1)
 
 MMV2_KERNEL(q4_k, Mv2Q4K)
+
+// 9..32 tokens (NT tiles of 8), register fragments, no K split (ks must be 1): mmv2_q4_k_n{NT}
+#define MMV2N_KERNEL1(NT, SUFFIX, EMU)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
+        mmv2_q4_k_n##NT##SUFFIX(const MvSegs p, const int8_t* __restrict__ q, const float* __restrict__ dy, \
+                                const int16_t* __restrict__ bsum, int n_tokens, int load_mode,          \
+                                int emulate, float* kpart, int* kcount, int ks) {                       \
+        (void)emulate;                                                                                   \
+        mmv2<Mv2Q4K, NT>(p, q, dy, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);                  \
+    }
+#define MMV2N_KERNEL(NT) MMV2N_KERNEL1(NT, , 0) MMV2N_KERNEL1(NT, _emu, 1)
+MMV2N_KERNEL(2)
+MMV2N_KERNEL(3)
+MMV2N_KERNEL(4)
 
 // ---- mmv2 IQ4_XS (an experiment: dispatched only with REDLINE_MMV2_IQ4XS=1) ----------------
 //

@@ -1041,9 +1041,10 @@ impl CudaDevice {
             return Ok(());
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
-        // (the NT-tile kernels: Q4_K staged in two stages, no K split, x not staged)
+        // (the NT-tile kernels: Q4_K staged in two stages or the register-fragment kernel
+        // (stages 0), no K split, x not staged)
         let stages = match ty {
-            GgmlType::Q4K if nt > 1 => 2,
+            GgmlType::Q4K if nt > 1 => stages2().min(2),
             GgmlType::Q4K => stages2(),
             _ => 0,
         };

@@ -867,8 +867,8 @@ fn mmv2_matches_cpu_reference() {
 
 /// 9..32 tokens on the mmv2 kernels with 2..4 tiles of 8 tokens per warp (`mmv2s_q4_k_s2_n*`,
 /// `mmv2_q6_k_n*`): every token's outputs against the q8_K reference, full and partial last
-/// tiles (the clamped token columns must not be stored), rows not a multiple of the 16-row
-/// tile, mma and emulated, several warps per block.
+/// tiles (the padding token columns must not be stored), rows not a multiple of the 16-row
+/// tile, mma and emulated, several warps per block, Q4_K staged and in registers.
 #[test]
 fn mmv2_n_tiles_match_cpu_reference() {
     let Some(dev) = device() else {
@@ -892,13 +892,16 @@ fn mmv2_n_tiles_match_cpu_reference() {
             for (i, n) in [9, 12, 16, 17, 23, 24, 25, 31, 32].into_iter().enumerate() {
                 for emulate in [false, true] {
                     let warps = [0, 1, 3, 8, 5, 2][(i + 3 * emulate as usize) % 6];
+                    // Q4_K: the staged kernel (2 stages) and the register-fragment one
+                    let stages = [2, 0][(i + emulate as usize) % 2];
+                    cuda::mmv::set_mmv2_stages(Some(stages));
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
                     cuda::mmv::set_load_mode_override(Some(2 * (n % 2) as u32));
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv2) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
-                            "{e} ({}, warps {warps})",
+                            "{e} ({}, warps {warps}, stages {stages})",
                             if emulate { "emulated mma" } else { "mma" }
                         )),
                     }
@@ -915,6 +918,7 @@ fn mmv2_n_tiles_match_cpu_reference() {
     cuda::mmv::set_force_emulation(false);
     cuda::mmv::set_warps_override(0);
     cuda::mmv::set_load_mode_override(None);
+    cuda::mmv::set_mmv2_stages(None);
     assert_no_failures(&failures);
 }
 
@@ -1272,7 +1276,8 @@ fn mmv2_timing_vs_matvec_and_mmv() {
 
 /// 9..32 tokens: mmq (x quantized q8_1 in the launch) against the mmv2 n-tile kernels (x
 /// quantized q8_K first, timed apart), µs a launch with the weights cycled past L2, and the
-/// weight stream in GB/s. `MMV2N_SHAPES=q4` / `q6` narrows it for a short device window.
+/// weight stream in GB/s; "w" = warps of the default kernel, "r" = Q4_K's register-fragment
+/// kernel (stages 0) at those warps. `MMV2N_SHAPES=q4` / `q6` narrows it for a short window.
 #[test]
 #[ignore = "timing on a real card: cargo test -p cuda --test gpu_mmq -- --ignored --nocapture"]
 fn mmv2n_timing_vs_mmq() {
@@ -1330,10 +1335,20 @@ fn mmv2n_timing_vs_mmq() {
                 us
             };
             let m2 = time2(0);
-            let sweep: Vec<String> = [2u32, 3, 4, 6, 8]
+            let mut sweep: Vec<String> = [2u32, 3, 4, 6, 8]
                 .iter()
                 .map(|&w| format!("w{w} {:.1}", time2(w)))
                 .collect();
+            if ty == GgmlType::Q4K {
+                // the register-fragment kernel (no shared memory for weights: more L1 for x)
+                cuda::mmv::set_mmv2_stages(Some(0));
+                sweep.extend(
+                    [0u32, 3, 4, 8]
+                        .iter()
+                        .map(|&w| format!("r{w} {:.1}", time2(w))),
+                );
+                cuda::mmv::set_mmv2_stages(None);
+            }
             println!(
                 "{:>5} {:>12} {n:>3} {mq:>8.1} {m2:>8.1} {:>8.0} {qk:>8.1}  {}",
                 ty.name(),
