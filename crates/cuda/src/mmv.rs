@@ -1210,6 +1210,20 @@ mod tests {
     }
 
     #[test]
+    fn q8k_layout_pads_past_one_tile_only() {
+        // up to 8 tokens the layout is the tokens themselves (the 3..8-token kernels and the
+        // fused writers read it so); past 8 a multiple of 8 (the n-tile kernels)
+        for n in 0..=8 {
+            assert_eq!(q8k_layout_tokens(n), n);
+        }
+        assert_eq!(q8k_layout_tokens(9), 16);
+        assert_eq!(q8k_layout_tokens(16), 16);
+        assert_eq!(q8k_layout_tokens(17), 24);
+        assert_eq!(q8k_layout_tokens(25), 32);
+        assert_eq!(q8k_layout_tokens(MAX_TOKENS_N), MAX_TOKENS_N);
+    }
+
+    #[test]
     fn kernel_names_by_token_count() {
         assert_eq!(kernel_name("q4_k", 1), "mmv_q4_k_t1");
         assert_eq!(kernel_name("q4_k", 3), "mmv_q4_k_t4");
