@@ -940,9 +940,8 @@ impl CudaDevice {
             .push(nlay as i32);
         // SAFETY: matches quantize_q8_k(x, q, dy, bsum, ncols, nlay); x holds n_tokens * cols
         // f32 from xa (x_len >= n_tokens * cols, checked above) and the buffers their shares
-        // of nlay * cols;
-        // cols % 256 == 0. With PDL the kernel waits for the previous kernel before reading x
-        // or writing the scratch.
+        // of nlay * cols; cols % 256 == 0. With PDL the kernel waits for the previous kernel
+        // before reading x or writing the scratch.
         unsafe { a.launch(self.stream(), &f, cfg, crate::pdl::enabled(self.arch())) }?;
         k.holds = Some((xa, n_tokens, cols));
         Ok(())
@@ -1010,9 +1009,9 @@ impl CudaDevice {
     }
 
     /// `y (+)= W x (+ bias)` for every segment by the mmv2 kernels, x of 1..=8 tokens (Q4_K,
-    /// Q6_K: 1..=32) already quantized to q8_K into `s` ([`CudaDevice::quantize_q8_k`]). Same contract as
-    /// [`CudaDevice::mmv_segments`]: every `y` holds `n_tokens * w.n_rows` f32, every `bias`
-    /// `w.n_rows`.
+    /// Q6_K: 1..=32) already quantized to q8_K into `s` ([`CudaDevice::quantize_q8_k`]). Same
+    /// contract as [`CudaDevice::mmv_segments`]: every `y` holds `n_tokens * w.n_rows` f32,
+    /// every `bias` `w.n_rows`.
     pub fn mmv2_segments(&self, segs: &[Segment<'_>], s: &MatvecScratch) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
@@ -1148,8 +1147,8 @@ impl CudaDevice {
         // SAFETY: matches mmv2_<fmt>(MvSegs, q, dy, bsum, n_tokens, load_mode, emulate, kpart,
         // kcount, ks) with n_tokens <= 8, or its `_n{nt}` variant (Q4_K / Q6_K, nt tiles of 8
         // tokens, n_tokens <= MAX_TOKENS_N = 32, ks = 1); the scratch holds x of n_tokens x
-        // cols in q8_K
-        // (quantize_q8_k checked its sizes); every segment's matrix is a live DeviceMatrix of
+        // cols in q8_K, laid out over q8k_layout_tokens(n_tokens) tokens, the most the kernels
+        // read (quantize_q8_k checked its sizes); every segment's matrix is a live DeviceMatrix of
         // this format and width (>= 16 bytes of padding, rows of whole super-blocks), outputs
         // hold n_tokens * n_rows f32 and biases n_rows (the caller's contract); Q6_K and the
         // staged Q4_K kernels get their shared memory; with ks > 1 there are fewer than
