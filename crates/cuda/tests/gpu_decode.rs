@@ -660,13 +660,7 @@ fn mmv2_n_tiles_match_mmq_on_synth_q4_k_m_shapes() {
     }
     for (name, layers) in SYNTH_CUTS {
         let path = synth_q4_k_m(name, layers, "mmv2n");
-        let load = || {
-            let b = gpu().unwrap();
-            b.set_graphs_enabled(true);
-            b.set_fused(true);
-            let file = gguf::GgufFile::open(&path).unwrap();
-            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
-        };
+        let load = || load_gpu_fused(&path, true, true).unwrap();
         let (d, s) = (load(), load());
         let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
         let nv = d.config().n_vocab;
