@@ -169,6 +169,34 @@ enum Path {
     Mmv2,
 }
 
+/// One checked shape: a random `ty` matrix (from `seed`), x of `max_n` random tokens, the CPU
+/// reference with x quantized by `quantize`, both uploaded, and scratch for `max_n` tokens.
+struct Case {
+    w: cuda::DeviceMatrix,
+    xd: cuda::CudaSlice<f32>,
+    rf: Reference,
+    scratch: cuda::MatvecScratch,
+}
+
+fn case(
+    dev: &CudaDevice,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    max_n: usize,
+    seed: u64,
+    quantize: fn(&[f32]) -> Vec<f32>,
+) -> Case {
+    let wbytes = random_matrix(ty, rows, cols, seed);
+    let x = random_activations(max_n * cols, seed ^ 0x5eed);
+    Case {
+        rf: reference_with(ty, &wbytes, rows, cols, &x, max_n, quantize),
+        w: dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload"),
+        xd: dev.stream().clone_htod(&x).expect("upload x"),
+        scratch: dev.matvec_scratch(max_n, cols).expect("scratch"),
+    }
+}
+
 /// Runs the product for the first `n` tokens and checks it; returns the worst relative error.
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -257,12 +285,12 @@ fn mmq_matches_cpu_reference_for_every_format() {
         shapes.push((129, (4096 / bs + 5) * bs));
         for &(rows, cols) in &shapes {
             seed += 1;
-            let wbytes = random_matrix(ty, rows, cols, seed);
-            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
-            let rf = reference(ty, &wbytes, rows, cols, &x, MAX_N);
-            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
-            let xd = dev.stream().clone_htod(&x).expect("upload x");
-            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let Case {
+                w,
+                xd,
+                rf,
+                mut scratch,
+            } = case(&dev, ty, rows, cols, MAX_N, seed, q8_1_reference);
             let mut worst = 0f64;
             for (i, &n) in token_counts.iter().enumerate() {
                 // the emulated mma, the mma with one 16-row tile a block, with two (9+ tokens)
@@ -443,12 +471,12 @@ fn mmv_matches_cpu_reference() {
         ];
         for &(rows, cols) in &shapes {
             seed += 1;
-            let wbytes = random_matrix(ty, rows, cols, seed);
-            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
-            let rf = reference(ty, &wbytes, rows, cols, &x, MAX_N);
-            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
-            let xd = dev.stream().clone_htod(&x).expect("upload x");
-            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let Case {
+                w,
+                xd,
+                rf,
+                mut scratch,
+            } = case(&dev, ty, rows, cols, MAX_N, seed, q8_1_reference);
             let mut worst = 0f64;
             for n in 1..=MAX_N {
                 for (emulate, bd_off) in [(false, false), (true, false), (false, true)] {
@@ -810,12 +838,12 @@ fn mmv2_matches_cpu_reference() {
         ];
         for &(rows, cols) in &shapes {
             seed += 1;
-            let wbytes = random_matrix(ty, rows, cols, seed);
-            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
-            let rf = reference_with(ty, &wbytes, rows, cols, &x, MAX_N, q8_k_reference);
-            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
-            let xd = dev.stream().clone_htod(&x).expect("upload x");
-            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let Case {
+                w,
+                xd,
+                rf,
+                mut scratch,
+            } = case(&dev, ty, rows, cols, MAX_N, seed, q8_k_reference);
             let mut worst = 0f64;
             for n in 1..=MAX_N {
                 for emulate in [false, true] {
@@ -882,12 +910,12 @@ fn mmv2_n_tiles_match_cpu_reference() {
     for ty in [GgmlType::Q4K, GgmlType::Q6K] {
         for &(rows, cols) in &[(17, 2304), (37, 8448), (523, 2560), (129, 5376)] {
             seed += 1;
-            let wbytes = random_matrix(ty, rows, cols, seed);
-            let x = random_activations(MAX_N * cols, seed ^ 0x5eed);
-            let rf = reference_with(ty, &wbytes, rows, cols, &x, MAX_N, q8_k_reference);
-            let w = dev.upload_matrix(ty, rows, cols, &wbytes).expect("upload");
-            let xd = dev.stream().clone_htod(&x).expect("upload x");
-            let mut scratch = dev.matvec_scratch(MAX_N, cols).expect("scratch");
+            let Case {
+                w,
+                xd,
+                rf,
+                mut scratch,
+            } = case(&dev, ty, rows, cols, MAX_N, seed, q8_k_reference);
             let mut worst = 0f64;
             for (i, n) in [9, 12, 16, 17, 23, 24, 25, 31, 32].into_iter().enumerate() {
                 for emulate in [false, true] {
