@@ -396,6 +396,49 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s24c)
+    # session 24: the n-tile kernels on by default, matmul_many / matmul_add of 9..32 rows as
+    # n-tile segments (QKV, gate/up one launch; bias and residual add in the epilogue). The
+    # decode suite (n-tiles against mmq in whole steps; batched decode against the CPU), then
+    # the step modes at 32 / 16 rows (a 32-row step: 59.5 ms in the bench, 32.3 ms of device
+    # time in the eager profile), then 32 / 16 rows against REDLINE_MMV2_N=0 (mmq), graphs
+    # and PDL each and both off at 32 rows, 24 rows, the 32-row profile.
+    timeout 240 devbin/t_gpu_decode --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -12
+    echo "== checks $(el)"
+    wait_m32
+    for n in 32 16; do
+        REDLINE_STEP_LOG=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 32 -r 1 --parallel $n >"$OUT/steplog$n.txt" 2>&1
+        echo "rows $n step modes: $(grep -oE 'cuda step [A-Za-z]+' "$OUT/steplog$n.txt" | sort | uniq -c | tr '\n' ' ')"
+        grep -E "not recorded|differs|captured" "$OUT/steplog$n.txt" | sort | uniq -c | head -4
+    done
+    for n in 32 16; do
+        for v in X=1 REDLINE_MMV2_N=0; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
+    done
+    echo "== rows $(el)"
+    for v in REDLINE_CUDA_GRAPHS=0 REDLINE_PDL=0 "REDLINE_CUDA_GRAPHS=0 REDLINE_PDL=0"; do
+        ST=$v b m32 -n 32 -r 2 --parallel 32
+    done
+    b m32 -n 32 -r 2 --parallel 24
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 8 -r 1 --parallel 32 >"$OUT/prof32.txt" 2>&1
+    sed -n "/op profile/,\$p" "$OUT/prof32.txt" | head -18 | cut -c1-120
+    echo "== s24c $(el)"
+    ;;
+s24b)
+    # session 24: where a 32-row step with the n-tile kernels goes (H100 s24: 46.8 ms at 32 rows
+    # against 17.6 at 16, the kernel sweep sums to ~17 ms at 32), by the per-op profile at 32
+    # and 16 rows, then 4 warps a block for the Q4_K n-tile launches (the sweep's best for the
+    # 2176-tile gate/up) at 32 and 16 rows.
+    wait_m32
+    for n in 32 16; do
+        REDLINE_MMV2_N=1 REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 8 -r 1 --parallel $n >"$OUT/prof$n.txt" 2>&1
+        sed -n "/op profile/,\$p" "$OUT/prof$n.txt" | head -18 | cut -c1-120
+    done
+    echo "== profiles $(el)"
+    for n in 32 16; do
+        for v in REDLINE_MMV2_N=1 "REDLINE_MMV2_N=1 REDLINE_MMV2_Q4_WARPS=4"; do ST=$v b m32 -n 32 -r 2 --parallel $n; done
+    done
+    echo "== s24b $(el)"
+    ;;
 s24)
     # session 23: mmv2 with NT tiles of 8 tokens per warp for 9..32-token Q4_K / Q6_K products
     # (REDLINE_MMV2_N=1) against mmq. Checks, then the kernel timing (µs, mmq vs mmv2 by warps),

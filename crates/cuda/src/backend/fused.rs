@@ -14,6 +14,10 @@
 //!   weight format as one `mvm_` launch over the concatenated rows, the bias in the epilogue;
 //!   `matmul_add` adds the residual in the epilogue ([`crate::matvec::Segment`]).
 //! - **RoPE of q and k in one launch** (`mo_rope_qk`).
+//! - **9..=32 tokens** (batched decode of 9+ sequences): `matmul_many` and `matmul_add` of
+//!   Q4_K / Q6_K matrices go to the n-tile kernels ([`crate::mmv::dispatch2n`]) as segments,
+//!   x quantized to q8_K once per op, one launch per weight format, the bias and the residual
+//!   add in the epilogue ([`CudaBackend::ntile_segments`]).
 //!
 //! Every decision here is host-side and depends only on the op sequence and tensor addresses,
 //! which repeat between a decode step's warm run, its capture and its replays.
@@ -21,7 +25,7 @@
 use std::sync::atomic::Ordering;
 
 use backend::{BackendError, RopeParams};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use gguf::GgmlType;
 
 use super::step::{dev_ptr, Mode};
@@ -103,6 +107,15 @@ fn multi_token_segments() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLINE_MULTI_TOKEN_SEGMENTS").map_or(true, |v| v != "0"))
 }
+
+/// One product of [`CudaBackend::ntile_segments`]: the matrix, its output, its bias, whether
+/// the output accumulates (`y += W x`).
+pub(super) type NtileSeg<'a> = (
+    &'a crate::matvec::DeviceMatrix,
+    &'a CudaSlice<f32>,
+    Option<&'a CudaSlice<f32>>,
+    bool,
+);
 
 impl CudaBackend {
     /// Turns the fused decode paths on or off (default on; `REDLINE_FUSED=0` off). Recorded steps are
@@ -288,7 +301,27 @@ impl CudaBackend {
         // Few-token products of quantized matrices as segments; everything else one by one.
         let mut segs: Vec<(usize, &crate::matvec::DeviceMatrix)> = Vec::new();
         let mut rest: Vec<usize> = Vec::new();
+        // 9..=32 tokens: the n-tile kernels' segments (one q8_K copy, one launch per format)
+        let mut ntile = Vec::new();
         for (i, w) in ws.iter().enumerate() {
+            let bias = bias_of(i);
+            if let Some(m) = self.ntile_takes(w, x) {
+                if (outs[i].rows, outs[i].cols) == (x.rows, w.rows) {
+                    match bias {
+                        None => {
+                            ntile.push((i, m, None));
+                            continue;
+                        }
+                        Some(b) if b.rows * b.cols == w.rows => {
+                            if let Some(d) = b.dense.as_ref() {
+                                ntile.push((i, m, Some(d)));
+                                continue;
+                            }
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
             let seg = match self.fusable(w, x) {
                 Some(m)
                     if self.segments_take(m, x.rows)
@@ -307,6 +340,13 @@ impl CudaBackend {
         }
         if !segs.is_empty() {
             self.matmul_segments(&segs, &bias_of, x, outs)?;
+        }
+        if !ntile.is_empty() {
+            let segs: Vec<NtileSeg<'_>> = ntile
+                .iter()
+                .map(|&(i, m, bias)| (m, &*outs[i].data, bias, false))
+                .collect();
+            self.ntile_segments(&segs, x)?;
         }
         // few-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per
         // row (prefill outside steps keeps the GEMM / per-matrix path)
@@ -442,6 +482,11 @@ impl CudaBackend {
         x: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), BackendError> {
+        if let Some(m) = self.ntile_takes(w, x) {
+            if (out.rows, out.cols) == (x.rows, w.rows) {
+                return self.ntile_segments(&[(m, &*out.data, None, true)], x);
+            }
+        }
         match self.fusable(w, x) {
             Some(m) if !self.matmul_add_uses_temp(w, x, out) => {
                 let y = dev_ptr(&*out.data, self.dev.stream());
@@ -475,10 +520,67 @@ impl CudaBackend {
         x: &CudaTensor,
         out: &CudaTensor,
     ) -> bool {
-        !(self
+        !((self
             .fusable(w, x)
             .is_some_and(|m| self.segments_take(m, x.rows))
+            || self.ntile_takes(w, x).is_some())
             && (out.rows, out.cols) == (x.rows, w.rows))
+    }
+
+    /// The quantized matrix of `w` when the n-tile segments take its product with x: 9..=32
+    /// tokens inside a decode step (prefill outside steps may take the GEMM), a format and
+    /// card [`crate::mmv::dispatch2n`] takes.
+    fn ntile_takes<'w>(
+        &self,
+        w: &'w CudaWeight,
+        x: &CudaTensor,
+    ) -> Option<&'w crate::matvec::DeviceMatrix> {
+        let m = w.matrix.as_ref()?;
+        let ok = (MAX_FUSED_TOKENS + 1..=crate::mmv::MAX_TOKENS_N).contains(&x.rows)
+            && self.mode() != Mode::Off
+            && x.cols == w.cols
+            && crate::mmv::dispatch2n(&self.dev, m.ty, x.rows);
+        ok.then_some(m)
+    }
+
+    /// `y (+)= W x (+ bias)` for each of `segs` (taken by [`Self::ntile_takes`] for x; every
+    /// `y` holds `x.rows × W.rows`, every bias `W.rows`): x quantized to q8_K once, one
+    /// n-tile launch per weight format (up to [`MAX_SEGMENTS`] matrices each).
+    pub(super) fn ntile_segments(
+        &self,
+        segs: &[NtileSeg<'_>],
+        x: &CudaTensor,
+    ) -> Result<(), BackendError> {
+        let stream = self.dev.stream();
+        let n = x.rows;
+        let nlay = crate::mmv::q8k_layout_tokens(n);
+        self.with_scratch(nlay, x.cols, |s| {
+            self.dev
+                .quantize_q8_k(&x.data, n, x.cols, s)
+                .map_err(dev_err)?;
+            let mut types = Vec::new();
+            for (m, ..) in segs {
+                if !types.contains(&m.ty) {
+                    types.push(m.ty);
+                }
+            }
+            for ty in types {
+                let group: Vec<Segment<'_>> = segs
+                    .iter()
+                    .filter(|(m, ..)| m.ty == ty)
+                    .map(|&(w, y, bias, accumulate)| Segment {
+                        w,
+                        y: dev_ptr(y, stream),
+                        bias: bias.map(|b| dev_ptr(b, stream)),
+                        accumulate,
+                    })
+                    .collect();
+                for chunk in group.chunks(MAX_SEGMENTS) {
+                    self.dev.mmv2_segments(chunk, s).map_err(dev_err)?;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// `rms_norm` of whole rows that also writes the q8_1 copy of `out`; `Ok(false)` when
