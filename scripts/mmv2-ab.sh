@@ -396,6 +396,23 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s24d)
+    # session 24: gpu_decode's fused_matches_unfused failed with the n-tile segments (its
+    # 9-token prompt is a recorded step: segments fused, one matrix a launch unfused): the
+    # message, and the control with REDLINE_MMV2_N=0; the segments against the CPU reference
+    # (gpu_mmq); then where a 24- and 32-row step's time goes (REDLINE_STEP_LOG=1 times the host
+    # walk and the device apart) against 16.
+    timeout 100 devbin/t_gpu_mmq --test-threads 1 mmv2_segments_with 2>&1 | grep -E "^test |result|panicked|want" | head -6
+    timeout 100 devbin/t_gpu_decode --test-threads 1 --nocapture fused_matches_unfused_on_synth 2>&1 | grep -E "^test |result|panicked|differ|worst" | head -8
+    REDLINE_MMV2_N=0 timeout 100 devbin/t_gpu_decode --test-threads 1 fused_matches_unfused_on_synth 2>&1 | grep -E "^test |result" | head -3
+    echo "== checks $(el)"
+    wait_m32
+    for n in 32 24 16; do
+        REDLINE_STEP_LOG=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 32 -r 1 --parallel $n >"$OUT/steplog$n.txt" 2>&1
+        echo "rows $n: $(grep -E 'rep 1' "$OUT/steplog$n.txt" | head -1) | $(grep 'cuda step timing' "$OUT/steplog$n.txt" | tail -20 | awk '{h+=$5; d+=$14; w+=$19; c++} END {printf "host %.2f ms, device done %.2f ms, opening waited %.2f ms (mean of %d)", h/c, d/c, w/c, c}')"
+    done
+    echo "== s24d $(el)"
+    ;;
 s24c)
     # session 24: the n-tile kernels on by default, matmul_many / matmul_add of 9..32 rows as
     # n-tile segments (QKV, gate/up one launch; bias and residual add in the epilogue). The

@@ -51,6 +51,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    keep_freed_heap();
     // `-ngl N` (llama.cpp's spelling) becomes `--ngl N`: clap's short flags are one letter.
     let cli = Cli::parse_from(commands::device_args::rewrite_llama_flags(
         std::env::args_os(),
@@ -69,5 +70,23 @@ fn main() -> anyhow::Result<()> {
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Imatrix(args) => commands::imatrix::run(args),
         Command::VerifyBench(args) => commands::speculate::bench(args),
+    }
+}
+
+/// Keeps freed heap memory in the process instead of handing it back to the system at once
+/// (glibc's malloc). Every decode step returns its logits in a fresh vector: 32 sequences of a
+/// 152064-token vocabulary are 19.5 MB a step, twice (the download and the batch's vector).
+/// With glibc's defaults, freeing them returned the memory and the next step faulted it in
+/// again, page by page: on an H100 a 32-row step of the 32B took 28 ms on the card and 63 ms in
+/// all, 24 rows 22 and 47 ms, while 16 rows (9.7 MB, under the thresholds) lost 2.6 ms. With
+/// `MALLOC_TRIM_THRESHOLD_=2000000000` the same runs gave 978.9 tok/s at 32 rows against 558.3,
+/// and 926.5 against 591.3 at 24 (session 24). Here: blocks up to 32 MiB (glibc's ceiling for
+/// this setting) come from the heap, and up to 1 GiB of free heap top stays mapped.
+fn keep_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes malloc's tuning; called once, before any other thread runs.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
 }

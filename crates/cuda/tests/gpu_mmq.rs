@@ -951,8 +951,10 @@ fn mmv2_n_tiles_match_cpu_reference() {
 }
 
 /// Three matrices in one mmv2 launch (40, 17 and 1 rows), one with a bias, one accumulating
-/// into its output, for 2, 5 and 8 tokens. Q4_K of 3+ tokens goes through the backend's entry
-/// (`few_token_segments` with mmv2 switched on: it quantizes x to q8_K itself) on sm_80+.
+/// into its output, for 2, 5 and 8 tokens, and (Q4_K, Q6_K: the n-tile kernels, as the
+/// backend's 9..32-row `matmul_many` / `matmul_add` run them) 12 and 32. Q4_K of 3..8 tokens
+/// goes through the backend's entry (`few_token_segments` with mmv2 switched on: it quantizes
+/// x to q8_K itself) on sm_80+.
 #[test]
 #[allow(clippy::needless_range_loop)] // rows index several parallel arrays
 fn mmv2_segments_with_bias_and_accumulate() {
@@ -963,7 +965,10 @@ fn mmv2_segments_with_bias_and_accumulate() {
     let cols = 1280usize;
     cuda::mmv::set_mmv2(Some(true));
     for ty in MMV2_FORMATS {
-        for n in [2usize, 5, 8] {
+        for n in [2usize, 5, 8, 12, 32] {
+            if n > 8 && !matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+                continue;
+            }
             // the K split (parts of a tile meeting in the last one to finish: bias and the
             // accumulated output applied once) and, for Q4_K, the staged kernel at 5 tokens
             cuda::mmv::set_mmv2_ksplit(Some(match n {
@@ -971,13 +976,15 @@ fn mmv2_segments_with_bias_and_accumulate() {
                 5 => 4,
                 _ => 3,
             }));
-            cuda::mmv::set_mmv2_stages(Some(if n == 5 { 2 } else { 0 }));
+            // (n-tiles: the register kernel at 12 tokens, the staged one at 32)
+            cuda::mmv::set_mmv2_stages(Some(if n == 5 || n == 32 { 2 } else { 0 }));
             // and at 5 tokens with x staged too
             cuda::mmv::set_mmv2_xs(Some(n == 5));
             let rows = [40usize, 17, 1];
             let x = random_activations(n * cols, 11 + n as u64);
             let xd = dev.stream().clone_htod(&x).expect("x");
-            let mut scratch = dev.matvec_scratch(n, cols).expect("scratch");
+            let lay = cuda::mmv::q8k_layout_tokens(n);
+            let mut scratch = dev.matvec_scratch(lay, cols).expect("scratch");
             dev.quantize_for_matvec(&xd, n, cols, &mut scratch)
                 .expect("quantize");
             let mut ws = Vec::new();
@@ -1014,7 +1021,8 @@ fn mmv2_segments_with_bias_and_accumulate() {
                 .collect();
             // (IQ4_XS is dispatched only with REDLINE_MMV2_IQ4XS=1)
             let iq4xs_on = std::env::var("REDLINE_MMV2_IQ4XS").as_deref() == Ok("1");
-            let backend_entry = dev.arch() >= 80 && n >= 3 && (ty != GgmlType::IQ4XS || iq4xs_on);
+            let backend_entry =
+                dev.arch() >= 80 && (3..=8).contains(&n) && (ty != GgmlType::IQ4XS || iq4xs_on);
             assert_eq!(
                 cuda::mmv::dispatch2(&dev, ty, n),
                 backend_entry,

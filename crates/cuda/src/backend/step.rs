@@ -160,6 +160,9 @@ pub(super) struct StepCtl {
     /// Steps captured and replayed so far (for tests and logs).
     pub(super) captures: u64,
     pub(super) replays: u64,
+    /// With `REDLINE_STEP_LOG=1`: when the open step's ops began and how long its opening
+    /// waited for the previous step's work.
+    log_t: Option<(std::time::Instant, f64)>,
 }
 
 // SAFETY: the raw pinned pointer and the graph handles are only used while the backend's
@@ -187,6 +190,7 @@ impl StepCtl {
             graphs_enabled,
             captures: 0,
             replays: 0,
+            log_t: None,
         }
     }
 
@@ -225,7 +229,9 @@ impl StepCtl {
         self.shared_scratch = None;
         // The previous step's graph may still read the pinned words we are about to rewrite.
         // (A failed sync means a lost device: the next op reports it.)
+        let t0 = std::time::Instant::now();
         let _ = stream.synchronize();
+        let waited = t0.elapsed().as_secs_f64() * 1e3;
         let mode = match self.open(key, stream) {
             Ok(m) => m,
             Err(e) => {
@@ -238,6 +244,7 @@ impl StepCtl {
         self.mode = mode;
         if step_log() {
             eprintln!("cuda step {mode:?}");
+            self.log_t = Some((std::time::Instant::now(), waited));
         }
         match mode {
             Mode::Capture => StepMode::Capture,
@@ -288,6 +295,22 @@ impl StepCtl {
     /// Closes the step: records the warm step's staging use, or instantiates and launches
     /// the capture, or replays.
     pub(super) fn end(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        let log_t = self.log_t.take();
+        let mode = self.end_inner(stream);
+        if let Some((t, waited)) = log_t {
+            // (the diagnostic waits for the step's device work, to time it apart from the host)
+            let host = t.elapsed().as_secs_f64() * 1e3;
+            let _ = stream.synchronize();
+            let total = t.elapsed().as_secs_f64() * 1e3;
+            eprintln!(
+                "cuda step timing: host {host:.2} ms (ops walked / launched), device done at \
+                 {total:.2} ms, the opening waited {waited:.2} ms"
+            );
+        }
+        mode
+    }
+
+    fn end_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
         let mode = std::mem::replace(&mut self.mode, Mode::Off);
         let used = Usage {
             staging_words: self.staging.as_ref().map_or(0, |s| s.used),
