@@ -396,6 +396,29 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s24f)
+    # session 24: 8 serve streams gave 486 all-streams decode tok/s on the H100 (16.7 ms a step)
+    # where the bench's 8 rows give 692 (11.6 ms): the server's steps by kind
+    # (REDLINE_STEP_LOG=1), with the n-tile kernels and without.
+    wait_m32
+    for v in X=1 REDLINE_MMV2_N=0; do
+        TOKENS=256 serve_rows p32 32 8 $v REDLINE_STEP_LOG=1
+        cp /tmp/serve_p32.log "$OUT/serve8_${v%%=*}.log"
+        python3 scripts/steplog-summary.py /tmp/serve_p32.log | head -24
+    done
+    echo "== s24f $(el)"
+    ;;
+s24e)
+    # session 24: redline keeps freed heap memory (mallopt): batched decode at 8 / 16 / 24 / 32
+    # rows and one row, then issue 6's serve rows at 1 and 8 streams (256 tokens) and 32 (128).
+    wait_m32
+    b m32 -n 128 -r 2
+    for n in 8 16 24 32; do b m32 -n 32 -r 2 --parallel $n; done
+    echo "== rows $(el)"
+    TOKENS=256 serve_rows p32 32 1,8
+    TOKENS=128 serve_rows p32b 32 32
+    echo "== s24e $(el)"
+    ;;
 s24d)
     # session 24: gpu_decode's fused_matches_unfused failed with the n-tile segments (its
     # 9-token prompt is a recorded step: segments fused, one matrix a launch unfused): the

@@ -10,6 +10,8 @@ STEP = re.compile(r"^step seqs=(\d+) decode=(\d+) prefill=(\d+) fwd_ms=([\d.]+) 
 groups = collections.defaultdict(lambda: [0, 0.0, 0.0, 0, 0])  # steps, fwd ms, host ms, decode, prefill
 modes = []
 for line in open(sys.argv[1], errors="replace"):
+    if line.startswith("cuda step timing"):
+        continue
     if line.startswith("cuda step "):
         modes.append(line.split()[2])
         continue

@@ -40,18 +40,7 @@ struct ModelBatch<B: Backend> {
 impl<B: Backend> ModelBatch<B> {
     /// Keeps the first `n_use` logits of each row (`logits`: [rows, model n_vocab]).
     fn cut(&self, logits: Vec<f32>) -> Result<Vec<f32>, String> {
-        let n = self.model.config().n_vocab;
-        if self.n_use == n {
-            return Ok(logits);
-        }
-        if !logits.len().is_multiple_of(n) {
-            return Err(format!("{} logits are not rows of {n}", logits.len()));
-        }
-        Ok(logits
-            .chunks_exact(n)
-            .flat_map(|row| &row[..self.n_use])
-            .copied()
-            .collect())
+        engine::scheduler::cut_rows(logits, self.model.config().n_vocab, self.n_use)
     }
 }
 
@@ -365,5 +354,21 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(d < 1e-4, "{d}");
+        // several rows (a batched decode step): each row cut in place, in order
+        let (mut a, mut b) = (batch.new_state(64).unwrap(), batch.new_state(64).unwrap());
+        batch.prefill(&mut a, &[1, 400]).unwrap();
+        batch.prefill(&mut b, &[1, 400]).unwrap();
+        let both = batch
+            .decode_batch(&mut [&mut a, &mut b], &[30, 30])
+            .unwrap();
+        assert_eq!(both.len(), 2 * (n - 12));
+        for half in both.chunks_exact(n - 12) {
+            let d = half
+                .iter()
+                .zip(row(2))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d < 1e-4, "{d}");
+        }
     }
 }

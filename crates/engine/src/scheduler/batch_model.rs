@@ -145,3 +145,43 @@ pub fn forward_multi_by_parts<M: BatchModel + ?Sized>(
     }
     Ok(out)
 }
+
+/// Keeps the first `n_use` of every `n` logits of each row (`logits`: `[rows, n]`; a model's
+/// output head padded past its tokenizer's vocabulary), in place: no new vector. (A
+/// `flat_map` collect into a fresh one cost ~3.6 ms of an 8-row step of the 32B on an H100,
+/// session 24: the server's forward took 15.6 ms against 12.0 on the card.)
+pub fn cut_rows(mut logits: Vec<f32>, n: usize, n_use: usize) -> Result<Vec<f32>, String> {
+    if n_use == n {
+        return Ok(logits);
+    }
+    if n == 0 || n_use > n || !logits.len().is_multiple_of(n) {
+        return Err(format!(
+            "{} logits are not rows of {n} (keeping {n_use} of each)",
+            logits.len()
+        ));
+    }
+    let rows = logits.len() / n;
+    for r in 1..rows {
+        logits.copy_within(r * n..r * n + n_use, r * n_use);
+    }
+    logits.truncate(rows * n_use);
+    Ok(logits)
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use super::cut_rows;
+
+    #[test]
+    fn cut_rows_keeps_each_rows_head_in_order() {
+        let logits: Vec<f32> = (0..15).map(|v| v as f32).collect();
+        assert_eq!(
+            cut_rows(logits.clone(), 5, 3).unwrap(),
+            [0., 1., 2., 5., 6., 7., 10., 11., 12.]
+        );
+        assert_eq!(cut_rows(logits.clone(), 5, 5).unwrap(), logits);
+        assert!(cut_rows(logits.clone(), 4, 3).is_err());
+        assert!(cut_rows(logits, 5, 6).is_err());
+        assert_eq!(cut_rows(Vec::new(), 5, 3).unwrap(), Vec::<f32>::new());
+    }
+}

@@ -174,18 +174,7 @@ impl<B: Backend> SpecBatch<B> {
 
     /// Keeps the first `n_use` logits of each row (`logits`: [rows, model n_vocab]).
     fn cut(&self, logits: Vec<f32>) -> Result<Vec<f32>, String> {
-        let n = self.target.config().n_vocab;
-        if self.n_use == n {
-            return Ok(logits);
-        }
-        if !logits.len().is_multiple_of(n) {
-            return Err(format!("{} logits are not rows of {n}", logits.len()));
-        }
-        Ok(logits
-            .chunks_exact(n)
-            .flat_map(|row| &row[..self.n_use])
-            .copied()
-            .collect())
+        crate::scheduler::cut_rows(logits, self.target.config().n_vocab, self.n_use)
     }
 
     /// Target forward of a mixed batch; `all[i]`: every row of sequence i.
