@@ -396,6 +396,15 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s24g)
+    # session 24: the server's logits cut in place: issue 6's serve rows at 1 and 8 streams
+    # (256 tokens) and 32 (128), the 8-row steps by kind.
+    wait_m32
+    TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32.log | grep -E "^\| Replay \| (1|2-8) \| -"
+    TOKENS=128 serve_rows p32b 32 32
+    echo "== s24g $(el)"
+    ;;
 s24f)
     # session 24: 8 serve streams gave 486 all-streams decode tok/s on the H100 (16.7 ms a step)
     # where the bench's 8 rows give 692 (11.6 ms): the server's steps by kind
