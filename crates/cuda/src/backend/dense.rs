@@ -170,14 +170,13 @@ impl CudaBackend {
             // 9..32 tokens of Q4_K / Q6_K: mmv2 with several 8-token tiles per warp
             // (REDLINE_MMV2_N)
             if crate::mmv::dispatch2n(&self.dev, m.ty, n) {
-                // (the q8_K copy's layout pads the tokens to a multiple of 8)
-                let nlay = crate::mmv::q8k_layout_tokens(n);
-                return self.with_scratch(nlay, w.cols, |s| {
-                    self.dev
-                        .quantize_q8_k(&x.data, n, w.cols, s)
-                        .and_then(|_| self.dev.mmv2_prequantized(m, s, &mut out.data))
-                        .map_err(dev_err)
-                });
+                let seg = crate::matvec::Segment {
+                    w: m,
+                    y: super::step::dev_ptr(&*out.data, self.dev.stream()),
+                    bias: None,
+                    accumulate: false,
+                };
+                return self.ntile_segments(vec![seg], x);
             }
             // A few tokens (batched decode, speculative verify): int8 tensor cores read the
             // weights once for up to 32 tokens where the matvec reads them once per token.

@@ -25,7 +25,7 @@
 use std::sync::atomic::Ordering;
 
 use backend::{BackendError, RopeParams};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gguf::GgmlType;
 
 use super::step::{dev_ptr, Mode};
@@ -108,14 +108,21 @@ fn multi_token_segments() -> bool {
     *ON.get_or_init(|| std::env::var("REDLINE_MULTI_TOKEN_SEGMENTS").map_or(true, |v| v != "0"))
 }
 
-/// One product of [`CudaBackend::ntile_segments`]: the matrix, its output, its bias, whether
-/// the output accumulates (`y += W x`).
-pub(super) type NtileSeg<'a> = (
-    &'a crate::matvec::DeviceMatrix,
-    &'a CudaSlice<f32>,
-    Option<&'a CudaSlice<f32>>,
-    bool,
-);
+/// `segs` grouped by weight format, in order of first appearance, at most [`MAX_SEGMENTS`]
+/// a group: the segment kernels take one format and width a launch.
+fn by_format<'a>(segs: Vec<Segment<'a>>) -> Vec<Vec<Segment<'a>>> {
+    let mut groups: Vec<Vec<Segment<'a>>> = Vec::new();
+    for s in segs {
+        match groups
+            .iter_mut()
+            .find(|g| g.len() < MAX_SEGMENTS && g[0].w.ty == s.w.ty)
+        {
+            Some(g) => g.push(s),
+            None => groups.push(vec![s]),
+        }
+    }
+    groups
+}
 
 impl CudaBackend {
     /// Turns the fused decode paths on or off (default on; `REDLINE_FUSED=0` off). Recorded steps are
@@ -298,55 +305,34 @@ impl CudaBackend {
             ));
         }
         let bias_of = |i: usize| biases.get(i).copied().flatten();
-        // Few-token products of quantized matrices as segments; everything else one by one.
-        let mut segs: Vec<(usize, &crate::matvec::DeviceMatrix)> = Vec::new();
-        let mut rest: Vec<usize> = Vec::new();
-        // 9..=32 tokens: the n-tile kernels' segments (one q8_K copy, one launch per format)
+        // Few-token products of quantized matrices as segments (1..=8 tokens: the mvm / mmv /
+        // mmv2 kernels on q8_1; 9..=32: the n-tile kernels on q8_K); everything else one by one.
+        let stream = self.dev.stream();
+        let segment = |i: usize, m| Segment {
+            w: m,
+            y: dev_ptr(&*outs[i].data, stream),
+            bias: bias_of(i)
+                .and_then(|b| b.dense.as_ref())
+                .map(|d| dev_ptr(d, stream)),
+            accumulate: false,
+        };
+        let mut segs = Vec::new();
         let mut ntile = Vec::new();
+        let mut rest: Vec<usize> = Vec::new();
         for (i, w) in ws.iter().enumerate() {
-            let bias = bias_of(i);
-            if let Some(m) = self.ntile_takes(w, x) {
-                if (outs[i].rows, outs[i].cols) == (x.rows, w.rows) {
-                    match bias {
-                        None => {
-                            ntile.push((i, m, None));
-                            continue;
-                        }
-                        Some(b) if b.rows * b.cols == w.rows => {
-                            if let Some(d) = b.dense.as_ref() {
-                                ntile.push((i, m, Some(d)));
-                                continue;
-                            }
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-            let seg = match self.fusable(w, x) {
-                Some(m)
-                    if self.segments_take(m, x.rows)
-                        && (outs[i].rows, outs[i].cols) == (x.rows, w.rows)
-                        && bias_of(i)
-                            .is_none_or(|b| b.dense.is_some() && b.rows * b.cols == w.rows) =>
-                {
-                    Some(m)
-                }
-                _ => None,
-            };
-            match seg {
-                Some(m) => segs.push((i, m)),
-                None => rest.push(i),
+            let takes = (outs[i].rows, outs[i].cols) == (x.rows, w.rows)
+                && bias_of(i).is_none_or(|b| b.dense.is_some() && b.rows * b.cols == w.rows);
+            match (self.ntile_takes(w, x), self.fusable(w, x)) {
+                (Some(m), _) if takes => ntile.push(segment(i, m)),
+                (_, Some(m)) if takes && self.segments_take(m, x.rows) => segs.push(segment(i, m)),
+                _ => rest.push(i),
             }
         }
         if !segs.is_empty() {
-            self.matmul_segments(&segs, &bias_of, x, outs)?;
+            self.matmul_segments(segs, x)?;
         }
         if !ntile.is_empty() {
-            let segs: Vec<NtileSeg<'_>> = ntile
-                .iter()
-                .map(|&(i, m, bias)| (m, &*outs[i].data, bias, false))
-                .collect();
-            self.ntile_segments(&segs, x)?;
+            self.ntile_segments(ntile, x)?;
         }
         // few-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per
         // row (prefill outside steps keeps the GEMM / per-matrix path)
@@ -434,43 +420,15 @@ impl CudaBackend {
                 && !crate::mmq::dispatch(&self.dev, m.ty, n))
     }
 
-    /// The segment launches of `matmul_many` (few tokens, quantized matrices).
-    fn matmul_segments<'w>(
-        &self,
-        segs: &[(usize, &crate::matvec::DeviceMatrix)],
-        bias_of: &dyn Fn(usize) -> Option<&'w CudaWeight>,
-        x: &CudaTensor,
-        outs: &mut [&mut CudaTensor],
-    ) -> Result<(), BackendError> {
-        let stream = self.dev.stream();
-        let with_k = self.q8k_with(x, segs.iter().map(|(_, m)| m.ty));
+    /// The segment launches of `matmul_many` (1..=8 tokens, quantized matrices).
+    fn matmul_segments(&self, segs: Vec<Segment<'_>>, x: &CudaTensor) -> Result<(), BackendError> {
+        let with_k = self.q8k_with(x, segs.iter().map(|s| s.w.ty));
         self.with_q8(x.rows, x.cols, |s, holds| {
             self.ensure_q8(x, s, holds, with_k)?;
-            // group by weight type, in order of first appearance
-            let mut types = Vec::new();
-            for (_, m) in segs {
-                if !types.contains(&m.ty) {
-                    types.push(m.ty);
-                }
-            }
-            for ty in types {
-                let group: Vec<Segment<'_>> = segs
-                    .iter()
-                    .filter(|(_, m)| m.ty == ty)
-                    .map(|&(i, m)| Segment {
-                        w: m,
-                        y: dev_ptr(&*outs[i].data, stream),
-                        bias: bias_of(i)
-                            .and_then(|b| b.dense.as_ref())
-                            .map(|d| dev_ptr(d, stream)),
-                        accumulate: false,
-                    })
-                    .collect();
-                for chunk in group.chunks(MAX_SEGMENTS) {
-                    self.dev
-                        .few_token_segments(chunk, s, &x.data)
-                        .map_err(dev_err)?;
-                }
+            for group in by_format(segs) {
+                self.dev
+                    .few_token_segments(&group, s, &x.data)
+                    .map_err(dev_err)?;
             }
             Ok(())
         })
@@ -484,7 +442,13 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         if let Some(m) = self.ntile_takes(w, x) {
             if (out.rows, out.cols) == (x.rows, w.rows) {
-                return self.ntile_segments(&[(m, &*out.data, None, true)], x);
+                let seg = Segment {
+                    w: m,
+                    y: dev_ptr(&*out.data, self.dev.stream()),
+                    bias: None,
+                    accumulate: true,
+                };
+                return self.ntile_segments(vec![seg], x);
             }
         }
         match self.fusable(w, x) {
@@ -543,41 +507,22 @@ impl CudaBackend {
         ok.then_some(m)
     }
 
-    /// `y (+)= W x (+ bias)` for each of `segs` (taken by [`Self::ntile_takes`] for x; every
-    /// `y` holds `x.rows × W.rows`, every bias `W.rows`): x quantized to q8_K once, one
-    /// n-tile launch per weight format (up to [`MAX_SEGMENTS`] matrices each).
+    /// `y (+)= W x (+ bias)` for each of `segs`, x of 9..=32 tokens of a format
+    /// [`crate::mmv::dispatch2n`] takes (every `y` holds `x.rows × W.rows`, every bias
+    /// `W.rows`): x quantized to q8_K once, one n-tile launch per weight format.
     pub(super) fn ntile_segments(
         &self,
-        segs: &[NtileSeg<'_>],
+        segs: Vec<Segment<'_>>,
         x: &CudaTensor,
     ) -> Result<(), BackendError> {
-        let stream = self.dev.stream();
         let n = x.rows;
-        let nlay = crate::mmv::q8k_layout_tokens(n);
-        self.with_scratch(nlay, x.cols, |s| {
+        // (the q8_K copy's layout pads the tokens to a multiple of 8)
+        self.with_scratch(crate::mmv::q8k_layout_tokens(n), x.cols, |s| {
             self.dev
                 .quantize_q8_k(&x.data, n, x.cols, s)
                 .map_err(dev_err)?;
-            let mut types = Vec::new();
-            for (m, ..) in segs {
-                if !types.contains(&m.ty) {
-                    types.push(m.ty);
-                }
-            }
-            for ty in types {
-                let group: Vec<Segment<'_>> = segs
-                    .iter()
-                    .filter(|(m, ..)| m.ty == ty)
-                    .map(|&(w, y, bias, accumulate)| Segment {
-                        w,
-                        y: dev_ptr(y, stream),
-                        bias: bias.map(|b| dev_ptr(b, stream)),
-                        accumulate,
-                    })
-                    .collect();
-                for chunk in group.chunks(MAX_SEGMENTS) {
-                    self.dev.mmv2_segments(chunk, s).map_err(dev_err)?;
-                }
+            for group in by_format(segs) {
+                self.dev.mmv2_segments(&group, s).map_err(dev_err)?;
             }
             Ok(())
         })
