@@ -396,6 +396,61 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s25d)
+    # session 25: the 27B fused test with the unfused f32 few-token products on the fused
+    # path's kernel, the conformance suite, the 8-stream server's steps with the step log
+    # (model call vs device completion: what the download and the logits cut cost), and issue
+    # 8's verify cost with the direct two-token kernels.
+    timeout 240 devbin/t_gpu_decode --test-threads 1 >/tmp/dec.txt 2>&1; grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" /tmp/dec.txt | head -12
+    timeout 60 devbin/t_gpu_decode --exact fused_matches_unfused_on_synth_q4_k_m_shapes --nocapture 2>&1 | grep -E "max relative|differ by"
+    timeout 200 devbin/t_backend_conformance --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -8
+    echo "== checks $(el)"
+    wait_m32
+    TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+    cp /tmp/serve_p32.log "$OUT/serve8_steplog.log"
+    grep -iE "segmentation|panicked|exiting" /tmp/serve_p32.log | tail -2
+    echo "== serve $(el)"
+    while [ ! -e /tmp/synth.done ] && kill -0 $SP 2>/dev/null; do sleep 1; done
+    timeout 200 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E "^\|" | tail -8
+    echo "== s25d $(el)"
+    ;;
+s25c)
+    # session 25: which 27B op keeps fused and unfused apart (the 1.5B is bit-exact; the 27B
+    # differs by ~1.05e-4 against the test's 1e-4): the test under each switch, its max diff;
+    # then what attention costs an 8-row step at depth 384 (REDLINE_SKIP_OPS, graph mode) and
+    # one decode split per 32 positions (REDLINE_FA_TILES_PER_SPLIT=1).
+    for v in X=1 REDLINE_MV_DIRECT=0 REDLINE_MMV2_N=0 REDLINE_FUSED_GATES=0 REDLINE_FUSED_NORM_Q8=0 REDLINE_FUSED_ATTN_Q8=0 \
+        REDLINE_FUSED_CONV_ROWS=0 REDLINE_FUSED_ATTN_ROWS=0 REDLINE_FUSED_CONV=0 REDLINE_FUSED_ATTENTION=0 REDLINE_DN_PDL=0 \
+        REDLINE_Q8_1_TILED=0 REDLINE_PDL=0 REDLINE_FLASH_ATTN=0; do
+        echo "$v: $(env $v timeout 60 devbin/t_gpu_decode --exact fused_matches_unfused_on_synth_q4_k_m_shapes --nocapture 2>&1 | grep -oE "qwen3.5-27b: [^|]*(max relative .diff. [0-9.e-]+|differ by [0-9.e-]+)" | head -1) rc=$?"
+    done
+    echo "== bisect $(el)"
+    wait_m32
+    for t in 1 2; do ST="REDLINE_FA_TILES_PER_SPLIT=$t" b m32 -d 384 -n 32 -r 2 --parallel 8; done
+    ST="REDLINE_SKIP_OPS=attention" b m32 -d 384 -n 32 -r 2 --parallel 8
+    b m32 -n 32 -r 2 --parallel 8
+    ST="REDLINE_SKIP_OPS=attention" b m32 -n 32 -r 2 --parallel 8
+    b m32 -d 384 -n 64 -r 2
+    ST="REDLINE_SKIP_OPS=attention" b m32 -d 384 -n 64 -r 2
+    echo "== s25c $(el)"
+    ;;
+s25b)
+    # session 25: the unfused one/two-token Q4_K / IQ4_XS products on the direct kernels (the
+    # fused test), the matvec suite, the server's stop (a segfault at SIGTERM in s25: the
+    # process exited under the scheduler thread), then the 8-row steps at depth 384 by decode
+    # split size (REDLINE_FA_TILES_PER_SPLIT; 2 is the default), and one row for reference.
+    timeout 240 devbin/t_gpu_decode --test-threads 1 >/tmp/dec.txt 2>&1; grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" /tmp/dec.txt | head -12
+    timeout 200 devbin/t_gpu_matvec --test-threads 1 >/tmp/mv.txt 2>&1; grep -E "^test .*(FAIL|panic)|test result|panicked" /tmp/mv.txt | head -12
+    echo "== checks $(el)"
+    wait_m32
+    TOKENS=256 serve_rows p32 32 1,8
+    grep -iE "segmentation|panicked|generation thread|exiting" /tmp/serve_p32.log | tail -3
+    echo "== serve $(el)"
+    for t in 2 4 8 16; do ST="REDLINE_FA_TILES_PER_SPLIT=$t" b m32 -d 384 -n 32 -r 2 --parallel 8; done
+    for t in 2 8; do ST="REDLINE_FA_TILES_PER_SPLIT=$t" b m32 -d 384 -n 64 -r 2; done
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m32.gguf -p 0 -d 384 -n 16 -r 1 --parallel 8 >"$OUT/prof8_d384.txt" 2>&1
+    echo "== s25b $(el)"
+    ;;
 s25)
     # for session 25's first window (any card; meant for the H200): the decode suite (the
     # n-tile segments; fused_matches_unfused failed on the H100 at 1.04e-4 against 1e-4, with

@@ -106,6 +106,30 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     delta_net(b)?;
     conv1d_qkv(b)?;
     delta_tail(b)?;
+    download_cols(b)?;
+    Ok(())
+}
+
+/// `download_cols`: the head of every row, in order (exact: a copy), for several widths and
+/// row counts, against the full download.
+pub fn download_cols<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(7);
+    for (rows, n) in [(1, 37), (3, 37), (8, 1000), (5, 4)] {
+        let data = g.vec(rows * n);
+        let t = up(b, &data, rows, n)?;
+        for cols in [1, n - 3, n, n + 5] {
+            let got = b.download_cols(&t, cols);
+            let w = cols.min(n);
+            let want: Vec<f32> = data.chunks(n).flat_map(|r| r[..w].to_vec()).collect();
+            if got != want {
+                return Err(format!(
+                    "download_cols of [{rows}, {n}] keeping {cols}: {} values, want {}",
+                    got.len(),
+                    want.len()
+                ));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -92,6 +92,20 @@ pub trait Backend: Send + Sync + Sized {
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor, BackendError>;
     /// The tensor's data on the host, row-major.
     fn download(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// The first `cols` values of every row of a `[rows, n]` tensor, row-major `[rows, cols]`
+    /// (`cols >= n`: the whole tensor): logits cut to a tokenizer's vocabulary on their way to
+    /// the host. The default downloads everything and moves the rows up in place.
+    fn download_cols(&self, t: &Self::Tensor, cols: usize) -> Vec<f32> {
+        let (rows, n) = self.shape(t);
+        let mut v = self.download(t);
+        if cols < n {
+            for r in 1..rows {
+                v.copy_within(r * n..r * n + cols, r * cols);
+            }
+            v.truncate(rows * cols);
+        }
+        v
+    }
     /// `(rows, cols)` of a tensor.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
 

@@ -170,6 +170,15 @@ pub fn direct_kernels() -> bool {
     }
 }
 
+/// Whether a product of `n_tokens` tokens over `cols` columns of `ty` runs on the direct
+/// kernels ([`direct_kernels`]).
+fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize) -> bool {
+    n_tokens <= 2
+        && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
+        && cols.is_multiple_of(256)
+        && direct_kernels()
+}
+
 /// Forces the direct Q4_K / IQ4_XS kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and
 /// their rows per warp (1, 2 or 4; 0: `REDLINE_MV_DIRECT_R` or the per-shape rule). For tests
 /// and benchmarks.
@@ -529,6 +538,16 @@ impl CudaDevice {
                 y.len()
             )));
         }
+        if (1..=2).contains(&n_tokens) && direct_applies(w.ty, cols, n_tokens) {
+            // the kernel the fused path's segments take, so both paths give the same bits
+            let seg = Segment {
+                w,
+                y: self.device_address(y),
+                bias: None,
+                accumulate: false,
+            };
+            return self.matvec_segments(&[seg], xq);
+        }
         let (rows_i, cols_i, row_bytes) = (rows as i32, cols as i32, w.row_bytes as i64);
         let load_mode = self.matvec_load_mode() | tiled_bit(xq);
         let mut t0 = 0;
@@ -629,10 +648,7 @@ impl CudaDevice {
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let n_tokens = xq.n_tokens;
         let nt = n_tokens.next_power_of_two();
-        let direct = nt <= 2
-            && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
-            && cols.is_multiple_of(256)
-            && direct_kernels();
+        let direct = direct_applies(ty, cols, n_tokens);
         let r = if direct {
             direct_rows_per_warp()
         } else {

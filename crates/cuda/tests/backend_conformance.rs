@@ -55,6 +55,12 @@ fn conformance_norms_and_activations() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn conformance_download_cols() {
+    conformance::download_cols(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn conformance_rope() {
     conformance::rope(&gpu()).unwrap();
 }

@@ -351,6 +351,18 @@ impl<B: Backend> ModelOn<B> {
         states: &mut [&mut SeqStateOn<B>],
         tokens: &[&[u32]],
     ) -> Result<Vec<f32>, ModelError> {
+        self.forward_multi_cols(states, tokens, self.config.n_vocab)
+    }
+
+    /// [`ModelOn::forward_multi`] with only the first `cols` logits of each row, `[states.len(),
+    /// cols]` (a server samples among its tokenizer's vocabulary; an output head may be padded
+    /// past it): cut on the way to the host rather than after.
+    pub fn forward_multi_cols(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+        cols: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         if states.len() != tokens.len() {
             return Err(ModelError::BatchMismatch {
                 n_states: states.len(),
@@ -383,7 +395,7 @@ impl<B: Backend> ModelOn<B> {
             let rows: Vec<Row> = chunk.iter().map(|c| c.0).collect();
             let toks: Vec<u32> = chunk.iter().map(|c| c.1).collect();
             let out_rows: Vec<usize> = (0..chunk.len()).filter(|&r| chunk[r].2).collect();
-            let l = self.run(states, &toks, Batch::new(rows), &out_rows)?;
+            let l = self.run_cols(states, &toks, Batch::new(rows), &out_rows, cols)?;
             // (one micro-batch, a decode step: its vector as it is, not a copy of 20 MB at 32
             // sequences of a 152k vocabulary)
             if logits.is_empty() {
@@ -492,8 +504,20 @@ impl<B: Backend> ModelOn<B> {
         batch: Batch,
         out_rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
+        self.run_cols(states, tokens, batch, out_rows, self.config.n_vocab)
+    }
+
+    /// [`Self::run`] keeping the first `cols` logits of each row.
+    fn run_cols(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[u32],
+        batch: Batch,
+        out_rows: &[usize],
+        cols: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         Ok(self
-            .run_with_hidden(states, tokens, batch, out_rows, false)?
+            .run_inner(states, tokens, batch, out_rows, false, cols)?
             .0)
     }
 
@@ -506,6 +530,20 @@ impl<B: Backend> ModelOn<B> {
         batch: Batch,
         out_rows: &[usize],
         want_hidden: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let n_vocab = self.config.n_vocab;
+        self.run_inner(states, tokens, batch, out_rows, want_hidden, n_vocab)
+    }
+
+    /// [`Self::run_with_hidden`] keeping the first `cols` logits of each row.
+    fn run_inner(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[u32],
+        batch: Batch,
+        out_rows: &[usize],
+        want_hidden: bool,
+        cols: usize,
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let b = &self.backend;
         let c = &self.config;
@@ -560,7 +598,9 @@ impl<B: Backend> ModelOn<B> {
                 Some(linear(b, head, &sel)?)
             };
             step.end()?;
-            let logits = logits.map(|l| b.download(&l)).unwrap_or_default();
+            let logits = logits
+                .map(|l| b.download_cols(&l, cols))
+                .unwrap_or_default();
             return Ok((logits, b.download(&xn)));
         }
         if out_rows.is_empty() {
@@ -572,7 +612,7 @@ impl<B: Backend> ModelOn<B> {
         b.rms_norm_inplace(&mut sel, &self.output_norm, c.rms_eps)?;
         let logits = linear(b, head, &sel)?;
         step.end()?;
-        Ok((b.download(&logits), Vec::new()))
+        Ok((b.download_cols(&logits, cols), Vec::new()))
     }
 }
 

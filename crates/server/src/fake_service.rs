@@ -246,4 +246,7 @@ impl InferenceService for FakeService {
     fn shutdown(&self) {
         self.scheduler.shutdown()
     }
+    fn wait_stopped(&self, timeout: std::time::Duration) -> bool {
+        self.scheduler.wait_stopped(timeout)
+    }
 }

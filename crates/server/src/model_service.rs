@@ -107,10 +107,10 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
         if !self.mixed {
             return engine::scheduler::forward_multi_by_parts(self, states, tokens);
         }
+        // cut to the tokenizer's vocabulary on the way to the host (no pass over the rows)
         self.model
-            .forward_multi(states, tokens)
+            .forward_multi_cols(states, tokens, self.n_use)
             .map_err(|e| e.to_string())
-            .and_then(|l| self.cut(l))
     }
 }
 
@@ -316,6 +316,9 @@ impl InferenceService for ModelService {
     fn shutdown(&self) {
         self.scheduler.shutdown()
     }
+    fn wait_stopped(&self, timeout: std::time::Duration) -> bool {
+        self.scheduler.wait_stopped(timeout)
+    }
 }
 
 #[cfg(test)]
@@ -354,6 +357,20 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(d < 1e-4, "{d}");
+        // forward_multi over two sequences: each row cut on its way to the host, in order
+        let (mut c, mut e) = (batch.new_state(64).unwrap(), batch.new_state(64).unwrap());
+        let two = batch
+            .forward_multi(&mut [&mut c, &mut e], &[&[1, 400, 30], &[1, 400, 30]])
+            .unwrap();
+        assert_eq!(two.len(), 2 * (n - 12));
+        for half in two.chunks_exact(n - 12) {
+            let d = half
+                .iter()
+                .zip(row(2))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d < 1e-4, "{d}");
+        }
         // several rows (a batched decode step): each row cut in place, in order
         let (mut a, mut b) = (batch.new_state(64).unwrap(), batch.new_state(64).unwrap());
         batch.prefill(&mut a, &[1, 400]).unwrap();

@@ -47,4 +47,9 @@ pub trait InferenceService: Send + Sync + 'static {
     fn stats(&self) -> SchedulerStats;
     /// Stops accepting requests; running ones finish.
     fn shutdown(&self);
+    /// After [`InferenceService::shutdown`]: waits up to `timeout` for the generation thread
+    /// to exit; true once it has (a service without one has nothing to wait for).
+    fn wait_stopped(&self, _timeout: std::time::Duration) -> bool {
+        true
+    }
 }

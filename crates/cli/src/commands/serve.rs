@@ -156,6 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let grace = Duration::from_secs(args.shutdown_grace);
+    let stopping = state.clone();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -178,9 +179,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(Err(e)) => return Err(e),
             Err(e) => bail!("model loading panicked: {e}"),
         }
-        serving.await.context("server task")?.context("serving")?;
-        Ok(())
-    })
+        serving.await.context("server task")?.context("serving")
+    })?;
+    // Any stream still open after the grace period is cancelled with its connection here.
+    drop(runtime);
+    // The generation thread frees its model states on the way out: the process must not exit
+    // under it (on the GPU the driver's teardown at exit crashed a late free).
+    if let Some(service) = stopping.loaded_service() {
+        service.shutdown();
+        if !service.wait_stopped(Duration::from_secs(10)) {
+            tracing::warn!("the generation thread did not stop within 10 s; exiting anyway");
+        }
+    }
+    Ok(())
 }
 
 /// The service over `model`, with the slots speculating when --md asks for it (the draft

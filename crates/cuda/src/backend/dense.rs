@@ -205,6 +205,10 @@ impl CudaBackend {
                         .map_err(dev_err)
                 });
             }
+            // few-token f32 matrices: the fused path's kernel (the same bits either way)
+            if self.f32_rows_take(w, x, out) {
+                return self.matvec_f32_rows(&[0], &[w], x, &mut [out]);
+            }
             return self.with_scratch(n, w.cols, |s| {
                 self.dev
                     .matvec(m, &x.data, n, &mut out.data, s)

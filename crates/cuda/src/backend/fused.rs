@@ -336,16 +336,9 @@ impl CudaBackend {
         }
         // few-token f32 matrices (DeltaNet alpha/beta) without bias: one launch, a block per
         // row (prefill outside steps keeps the GEMM / per-matrix path)
-        let few =
-            x.rows == 1 || ((2..=MAX_FUSED_TOKENS).contains(&x.rows) && self.mode() != Mode::Off);
-        let (f32_rows, rest): (Vec<usize>, Vec<usize>) = rest.into_iter().partition(|&i| {
-            let w = ws[i];
-            few && bias_of(i).is_none()
-                && w.cols == x.cols
-                && x.cols.is_multiple_of(4)
-                && (outs[i].rows, outs[i].cols) == (x.rows, w.rows)
-                && w.matrix.as_ref().is_some_and(|m| m.ty == GgmlType::F32)
-        });
+        let (f32_rows, rest): (Vec<usize>, Vec<usize>) = rest
+            .into_iter()
+            .partition(|&i| bias_of(i).is_none() && self.f32_rows_take(ws[i], x, outs[i]));
         for chunk in f32_rows.chunks(F32_MAX_SEGS) {
             self.matvec_f32_rows(chunk, ws, x, outs)?;
         }
@@ -359,8 +352,20 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether `out = w x` (no bias) takes [`Self::matvec_f32_rows`]: an f32 matrix and one
+    /// token, or 2..=8 inside a recorded step (prefill outside steps keeps the GEMM /
+    /// per-matrix path). The unfused `matmul` asks too, so both paths give the same bits.
+    pub(super) fn f32_rows_take(&self, w: &CudaWeight, x: &CudaTensor, out: &CudaTensor) -> bool {
+        let few =
+            x.rows == 1 || ((2..=MAX_FUSED_TOKENS).contains(&x.rows) && self.mode() != Mode::Off);
+        few && w.cols == x.cols
+            && x.cols.is_multiple_of(4)
+            && (out.rows, out.cols) == (x.rows, w.rows)
+            && w.matrix.as_ref().is_some_and(|m| m.ty == GgmlType::F32)
+    }
+
     /// `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS, 1..=8 tokens).
-    fn matvec_f32_rows(
+    pub(super) fn matvec_f32_rows(
         &self,
         idx: &[usize],
         ws: &[&CudaWeight],

@@ -625,6 +625,51 @@ impl backend::Backend for CudaBackend {
         v
     }
 
+    fn download_cols(&self, t: &CudaTensor, cols: usize) -> Vec<f32> {
+        if cols >= t.cols || t.rows == 0 || cols == 0 {
+            let mut v = self.download(t);
+            v.truncate(t.rows * cols.min(t.cols));
+            return v;
+        }
+        // One strided copy of the rows' heads: no full download and no pass over it after.
+        use cudarc::driver::sys;
+        let stream = self.dev.stream();
+        let mut v: Vec<f32> = Vec::with_capacity(t.rows * cols);
+        let src = self.dev.device_address(&*t.data);
+        let p = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: t.cols * 4,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            dstHost: v.as_mut_ptr().cast(),
+            dstDevice: 0,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: cols * 4,
+            WidthInBytes: cols * 4,
+            Height: t.rows,
+        };
+        // SAFETY: the source is t's `rows x t.cols` f32 on the device (t.data starts at its
+        // first value), the destination v's capacity of `rows x cols` f32; the copy is ordered
+        // on the backend's stream after the kernels that wrote t, and v is read only after
+        // the synchronize below.
+        let r = unsafe { sys::cuMemcpy2DAsync_v2(&p, stream.cu_stream()) }
+            .result()
+            .and_then(|_| stream.synchronize());
+        if let Err(e) = r {
+            // The trait's `download` cannot fail; a lost device here is fatal.
+            panic!("cuda download: {e}");
+        }
+        // SAFETY: the copy above wrote all rows * cols values.
+        unsafe { v.set_len(t.rows * cols) };
+        v
+    }
+
     fn shape(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }

@@ -122,6 +122,8 @@ struct Shared {
     wake: Condvar,
     stats: Mutex<SchedulerStats>,
     running: AtomicBool,
+    /// The scheduler thread, taken by [`Scheduler::wait_stopped`].
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Handle to the scheduler thread; cheap to clone.
@@ -161,15 +163,17 @@ impl Scheduler {
                 ..Default::default()
             }),
             running: AtomicBool::new(true),
+            thread: Mutex::new(None),
         });
         let config = Arc::new(config);
         let (s, c) = (shared.clone(), config.clone());
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("scheduler".into())
             .spawn(move || batch_loop::run(model, s, c))
             .map_err(|e| {
                 SchedulerError::Config(format!("cannot start the scheduler thread: {e}"))
             })?;
+        *lock(&shared.thread) = Some(handle);
         Ok(Scheduler { shared, config })
     }
 
@@ -219,6 +223,24 @@ impl Scheduler {
     pub fn shutdown(&self) {
         lock(&self.shared.queue).shutting_down = true;
         self.shared.wake.notify_all();
+    }
+
+    /// After [`Scheduler::shutdown`]: waits up to `timeout` for the scheduler thread to finish
+    /// its running generations and exit, and joins it (its model states are freed by then).
+    /// True when it has exited. A process must not exit while the thread still runs: on the
+    /// GPU the driver tears its context down at exit under the thread's feet.
+    pub fn wait_stopped(&self, timeout: std::time::Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.is_running() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if let Some(h) = lock(&self.shared.thread).take() {
+            let _ = h.join();
+        }
+        true
     }
 
     /// False once the scheduler thread has exited.

@@ -253,6 +253,24 @@ fn shutdown_finishes_running_work_then_refuses() {
     wait_until(|| !s.is_running());
 }
 
+/// `wait_stopped` returns once the thread has exited and dropped everything it held (the
+/// model's last clone outside this test), and in time while a generation is still running.
+#[test]
+fn wait_stopped_joins_the_thread() {
+    let model = Arc::new(FakeModel::new(50, Duration::from_millis(20)));
+    let s = start(&model, 1, 64);
+    let rx = s.submit(request(vec![1, 2], 40)).unwrap();
+    s.shutdown();
+    assert!(
+        !s.wait_stopped(Duration::from_millis(50)),
+        "40 steps of 20 ms in 50 ms"
+    );
+    drop(rx); // the client goes: its generation is cancelled
+    assert!(s.wait_stopped(Duration::from_secs(10)));
+    assert!(!s.is_running());
+    assert_eq!(Arc::strong_count(&model), 1);
+}
+
 #[test]
 fn logprobs_come_with_tokens_when_asked() {
     let model = Arc::new(FakeModel::new(50, Duration::ZERO));
