@@ -396,6 +396,23 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s25e)
+    # session 25: logits cut on the way to the host (download_cols: one strided copy): the
+    # conformance suite on the card (its new download_cols check), then the server's 1 / 8
+    # streams with the step log (the model call after the device is done: 0.66 ms at 8 rows
+    # before), 32 streams.
+    timeout 200 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -8
+    timeout 240 devbin/t_gpu_decode --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -8
+    echo "== checks $(el)"
+    wait_m32
+    b m32 -n 128 -r 2
+    b m32 -n 32 -r 2 --parallel 8
+    TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+    cp /tmp/serve_p32.log "$OUT/serve8_steplog.log"
+    grep -iE "segmentation|panicked|exiting" /tmp/serve_p32.log | tail -2
+    TOKENS=128 serve_rows p32b 32 32
+    echo "== s25e $(el)"
+    ;;
 s25d)
     # session 25: the 27B fused test with the unfused f32 few-token products on the fused
     # path's kernel, the conformance suite, the 8-stream server's steps with the step log
