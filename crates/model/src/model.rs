@@ -237,8 +237,14 @@ impl<B: Backend> ModelOn<B> {
                 Vec::new()
             };
             let mut states = [&mut *state];
-            let (l, h) =
-                self.run_with_hidden(&mut states, chunk, Batch::new(rows), &out_rows, true)?;
+            let (l, h) = self.run_with_hidden(
+                &mut states,
+                chunk,
+                Batch::new(rows),
+                &out_rows,
+                true,
+                self.config.n_vocab,
+            )?;
             logits.extend(l);
             hidden.extend(h);
             state.len += chunk.len();
@@ -318,7 +324,13 @@ impl<B: Backend> ModelOn<B> {
                 Vec::new()
             };
             let mut states = [&mut *state];
-            logits.extend(self.run(&mut states, chunk, Batch::new(rows), &out_rows)?);
+            logits.extend(self.run_cols(
+                &mut states,
+                chunk,
+                Batch::new(rows),
+                &out_rows,
+                self.config.n_vocab,
+            )?);
             state.len += chunk.len();
         }
         Ok(logits)
@@ -452,8 +464,14 @@ impl<B: Backend> ModelOn<B> {
             let rows: Vec<Row> = chunk.iter().map(|c| c.0).collect();
             let toks: Vec<u32> = chunk.iter().map(|c| c.1).collect();
             let out_rows: Vec<usize> = (0..chunk.len()).filter(|&r| chunk[r].2).collect();
-            let (l, h) =
-                self.run_with_hidden(states, &toks, Batch::new(rows), &out_rows, want_hidden)?;
+            let (l, h) = self.run_with_hidden(
+                states,
+                &toks,
+                Batch::new(rows),
+                &out_rows,
+                want_hidden,
+                self.config.n_vocab,
+            )?;
             logits.extend(l);
             hidden.extend(h);
         }
@@ -496,18 +514,8 @@ impl<B: Backend> ModelOn<B> {
         Ok(())
     }
 
-    /// One micro-batch through every layer; logits of `out_rows` (batch row indices).
-    fn run(
-        &self,
-        states: &mut [&mut SeqStateOn<B>],
-        tokens: &[u32],
-        batch: Batch,
-        out_rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        self.run_cols(states, tokens, batch, out_rows, self.config.n_vocab)
-    }
-
-    /// [`Self::run`] keeping the first `cols` logits of each row.
+    /// One micro-batch through every layer; the first `cols` logits of each of `out_rows`
+    /// (batch row indices).
     fn run_cols(
         &self,
         states: &mut [&mut SeqStateOn<B>],
@@ -517,26 +525,13 @@ impl<B: Backend> ModelOn<B> {
         cols: usize,
     ) -> Result<Vec<f32>, ModelError> {
         Ok(self
-            .run_inner(states, tokens, batch, out_rows, false, cols)?
+            .run_with_hidden(states, tokens, batch, out_rows, false, cols)?
             .0)
     }
 
-    /// [`Self::run`], also returning the normed hidden state of every row when `want_hidden`
-    /// (`[tokens.len(), n_embd]`, else empty).
+    /// [`Self::run_cols`], also returning the normed hidden state of every row when
+    /// `want_hidden` (`[tokens.len(), n_embd]`, else empty).
     fn run_with_hidden(
-        &self,
-        states: &mut [&mut SeqStateOn<B>],
-        tokens: &[u32],
-        batch: Batch,
-        out_rows: &[usize],
-        want_hidden: bool,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
-        let n_vocab = self.config.n_vocab;
-        self.run_inner(states, tokens, batch, out_rows, want_hidden, n_vocab)
-    }
-
-    /// [`Self::run_with_hidden`] keeping the first `cols` logits of each row.
-    fn run_inner(
         &self,
         states: &mut [&mut SeqStateOn<B>],
         tokens: &[u32],

@@ -342,6 +342,18 @@ mod tests {
         let mut reference = model.new_state(64, KvType::F32).unwrap();
         let full = model.forward(&mut reference, &[1, 400, 30], true).unwrap();
         let row = |i: usize| full[i * n..i * n + n - 12].to_vec();
+        // `got` is `rows` rows of n - 12, each the reference's last row within 1e-4
+        let rows_match = |got: &[f32], rows: usize| {
+            assert_eq!(got.len(), rows * (n - 12));
+            for r in got.chunks_exact(n - 12) {
+                let d = r
+                    .iter()
+                    .zip(row(2))
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(d < 1e-4, "{d}");
+            }
+        };
 
         let mut s = batch.new_state(64).unwrap();
         assert_eq!(batch.prefill(&mut s, &[1, 400]).unwrap(), row(1));
@@ -362,15 +374,7 @@ mod tests {
         let two = batch
             .forward_multi(&mut [&mut c, &mut e], &[&[1, 400, 30], &[1, 400, 30]])
             .unwrap();
-        assert_eq!(two.len(), 2 * (n - 12));
-        for half in two.chunks_exact(n - 12) {
-            let d = half
-                .iter()
-                .zip(row(2))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(d < 1e-4, "{d}");
-        }
+        rows_match(&two, 2);
         // several rows (a batched decode step): each row cut in place, in order
         let (mut a, mut b) = (batch.new_state(64).unwrap(), batch.new_state(64).unwrap());
         batch.prefill(&mut a, &[1, 400]).unwrap();
@@ -378,14 +382,6 @@ mod tests {
         let both = batch
             .decode_batch(&mut [&mut a, &mut b], &[30, 30])
             .unwrap();
-        assert_eq!(both.len(), 2 * (n - 12));
-        for half in both.chunks_exact(n - 12) {
-            let d = half
-                .iter()
-                .zip(row(2))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(d < 1e-4, "{d}");
-        }
+        rows_match(&both, 2);
     }
 }
