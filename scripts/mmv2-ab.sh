@@ -396,6 +396,15 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s25f)
+    # session 25's last window: the suites whose logits now come down through the page-locked
+    # buffer (download_cols): speculative, models, DeltaNet, attention, decode, conformance.
+    for t in t_gpu_speculative t_backend_models t_gpu_deltanet t_gpu_attention t_gpu_decode; do
+        echo "$t: $(timeout 100 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    done
+    echo "t_backend_conformance: $(timeout 60 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "test result|panicked" | head -3 | tr '\n' ' ')"
+    echo "== s25f $(el)"
+    ;;
 s25e)
     # session 25: logits cut on the way to the host (download_cols: one strided copy): the
     # conformance suite on the card (its new download_cols check), then the server's 1 / 8
