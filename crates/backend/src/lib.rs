@@ -32,6 +32,19 @@ pub enum StepMode {
     Replay,
 }
 
+/// Keeps the first `cols` of every row of `n` values (`v`: whole rows), in place: logits cut to a
+/// tokenizer's vocabulary. Nothing happens for `cols >= n`.
+pub fn cut_rows_in_place(v: &mut Vec<f32>, n: usize, cols: usize) {
+    if cols >= n || n == 0 {
+        return;
+    }
+    let rows = v.len() / n;
+    for r in 1..rows {
+        v.copy_within(r * n..r * n + cols, r * cols);
+    }
+    v.truncate(rows * cols);
+}
+
 /// The op set of one device. Implementations: [`cpu::CpuBackend`] (a CUDA one lives in its own
 /// crate).
 pub trait Backend: Send + Sync + Sized {
@@ -96,14 +109,8 @@ pub trait Backend: Send + Sync + Sized {
     /// (`cols >= n`: the whole tensor): logits cut to a tokenizer's vocabulary on their way to
     /// the host. The default downloads everything and moves the rows up in place.
     fn download_cols(&self, t: &Self::Tensor, cols: usize) -> Vec<f32> {
-        let (rows, n) = self.shape(t);
         let mut v = self.download(t);
-        if cols < n {
-            for r in 1..rows {
-                v.copy_within(r * n..r * n + cols, r * cols);
-            }
-            v.truncate(rows * cols);
-        }
+        cut_rows_in_place(&mut v, self.shape(t).1, cols);
         v
     }
     /// `(rows, cols)` of a tensor.

@@ -173,7 +173,7 @@ pub fn direct_kernels() -> bool {
 /// Whether a product of `n_tokens` tokens over `cols` columns of `ty` runs on the direct
 /// kernels ([`direct_kernels`]).
 fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize) -> bool {
-    n_tokens <= 2
+    (1..=2).contains(&n_tokens)
         && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
         && cols.is_multiple_of(256)
         && direct_kernels()
@@ -538,7 +538,7 @@ impl CudaDevice {
                 y.len()
             )));
         }
-        if (1..=2).contains(&n_tokens) && direct_applies(w.ty, cols, n_tokens) {
+        if direct_applies(w.ty, cols, n_tokens) {
             // the kernel the fused path's segments take, so both paths give the same bits
             let seg = Segment {
                 w,

@@ -362,13 +362,7 @@ mod tests {
         let got = batch
             .forward_multi(&mut [&mut t], &[&[1, 400, 30]])
             .unwrap();
-        assert_eq!(got.len(), n - 12);
-        let d = got
-            .iter()
-            .zip(row(2))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(d < 1e-4, "{d}");
+        rows_match(&got, 1);
         // forward_multi over two sequences: each row cut on its way to the host, in order
         let (mut c, mut e) = (batch.new_state(64).unwrap(), batch.new_state(64).unwrap());
         let two = batch

@@ -638,7 +638,7 @@ impl backend::Backend for CudaBackend {
         let cols = cols.min(n);
         if rows * n == 0 || rows * n > PINNED_MAX_FLOATS {
             let mut v = self.download(t);
-            cut_in_place(&mut v, rows, n, cols);
+            backend::cut_rows_in_place(&mut v, n, cols);
             return v;
         }
         // The device copies into page-locked memory at the link's speed (a pageable
@@ -1078,16 +1078,6 @@ impl backend::Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         // timed inside: the fallback's ops time themselves
         self.delta_rule_gated_rec(q, k, v, alpha, beta, gates, rows, states, out)
-    }
-}
-
-/// Keeps the first `cols` of every `n` values of `rows` rows, in place.
-fn cut_in_place(v: &mut Vec<f32>, rows: usize, n: usize, cols: usize) {
-    if cols < n {
-        for r in 1..rows {
-            v.copy_within(r * n..r * n + cols, r * cols);
-        }
-        v.truncate(rows * cols);
     }
 }
 

@@ -160,11 +160,7 @@ pub fn cut_rows(mut logits: Vec<f32>, n: usize, n_use: usize) -> Result<Vec<f32>
             logits.len()
         ));
     }
-    let rows = logits.len() / n;
-    for r in 1..rows {
-        logits.copy_within(r * n..r * n + n_use, r * n_use);
-    }
-    logits.truncate(rows * n_use);
+    backend::cut_rows_in_place(&mut logits, n, n_use);
     Ok(logits)
 }
 
