@@ -396,6 +396,67 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s26b)
+    # session 26: ncu's duration of every kernel of a few layers of eager 32B steps: 8 rows at
+    # d0 and d384, one row at d384 (which kernels an 8-row step's attention runs, and the merge)
+    wait_m32
+    NCU=/usr/local/cuda/bin/ncu
+    for a in "-d 0 --parallel 8" "-d 384 --parallel 8" "-d 384"; do
+        f="$OUT/ncu_all_$(echo $a | tr -dc '0-9a-z')".csv
+        REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU --launch-skip ${SKIP:-4000} --launch-count ${COUNT:-60} \
+            --metrics gpu__time_duration.sum --csv \
+            $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 8 -r 1 $a >"$f" 2>&1
+        echo "ncu $a:"
+        python3 - "$f" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if not rows:
+    print("no rows"); sys.exit()
+h = rows[0]
+ki, gi, bi, vi = h.index("Kernel Name"), h.index("Grid Size"), h.index("Block Size"), h.index("Metric Value")
+agg = collections.defaultdict(list)
+for r in rows[1:]:
+    agg[(r[ki].split("(")[0][:30], r[gi], r[bi])].append(float(r[vi].replace(",", "")) / 1000)
+tot = sum(sum(v) for v in agg.values())
+for k, v in sorted(agg.items(), key=lambda kv: -sum(kv[1])):
+    print(f"  {k[0]:30} grid {k[1]:14} blk {k[2]:12} n={len(v):3} mean {sum(v)/len(v):8.2f} us min {min(v):7.2f} max {max(v):7.2f}  {100*sum(v)/tot:5.1f}%")
+PY
+    done
+    echo "== s26b $(el)"
+    ;;
+s26a)
+    # session 26: where an 8-row step's attention time goes at depth (1.46 ms a step at d384
+    # against 0.74 at d0): per-op device time (REDLINE_PROFILE_OPS=1) at 8 rows d0 / d384 and
+    # one row d384, then ncu's duration of each fa_decode_fused_d128 / fa_merge_active launch
+    # in eager 8-row steps at d0 and d384 (kernels serialized: no PDL overlap)
+    wait_m32
+    for a in "-d 0 --parallel 8" "-d 384 --parallel 8" "-d 384"; do
+        echo "== profile $a $(el)"
+        REDLINE_PROFILE_OPS=1 timeout 150 $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 16 -r 1 $a 2>&1 |
+            grep -E "op profile|^attention|^rope|^matmul|^\| qwen" | cut -c1-110 | head -14
+    done
+    NCU=/usr/local/cuda/bin/ncu
+    for d in 0 384; do
+        REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:fa_decode_fused|fa_merge_active" --launch-skip 640 \
+            --launch-count 24 --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__cycles_active.avg --csv \
+            $R bench --device cuda -m /tmp/m32.gguf -p 0 -n 8 -r 1 -d $d --parallel 8 >"$OUT/ncu_d$d.csv" 2>&1
+        echo "ncu d$d:"
+        python3 - "$OUT/ncu_d$d.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if not rows:
+    print("no rows"); sys.exit()
+h = rows[0]
+ki, gi, mi, vi = h.index("Kernel Name"), h.index("Grid Size"), h.index("Metric Name"), h.index("Metric Value")
+agg = collections.defaultdict(list)
+for r in rows[1:]:
+    agg[(r[ki][:24], r[gi], r[mi])].append(float(r[vi].replace(",", "")))
+for k, v in sorted(agg.items()):
+    print(f"  {k[0]:24} grid {k[1]:14} {k[2]:28} n={len(v):3} mean {sum(v)/len(v):12.1f} min {min(v):10.1f} max {max(v):10.1f}")
+PY
+    done
+    echo "== s26a $(el)"
+    ;;
 s25f)
     # session 25's last window: the suites whose logits now come down through the page-locked
     # buffer (download_cols): speculative, models, DeltaNet, attention, decode, conformance.

@@ -107,6 +107,7 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     conv1d_qkv(b)?;
     delta_tail(b)?;
     download_cols(b)?;
+    argmax_cols(b)?;
     Ok(())
 }
 
@@ -126,6 +127,61 @@ pub fn download_cols<B: Backend>(b: &B) -> Result<(), String> {
                     "download_cols of [{rows}, {n}] keeping {cols}: {} values, want {}",
                     got.len(),
                     want.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `argmax_cols`: the greedy pick of every row's head ([`crate::greedy_pick`] of the
+/// downloaded values) for rows with ties across the row (the lowest column wins), NaN, -inf
+/// and +inf values, rows with nothing finite, and widths that cut the maximum off.
+pub fn argmax_cols<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(11);
+    for (rows, n) in [(1, 37), (4, 1000), (6, 152_064), (3, 20_000)] {
+        let mut data = g.vec(rows * n);
+        for (r, row) in data.chunks_mut(n).enumerate() {
+            match r % 6 {
+                // the maximum twice, far apart (different blocks of a long row)
+                0 => {
+                    row[n - 2] = 9.0;
+                    row[n / 3] = 9.0;
+                }
+                // NaN everywhere but a few, and -inf
+                1 => {
+                    for (i, v) in row.iter_mut().enumerate() {
+                        *v = match i % 3 {
+                            0 => f32::NAN,
+                            1 => f32::NEG_INFINITY,
+                            _ => *v,
+                        };
+                    }
+                }
+                // nothing finite
+                2 => row.fill(f32::NEG_INFINITY),
+                // +inf beats everything
+                3 => row[n / 2] = f32::INFINITY,
+                // all NaN but one -inf and one +inf: nothing finite
+                4 => {
+                    row.fill(f32::NAN);
+                    row[1] = f32::NEG_INFINITY;
+                    row[n - 1] = f32::INFINITY;
+                }
+                _ => {}
+            }
+        }
+        let t = up(b, &data, rows, n)?;
+        for cols in [1, n / 2, n - 1, n, n + 3] {
+            let got = b.argmax_cols(&t, cols);
+            let w = cols.min(n);
+            let want: Vec<Option<u32>> = data
+                .chunks(n)
+                .map(|r| crate::greedy_pick(&r[..w]))
+                .collect();
+            if got != want {
+                return Err(format!(
+                    "argmax_cols of [{rows}, {n}] over {cols} columns: {got:?}, want {want:?}"
                 ));
             }
         }

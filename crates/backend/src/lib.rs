@@ -45,6 +45,22 @@ pub fn cut_rows_in_place(v: &mut Vec<f32>, n: usize, cols: usize) {
     v.truncate(rows * cols);
 }
 
+/// The token a greedy sampler picks from one row of logits: the largest value (NaN counts as
+/// `-inf`), the lowest id among equal ones; `None` when no value is finite (nothing can be
+/// sampled). [`Backend::argmax_cols`] gives the same pick without bringing the row to the host.
+pub fn greedy_pick(row: &[f32]) -> Option<u32> {
+    let mut best: Option<(f32, usize)> = None;
+    let mut finite = false;
+    for (i, &l) in row.iter().enumerate() {
+        finite |= l.is_finite();
+        let v = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        if best.is_none_or(|(b, _)| v > b) {
+            best = Some((v, i));
+        }
+    }
+    best.filter(|_| finite).map(|(_, i)| i as u32)
+}
+
 /// The op set of one device. Implementations: [`cpu::CpuBackend`] (a CUDA one lives in its own
 /// crate).
 pub trait Backend: Send + Sync + Sized {
@@ -112,6 +128,20 @@ pub trait Backend: Send + Sync + Sized {
         let mut v = self.download(t);
         cut_rows_in_place(&mut v, self.shape(t).1, cols);
         v
+    }
+    /// [`greedy_pick`] of the first `cols` values of every row of a `[rows, n]` tensor: what a
+    /// greedy sampler takes from [`Backend::download_cols`]'s rows, without the rows coming to
+    /// the host (a device reduces them where they are). The default downloads and picks here.
+    fn argmax_cols(&self, t: &Self::Tensor, cols: usize) -> Vec<Option<u32>> {
+        let (rows, n) = self.shape(t);
+        let cols = cols.min(n);
+        if cols == 0 {
+            return vec![None; rows];
+        }
+        self.download_cols(t, cols)
+            .chunks(cols)
+            .map(greedy_pick)
+            .collect()
     }
     /// `(rows, cols)` of a tensor.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);

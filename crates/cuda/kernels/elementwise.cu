@@ -139,3 +139,59 @@ extern "C" __global__ void get_rows_float(const uint8_t* __restrict__ table, con
                             : bf16_to_f32(((const uint16_t*)row)[i]);
     }
 }
+
+// The greedy pick of logits rows, first pass: block (p, r) takes columns [p * per, (p + 1) * per)
+// of the first `cols` of row r (rows `ld` apart) and writes (value, column as int bits, any
+// finite as 0/1) to out[(r * parts + p) * 3 ..]: the largest value (NaN counts as -inf), the
+// lowest column among equal ones (-1 for an empty range). The host combines the parts the same
+// way (crates/cuda/src/ops.rs: argmax_rows). grid (parts, rows), block 256.
+extern "C" __global__ void argmax_parts_f32(const float* __restrict__ x, long long ld, int cols, int per,
+                                            float* __restrict__ out) {
+    __shared__ float sv[8];
+    __shared__ int si[8], sf[8];
+    const float* xr = x + (long long)blockIdx.y * ld;
+    const int lo = blockIdx.x * per, hi = min(cols, lo + per);
+    float bv = NEG_INF;
+    int bi = -1, fin = 0;
+    // each thread walks its columns in increasing order: a later equal value never wins
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        float v = xr[j];
+        fin |= fabsf(v) <= 3.402823466e38f ? 1 : 0;  // false for +-inf and NaN
+        if (v != v) v = NEG_INF;
+        if (bi < 0 || v > bv) {
+            bv = v;
+            bi = j;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        fin |= __shfl_xor_sync(0xffffffffu, fin, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+        sf[warp] = fin;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+            const float ov = sv[w];
+            const int oi = si[w];
+            fin |= sf[w];
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        float* o = out + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * 3;
+        o[0] = bv;
+        o[1] = __int_as_float(bi);
+        o[2] = fin ? 1.0f : 0.0f;
+    }
+}

@@ -37,6 +37,9 @@ pub struct AttentionScratch {
     acc: CudaSlice<f32>,
 }
 
+/// Columns of one block of `argmax_parts_f32` (a 152k vocabulary: 19 blocks a row).
+const ARGMAX_PER: usize = 8192;
+
 /// Positions per split of decode attention (each block's share of the KV length).
 pub const ATTENTION_CHUNK: usize = 256;
 
@@ -337,5 +340,58 @@ impl CudaDevice {
         // SAFETY: matches attention_decode_merge(part_ml, part_acc, out, n_splits, head_dim).
         unsafe { b.launch(cfg2) }?;
         Ok(())
+    }
+
+    /// The greedy pick of every row of `x` (`rows` rows of `ld` floats) among its first
+    /// `cols` values, as [`backend::greedy_pick`] makes it: the largest value (NaN as -inf),
+    /// the lowest column among equal ones, `None` for a row with no finite value. The rows
+    /// stay on the device; `rows * parts * 3` floats come down (`argmax_parts_f32`, then the
+    /// parts combined here in column order).
+    pub fn argmax_rows(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        ld: usize,
+        cols: usize,
+    ) -> Result<Vec<Option<u32>>> {
+        let cols = cols.min(ld);
+        check_len("argmax x", x.len(), rows * ld)?;
+        if rows == 0 || cols == 0 {
+            return Ok(vec![None; rows]);
+        }
+        if cols > i32::MAX as usize || rows > 65535 {
+            return Err(CudaError::Shape(format!("argmax of {rows} rows of {cols}")));
+        }
+        let parts = cols.div_ceil(ARGMAX_PER);
+        let per = cols.div_ceil(parts);
+        let mut out = self.stream().alloc_zeros::<f32>(rows * parts * 3)?;
+        let f = self.function(Program::Elementwise, "argmax_parts_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (parts as u32, rows as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ld_i, cols_i, per_i) = (ld as i64, cols as i32, per as i32);
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x).arg(&ld_i).arg(&cols_i).arg(&per_i).arg(&mut out);
+        // SAFETY: matches argmax_parts_f32(x, ld, cols, per, out): x holds rows * ld floats
+        // (checked), cols <= ld, out holds rows * parts * 3 floats for the grid (parts, rows).
+        unsafe { b.launch(cfg) }?;
+        let v = self.stream().clone_dtoh(&out)?;
+        Ok(v.chunks(parts * 3)
+            .map(|row| {
+                let mut best: Option<(f32, u32)> = None;
+                let mut finite = false;
+                for p in row.chunks(3) {
+                    finite |= p[2] != 0.0;
+                    let i = p[1].to_bits() as i32;
+                    // parts in column order: an equal value later never wins
+                    if i >= 0 && best.is_none_or(|(bv, _)| p[0] > bv) {
+                        best = Some((p[0], i as u32));
+                    }
+                }
+                best.filter(|_| finite).map(|(_, i)| i)
+            })
+            .collect())
     }
 }

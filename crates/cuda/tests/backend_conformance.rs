@@ -61,6 +61,12 @@ fn conformance_download_cols() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn conformance_argmax_cols() {
+    conformance::argmax_cols(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn conformance_rope() {
     conformance::rope(&gpu()).unwrap();
 }

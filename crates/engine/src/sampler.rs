@@ -72,7 +72,7 @@ impl SamplerConfig {
         }
     }
 
-    fn has_penalties(&self) -> bool {
+    pub(crate) fn has_penalties(&self) -> bool {
         self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }

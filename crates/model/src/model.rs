@@ -375,6 +375,29 @@ impl<B: Backend> ModelOn<B> {
         tokens: &[&[u32]],
         cols: usize,
     ) -> Result<Vec<f32>, ModelError> {
+        self.forward_multi_fetch(states, tokens, |b, l| b.download_cols(l, cols))
+    }
+
+    /// [`ModelOn::forward_multi_cols`] for callers that sample greedily: each sequence's
+    /// greedy pick ([`backend::greedy_pick`]) among the first `cols` logits of its last token,
+    /// reduced where the logits are (on a GPU, a few bytes come down instead of the rows).
+    pub fn forward_multi_argmax(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+        cols: usize,
+    ) -> Result<Vec<Option<u32>>, ModelError> {
+        self.forward_multi_fetch(states, tokens, |b, l| b.argmax_cols(l, cols))
+    }
+
+    /// The mixed batch of [`ModelOn::forward_multi`], each micro-batch's last-token logits
+    /// brought to the host by `fetch` (values per row: `cols` logits, or one pick).
+    fn forward_multi_fetch<T>(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+        fetch: impl Fn(&B, &B::Tensor) -> Vec<T>,
+    ) -> Result<Vec<T>, ModelError> {
         if states.len() != tokens.len() {
             return Err(ModelError::BatchMismatch {
                 n_states: states.len(),
@@ -407,7 +430,8 @@ impl<B: Backend> ModelOn<B> {
             let rows: Vec<Row> = chunk.iter().map(|c| c.0).collect();
             let toks: Vec<u32> = chunk.iter().map(|c| c.1).collect();
             let out_rows: Vec<usize> = (0..chunk.len()).filter(|&r| chunk[r].2).collect();
-            let l = self.run_cols(states, &toks, Batch::new(rows), &out_rows, cols)?;
+            let (l, _) =
+                self.run_fetch(states, &toks, Batch::new(rows), &out_rows, false, &fetch)?;
             // (one micro-batch, a decode step: its vector as it is, not a copy of 20 MB at 32
             // sequences of a 152k vocabulary)
             if logits.is_empty() {
@@ -540,6 +564,24 @@ impl<B: Backend> ModelOn<B> {
         want_hidden: bool,
         cols: usize,
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        self.run_fetch(states, tokens, batch, out_rows, want_hidden, |b, l| {
+            b.download_cols(l, cols)
+        })
+    }
+
+    /// One micro-batch through every layer; `fetch` brings the logits of `out_rows` (a tensor
+    /// `[out_rows.len(), n_vocab]`, after the step has ended) to the host in whatever form the
+    /// caller wants (rows, or only each row's greedy pick), plus the normed hidden state of
+    /// every row when `want_hidden` (`[tokens.len(), n_embd]`, else empty).
+    fn run_fetch<T>(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[u32],
+        batch: Batch,
+        out_rows: &[usize],
+        want_hidden: bool,
+        fetch: impl FnOnce(&B, &B::Tensor) -> Vec<T>,
+    ) -> Result<(Vec<T>, Vec<f32>), ModelError> {
         let b = &self.backend;
         let c = &self.config;
         for s in states.iter_mut() {
@@ -593,9 +635,7 @@ impl<B: Backend> ModelOn<B> {
                 Some(linear(b, head, &sel)?)
             };
             step.end()?;
-            let logits = logits
-                .map(|l| b.download_cols(&l, cols))
-                .unwrap_or_default();
+            let logits = logits.map(|l| fetch(b, &l)).unwrap_or_default();
             return Ok((logits, b.download(&xn)));
         }
         if out_rows.is_empty() {
@@ -607,7 +647,7 @@ impl<B: Backend> ModelOn<B> {
         b.rms_norm_inplace(&mut sel, &self.output_norm, c.rms_eps)?;
         let logits = linear(b, head, &sel)?;
         step.end()?;
-        Ok((b.download_cols(&logits, cols), Vec::new()))
+        Ok((fetch(b, &logits), Vec::new()))
     }
 }
 

@@ -112,6 +112,20 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
             .forward_multi_cols(states, tokens, self.n_use)
             .map_err(|e| e.to_string())
     }
+
+    fn forward_multi_greedy(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<Option<u32>>, String> {
+        if !self.mixed {
+            return engine::scheduler::greedy_picks_of_logits(self, states, tokens);
+        }
+        // the picks among the tokenizer's vocabulary, made where the logits are
+        self.model
+            .forward_multi_argmax(states, tokens, self.n_use)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// How to set the service up.

@@ -674,6 +674,13 @@ impl backend::Backend for CudaBackend {
         v
     }
 
+    fn argmax_cols(&self, t: &CudaTensor, cols: usize) -> Vec<Option<u32>> {
+        // The trait's `download` cannot fail; a lost device here is fatal.
+        self.dev
+            .argmax_rows(&t.data, t.rows, t.cols, cols)
+            .unwrap_or_else(|e| panic!("cuda argmax: {e}"))
+    }
+
     fn shape(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }

@@ -177,6 +177,8 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                 .filter(|(p, _)| !p.is_prefill())
                 .map(|(_, i)| i.len() as u64)
                 .sum();
+            // A step whose sampled rows all pick greedily asks the model for the picks only.
+            let greedy = spec.is_none() && device_greedy() && all_plain_greedy(&slots, &plan);
             let t0 = Instant::now();
             let result = {
                 // `plan` is in slot order and names each slot once.
@@ -195,6 +197,17 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                     if states.len() != refs.len() {
                         return Err("a planned slot has no state".to_string());
                     }
+                    if greedy {
+                        let picks = model.forward_multi_greedy(&mut states, &refs)?;
+                        if picks.len() != refs.len() {
+                            return Err(format!(
+                                "the step returned {} picks, expected {}",
+                                picks.len(),
+                                refs.len()
+                            ));
+                        }
+                        return Ok(StepOut::Picks(picks));
+                    }
                     let (logits, n_rows) = if spec.is_some() {
                         let n_rows: usize = refs
                             .iter()
@@ -212,7 +225,7 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                             logits.len()
                         ));
                     }
-                    Ok(logits)
+                    Ok(StepOut::Logits(logits))
                 })
             };
             // Mixed steps: time split by token count (metrics report tok/s of each kind).
@@ -221,10 +234,27 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             prefill_stats = (n_prefill as u64, secs * n_prefill as f64 / total);
             decode_stats = (n_decode, secs * n_decode as f64 / total);
             match result {
-                Ok(mut logits) => {
+                Ok(out) => {
                     let n_vocab = model.n_vocab();
-                    let mut presampled =
-                        presample(&mut slots, &plan, &drafts, &verify, &mut logits, n_vocab);
+                    let (mut logits, mut presampled) = match out {
+                        StepOut::Logits(mut logits) => {
+                            let p = presample(
+                                &mut slots,
+                                &plan,
+                                &drafts,
+                                &verify,
+                                &mut logits,
+                                n_vocab,
+                            );
+                            (logits, p)
+                        }
+                        // every row that ends in a sample is a plain greedy one (no logprobs,
+                        // no constraint): its pick is what its sampler would draw
+                        StepOut::Picks(picks) => (
+                            Vec::new(),
+                            picks.into_iter().map(|t| Some((t, None))).collect(),
+                        ),
+                    };
                     let mut row = 0;
                     // Verify passes to settle: (slot, tokens kept).
                     let mut settle: Vec<(usize, usize)> = Vec::new();
@@ -233,7 +263,10 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                     {
                         let slot = &mut slots[p.slot];
                         let n_rows = if is_verify { 1 + d.len() } else { 1 };
-                        let rows = &mut logits[row * n_vocab..(row + n_rows) * n_vocab];
+                        // (no rows when the step returned picks: every sampled row has one)
+                        let rows: &mut [f32] = logits
+                            .get_mut(row * n_vocab..(row + n_rows) * n_vocab)
+                            .unwrap_or_default();
                         row += n_rows;
                         if is_verify {
                             let RowKind::Decode(t) = p.kind else { continue };
@@ -309,6 +342,40 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
             let _ = to.send(event);
         }
     }
+}
+
+/// What a step's model call returned.
+enum StepOut {
+    /// `[rows, n_vocab]` logits (verify passes: every verified token's row).
+    Logits(Vec<f32>),
+    /// One greedy pick per sequence ([`BatchModel::forward_multi_greedy`]).
+    Picks(Vec<Option<u32>>),
+}
+
+/// Whether every row of the plan that ends in a sample (a decode row, the last chunk of a
+/// prompt) belongs to a request whose next token is the plain argmax of its logits: greedy
+/// without bias or penalties, no constraint, no logprobs.
+fn all_plain_greedy<S>(slots: &[Slot<S>], plan: &[PlannedRow]) -> bool {
+    plan.iter().all(|p| {
+        let Some(a) = slots.get(p.slot).and_then(|s| s.active.as_ref()) else {
+            return false;
+        };
+        let samples = match p.kind {
+            RowKind::Decode(_) => true,
+            RowKind::Prefill { to, .. } => to == a.request.prompt.len(),
+        };
+        !samples
+            || (a.sampler.is_plain_greedy()
+                && a.request.constraint.is_none()
+                && a.request.logprobs.is_none())
+    })
+}
+
+/// Whether greedy steps ask the model for picks rather than logits
+/// ([`BatchModel::forward_multi_greedy`]; `REDLINE_DEVICE_GREEDY=0`: logits, for A/B).
+fn device_greedy() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_DEVICE_GREEDY").as_deref() != Ok("0"))
 }
 
 /// What one slot contributes to a step.

@@ -49,6 +49,18 @@ pub trait BatchModel: Send + Sync + 'static {
         forward_multi_by_parts(self, states, tokens)
     }
 
+    /// [`BatchModel::forward_multi`] for a step whose sampled rows all pick greedily: each
+    /// sequence's [`backend::greedy_pick`] of its last token's logits instead of the logits.
+    /// A model whose logits live on a device reduces them there (a few bytes come back
+    /// instead of `[states.len(), n_vocab]` floats); this default picks from `forward_multi`.
+    fn forward_multi_greedy(
+        &self,
+        states: &mut [&mut Self::State],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<Option<u32>>, String> {
+        greedy_picks_of_logits(self, states, tokens)
+    }
+
     /// Speculative decoding settings when this model drafts (`None`: plain decoding, and the
     /// three methods below are never called).
     fn speculation(&self) -> Option<crate::speculative::SpecOptions> {
@@ -90,6 +102,25 @@ pub trait BatchModel: Send + Sync + 'static {
         Err("this model cannot run verify passes".into())
     }
 }
+/// [`BatchModel::forward_multi_greedy`] from [`BatchModel::forward_multi`]'s logits: each
+/// row's [`backend::greedy_pick`] made on the host.
+pub fn greedy_picks_of_logits<M: BatchModel + ?Sized>(
+    model: &M,
+    states: &mut [&mut M::State],
+    tokens: &[&[u32]],
+) -> Result<Vec<Option<u32>>, String> {
+    let n_vocab = model.n_vocab();
+    let logits = model.forward_multi(states, tokens)?;
+    if n_vocab == 0 || logits.len() != states.len() * n_vocab {
+        return Err(format!(
+            "the step returned {} logits, expected {}",
+            logits.len(),
+            states.len() * n_vocab
+        ));
+    }
+    Ok(logits.chunks(n_vocab).map(backend::greedy_pick).collect())
+}
+
 /// [`BatchModel::forward_multi`] built from `prefill` (each multi-token sequence alone) and
 /// one `decode_batch` over the single-token ones.
 pub fn forward_multi_by_parts<M: BatchModel + ?Sized>(

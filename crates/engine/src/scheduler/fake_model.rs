@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{forward_multi_by_parts, BatchModel};
+use super::{forward_multi_by_parts, greedy_picks_of_logits, BatchModel};
 
 pub struct FakeModel {
     pub n_vocab: usize,
@@ -21,6 +21,8 @@ pub struct FakeModel {
     pub native_multi: bool,
     /// Every token appended to any state, by any call.
     pub tokens_fed: AtomicUsize,
+    /// `forward_multi_greedy` calls (steps that asked for greedy picks, not logits).
+    pub greedy_calls: AtomicUsize,
     /// One entry per `forward_multi` call: (state id, tokens appended) per sequence.
     pub steps: Mutex<Vec<Vec<(usize, usize)>>>,
     next_state_id: AtomicUsize,
@@ -37,6 +39,7 @@ impl FakeModel {
             restore_points: false,
             native_multi: true,
             tokens_fed: AtomicUsize::new(0),
+            greedy_calls: AtomicUsize::new(0),
             steps: Mutex::new(Vec::new()),
             next_state_id: AtomicUsize::new(0),
         }
@@ -177,5 +180,14 @@ impl BatchModel for FakeModel {
             out.extend(self.logits(&s.tokens));
         }
         Ok(out)
+    }
+
+    fn forward_multi_greedy(
+        &self,
+        states: &mut [&mut FakeState],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<Option<u32>>, String> {
+        self.greedy_calls.fetch_add(1, Ordering::SeqCst);
+        greedy_picks_of_logits(self, states, tokens)
     }
 }

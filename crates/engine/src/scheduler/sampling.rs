@@ -56,6 +56,14 @@ impl RequestSampler {
         Some(self.sampler.sample(logits))
     }
 
+    /// Whether this sampler only takes the argmax of the raw logits (greedy, no bias, no
+    /// penalties): then [`backend::greedy_pick`] of a row is what [`RequestSampler::sample`]
+    /// returns for it without a constraint.
+    pub fn is_plain_greedy(&self) -> bool {
+        let c = self.sampler.config();
+        c.temperature <= 0.0 && c.logit_bias.is_empty() && !c.has_penalties()
+    }
+
     /// The engine sampler's settings (with the seed actually used).
     pub fn config(&self) -> &SamplerConfig {
         self.sampler.config()
@@ -286,5 +294,38 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen, vec![0, 1]);
+    }
+
+    /// `backend::greedy_pick` (what a device computes for greedy steps) is the plain greedy
+    /// sampler's choice on every row: ties (the lowest id), NaN, -inf, +inf, nothing finite.
+    #[test]
+    fn greedy_pick_is_the_plain_greedy_samplers_choice() {
+        let mut s = RequestSampler::new(params(0.0));
+        assert!(s.is_plain_greedy());
+        assert!(!RequestSampler::new(params(0.5)).is_plain_greedy());
+        let mut x = 12345u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for case in 0..400 {
+            let n = 1 + (next() % 300) as usize;
+            let mut row: Vec<f32> = (0..n)
+                .map(|_| match next() % 16 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 if case % 5 == 0 => f32::INFINITY,
+                    // few distinct values: many ties
+                    _ => (next() % 8) as f32 * 0.5 - 2.0,
+                })
+                .collect();
+            if case % 7 == 0 {
+                row.fill(f32::NEG_INFINITY);
+            }
+            let want = s.sample(&mut row.clone(), None);
+            assert_eq!(backend::greedy_pick(&row), want, "case {case}: {row:?}");
+        }
     }
 }

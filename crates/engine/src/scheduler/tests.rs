@@ -546,3 +546,49 @@ fn step_host_time_at_8_slots() {
         );
     }
 }
+
+/// Steps whose sampled rows are all plain greedy ask the model for picks
+/// (`forward_multi_greedy`), and give the model's greedy sequence; a request that needs the
+/// distribution (logprobs, a penalty, a temperature) makes its steps ask for logits.
+#[test]
+fn greedy_steps_ask_for_picks_and_others_for_logits() {
+    let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+    let s = start(&model, 2, 64);
+    let prompts = [vec![1u32, 2, 3, 4, 5], vec![9, 8]];
+    let rx: Vec<_> = prompts
+        .iter()
+        .map(|p| s.submit(request(p.clone(), 10)).unwrap())
+        .collect();
+    for (p, rx) in prompts.iter().zip(rx) {
+        assert_eq!(collect(rx).0, reference(&model, p, 10, &[]));
+    }
+    drop(s);
+    let steps = model.steps.lock().unwrap().len();
+    assert!(steps > 0);
+    assert_eq!(model.greedy_calls.load(Ordering::SeqCst), steps);
+
+    for (what, change) in [
+        ("logprobs", 0),
+        ("presence penalty", 1),
+        ("temperature", 2),
+        ("logit bias", 3),
+    ] {
+        let model = Arc::new(FakeModel::new(50, Duration::ZERO));
+        let s = start(&model, 2, 64);
+        let mut r = request(vec![3, 1, 4], 6);
+        match change {
+            0 => r.logprobs = Some(2),
+            1 => r.sampling.presence_penalty = 0.5,
+            2 => r.sampling.temperature = 0.7,
+            _ => r.sampling.logit_bias = vec![(7, 1.0)],
+        }
+        let (tokens, end) = collect(s.submit(r).unwrap());
+        assert!(
+            matches!(end, GenerationEvent::Done { .. }),
+            "{what}: {end:?}"
+        );
+        assert_eq!(tokens.len(), 6, "{what}");
+        drop(s);
+        assert_eq!(model.greedy_calls.load(Ordering::SeqCst), 0, "{what}");
+    }
+}
