@@ -104,6 +104,14 @@ pub trait Backend: Send + Sync + Sized {
         Ok(())
     }
 
+    /// The end of a layer inside a step begun by [`Backend::begin_step`] (no-op outside one):
+    /// a recording backend may start the work recorded so far here, so the device runs the
+    /// first layers while the host walks the rest. An error aborts the step (the caller
+    /// drops it with [`Backend::abort_step`]). Default: nothing.
+    fn step_mark(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Ends the step begun by [`Backend::begin_step`] after an op failed: whatever was
     /// recorded is dropped, nothing is kept for the key.
     fn abort_step(&self) {}

@@ -609,6 +609,7 @@ impl<B: Backend> ModelOn<B> {
                 for (il, layer) in layers.iter().enumerate() {
                     let mut caches = kv_caches(states, il);
                     layer.forward(b, c, &batch, &mut caches, &mut x)?;
+                    b.step_mark()?;
                 }
             }
             Layers::Qwen35(layers) => {
@@ -619,6 +620,7 @@ impl<B: Backend> ModelOn<B> {
                         qwen35::LayerStates::Kv(kv_caches(states, il))
                     };
                     layer.forward(b, c, &batch, ls, &mut x)?;
+                    b.step_mark()?;
                 }
             }
         }

@@ -605,6 +605,10 @@ impl backend::Backend for CudaBackend {
         self.profile_end_step()
     }
 
+    fn step_mark(&self) -> Result<(), BackendError> {
+        self.step_ctl().mark(self.dev.stream())
+    }
+
     fn abort_step(&self) {
         self.forget_q8();
         self.step_ctl().abort(self.dev.stream())

@@ -13,6 +13,13 @@
 //!    slots (the model's host code runs the same op sequence, so slots and arena addresses
 //!    repeat); `end_step` launches the graph: one H2D copy + every kernel of the step.
 //!
+//! **Segments**: the model marks the end of every layer (`Backend::step_mark`). At the marks
+//! of [`split_marks`] (after layers 2, 8 and 32 by default) a recording is cut: a replay
+//! launches the part recorded so far right there, so the card starts on the first layers while
+//! the host walks the rest (the walk of an 8-row 32B step is 0.2–0.4 ms; unsplit, the card
+//! waited for all of it). Each part's graph starts with the copy of its own staging words.
+//! A capture cuts the same way and launches every part at the end.
+//!
 //! Kernels in a step never take a size that changes between steps with one key from the host:
 //! positions and lengths are read on the device (attention splits are sized from `n_ctx`).
 //! `REDLINE_CUDA_GRAPHS=0` keeps steps eager (for debugging).
@@ -126,17 +133,38 @@ impl Drop for Staging {
     }
 }
 
-/// Staging words and arena bytes one step used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Staging words and arena bytes one step used, and the staging words in use at each split
+/// mark it passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Usage {
     staging_words: usize,
     arena_bytes: usize,
+    splits: Vec<usize>,
 }
 
-/// A recorded step and when it was last used.
+/// A recorded step (one graph per segment, in order) and when it was last used.
 struct Recorded {
-    graph: CudaGraph,
+    graphs: Vec<CudaGraph>,
     last_use: u64,
+}
+
+/// The layer marks after which a recorded step is cut into segments
+/// (`REDLINE_STEP_SPLITS`: comma-separated marks, `0` or empty: never; default 2, 8, 32).
+fn split_marks() -> &'static [usize] {
+    static M: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    M.get_or_init(|| match std::env::var("REDLINE_STEP_SPLITS") {
+        Ok(v) => {
+            let mut m: Vec<usize> = v
+                .split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .filter(|&x| x > 0)
+                .collect();
+            m.sort_unstable();
+            m.dedup();
+            m
+        }
+        Err(_) => vec![2, 8, 32],
+    })
 }
 
 /// The step machinery of one `CudaBackend` (behind its mutex).
@@ -160,6 +188,12 @@ pub(super) struct StepCtl {
     /// Steps captured and replayed so far (for tests and logs).
     pub(super) captures: u64,
     pub(super) replays: u64,
+    /// Layer marks passed in the open step.
+    marks: usize,
+    /// Staging words in use at each split mark the open step passed.
+    seg_words: Vec<usize>,
+    /// Capture: the graphs of the segments recorded so far (launched when the step ends).
+    pending: Vec<CudaGraph>,
     /// With `REDLINE_STEP_LOG=1`: when the open step's ops began and how long its opening
     /// waited for the previous step's work.
     log_t: Option<(std::time::Instant, f64)>,
@@ -190,6 +224,9 @@ impl StepCtl {
             graphs_enabled,
             captures: 0,
             replays: 0,
+            marks: 0,
+            seg_words: Vec::new(),
+            pending: Vec::new(),
             log_t: None,
         }
     }
@@ -227,6 +264,9 @@ impl StepCtl {
         self.key = key;
         self.arena.reset();
         self.shared_scratch = None;
+        self.marks = 0;
+        self.seg_words.clear();
+        self.pending.clear();
         // The previous step's graph may still read the pinned words we are about to rewrite.
         // (A failed sync means a lost device: the next op reports it.)
         let t0 = std::time::Instant::now();
@@ -265,23 +305,32 @@ impl StepCtl {
             g.last_use = tick;
             return Ok(Mode::Replay);
         }
-        let Some(&Usage {
-            staging_words: words,
-            ..
-        }) = self.warmed.get(&key)
-        else {
+        let Some(warm) = self.warmed.get(&key) else {
             return Ok(Mode::Eager);
         };
-        let st = self.staging.as_ref().expect("created above");
+        let words = warm.splits.first().copied().unwrap_or(warm.staging_words);
+        self.begin_segment(0, words, stream)?;
+        Ok(Mode::Capture)
+    }
+
+    /// Starts capturing a segment whose first node copies staging words `from..to` (which the
+    /// ops of every replay rewrite before the segment's launch) to the device mirror.
+    fn begin_segment(
+        &self,
+        from: usize,
+        to: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), BackendError> {
+        let st = self.staging.as_ref().ok_or_else(|| dev_err("no staging"))?;
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(dev_err)?;
-        if words > 0 {
-            let dst = dev_ptr(&st.dev, stream);
-            // SAFETY: the first node of the graph copies the first `words` pinned words (which
-            // the ops of every replay rewrite before the launch) to the device mirror.
+        if to > from {
+            let dst = dev_ptr(&st.dev, stream) + (from * 4) as u64;
+            // SAFETY: from..to lies inside the pinned buffer (to <= a step's use <=
+            // STAGING_WORDS) and its device mirror.
             let r = unsafe {
-                let src = std::slice::from_raw_parts(st.host, words);
+                let src = std::slice::from_raw_parts(st.host.add(from), to - from);
                 result::memcpy_htod_async(dst, src, stream.cu_stream())
             };
             if let Err(e) = r {
@@ -289,7 +338,62 @@ impl StepCtl {
                 return Err(dev_err(e));
             }
         }
-        Ok(Mode::Capture)
+        Ok(())
+    }
+
+    /// The end of a layer inside the open step. At a split mark ([`split_marks`]) a capture
+    /// closes the segment so far and opens the next one; a replay launches the recorded
+    /// segment, so the card runs it while the host walks the rest of the step. Errors (the
+    /// step left its recording's path, a capture failed) abort the step.
+    pub(super) fn mark(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        if self.mode == Mode::Off {
+            return Ok(());
+        }
+        self.marks += 1;
+        if !split_marks().contains(&self.marks) {
+            return Ok(());
+        }
+        let used = self.staging.as_ref().map_or(0, |s| s.used);
+        let k = self.seg_words.len();
+        self.seg_words.push(used);
+        let warm = self.warmed.get(&self.key);
+        let warm_split = warm.and_then(|u| u.splits.get(k).copied());
+        match self.mode {
+            Mode::Off | Mode::Eager => Ok(()),
+            Mode::Capture => {
+                if warm_split != Some(used) {
+                    return Err(dev_err(format!(
+                        "captured decode step split {k} at staging word {used}, its warm step \
+                         at {warm_split:?}"
+                    )));
+                }
+                let next = warm.map_or(used, |u| {
+                    u.splits.get(k + 1).copied().unwrap_or(u.staging_words)
+                });
+                let graph = match stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
+                    Ok(Some(g)) => g,
+                    other => {
+                        return Err(dev_err(format!("stream capture failed: {:?}", other.err())))
+                    }
+                };
+                self.pending.push(graph);
+                self.begin_segment(used, next, stream)
+            }
+            Mode::Replay => {
+                let g = self
+                    .graphs
+                    .get(&self.key)
+                    .and_then(|r| r.graphs.get(k))
+                    .filter(|_| warm_split == Some(used))
+                    .ok_or_else(|| {
+                        dev_err(format!(
+                            "decode step differs from its recording at split {k} (staging word \
+                             {used}, recorded {warm_split:?})"
+                        ))
+                    })?;
+                g.launch().map_err(dev_err)
+            }
+        }
     }
 
     /// Closes the step: records the warm step's staging use, or instantiates and launches
@@ -315,7 +419,9 @@ impl StepCtl {
         let used = Usage {
             staging_words: self.staging.as_ref().map_or(0, |s| s.used),
             arena_bytes: self.arena.handed,
+            splits: std::mem::take(&mut self.seg_words),
         };
+        let pending = std::mem::take(&mut self.pending);
         match mode {
             Mode::Off => Ok(()),
             Mode::Eager => {
@@ -351,7 +457,11 @@ impl StepCtl {
                         "captured decode step used {used:?}, its warm step {warm:?}"
                     )));
                 }
-                graph.launch().map_err(dev_err)?;
+                let mut graphs = pending;
+                graphs.push(graph);
+                for g in &graphs {
+                    g.launch().map_err(dev_err)?;
+                }
                 self.captures += 1;
                 if self.graphs.len() >= MAX_GRAPHS {
                     if let Some(&old) = self
@@ -366,7 +476,7 @@ impl StepCtl {
                 self.graphs.insert(
                     self.key,
                     Recorded {
-                        graph,
+                        graphs,
                         last_use: self.tick,
                     },
                 );
@@ -387,7 +497,10 @@ impl StepCtl {
                          replay used {used:?}, recording {warm:?}"
                     )));
                 }
-                g.graph.launch().map_err(dev_err)?;
+                // the segments not launched at their marks (the last one at least)
+                for g in g.graphs.get(used.splits.len()..).unwrap_or_default() {
+                    g.launch().map_err(dev_err)?;
+                }
                 self.replays += 1;
                 Ok(())
             }
@@ -403,6 +516,8 @@ impl StepCtl {
         }
         self.warmed.remove(&self.key);
         self.graphs.remove(&self.key);
+        self.pending.clear();
+        self.seg_words.clear();
         self.mode = Mode::Off;
     }
 
