@@ -22,7 +22,7 @@ serve_rows() {
     shift 3
     [ -e /tmp/serve_load.py ] ||
         sed -n "/^cat > \"\$DIR\/serve_load.py\" <<'PY'/,/^PY\$/p" scripts/bench-full.sh | sed '1d;$d' >/tmp/serve_load.py
-    env X=1 "$@" $R serve -m /tmp/m32.gguf --device cuda --parallel "$par" -c $((2048 * par)) --port 8093 \
+    env X=1 "$@" $R serve -m /tmp/m32.gguf --device cuda --parallel "$par" -c $((${CTX_PER_SLOT:-2048} * par)) --port 8093 \
         --shutdown-grace 1 >"/tmp/serve_$label.log" 2>&1 &
     local pid=$!
     for _ in $(seq 1 160); do

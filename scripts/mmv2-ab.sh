@@ -396,6 +396,59 @@ table)
     echo "x32 table: $(timeout 200 $R bench --device cuda -m /tmp/x32.gguf -p 512 -n 128 -r 2 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8- | tr '\n' ' ')"
     echo "== table $(el)"
     ;;
+s26c)
+    # session 26: greedy picks on the device (argmax_cols) and recorded steps cut into
+    # segments (REDLINE_STEP_SPLITS): the suites, the bench with and without segments, then
+    # issue 6's serve rows at 1 / 8 streams with both (default) against neither
+    # (REDLINE_DEVICE_GREEDY=0 REDLINE_STEP_SPLITS=0), step log on
+    echo "t_backend_conformance: $(timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    for t in t_gpu_decode t_gpu_speculative t_backend_models; do
+        echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
+    done
+    echo "== checks $(el)"
+    ;;
+s26e)
+    # session 26: where to cut recorded steps (REDLINE_STEP_SPLITS: 0 none, 2, 2,8,32 (the
+    # default), 4, 1,4): one and eight rows, rounds alternating; then serve rows with the
+    # device-side greedy pick alone (splits off) and with splits at 2 only
+    wait_m32
+    for r in 1 2; do
+        for v in 0 2 2,8,32 1,4; do
+            ST=REDLINE_STEP_SPLITS=$v b m32 -n 128 -r 2
+            ST=REDLINE_STEP_SPLITS=$v b m32 -n 32 -r 2 --parallel 8
+        done
+    done
+    echo "== bench $(el)"
+    for v in REDLINE_STEP_SPLITS=0 REDLINE_STEP_SPLITS=2; do
+        echo "serve variant: $v"
+        TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1 $v
+        python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -3
+    done
+    echo "== s26e $(el)"
+    ;;
+s26d)
+    # (s26c's measurements)
+    wait_m32
+    for r in 1 2; do
+        for v in X=1 REDLINE_STEP_SPLITS=0; do
+            ST=$v b m32 -n 128 -r 2
+            ST=$v b m32 -n 32 -r 2 --parallel 8
+        done
+    done
+    echo "== bench $(el)"
+    for v in X=1 "REDLINE_DEVICE_GREEDY=0 REDLINE_STEP_SPLITS=0"; do
+        echo "serve variant: $v"
+        TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1 $v
+        cp /tmp/serve_p32.log "$OUT/serve_steplog_$(echo $v | tr -dc 'A-Z0-9')".log
+        grep -iE "segmentation|panicked" /tmp/serve_p32.log | tail -2
+        python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -12
+    done
+    # 512 positions a slot (-c 16384): decode attention launches 8 splits a row, not 32
+    echo "serve variant: default, CTX_PER_SLOT=512"
+    CTX_PER_SLOT=512 TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -3
+    echo "== s26d $(el)"
+    ;;
 s26b)
     # session 26: ncu's duration of every kernel of a few layers of eager 32B steps: 8 rows at
     # d0 and d384, one row at d384 (which kernels an 8-row step's attention runs, and the merge)
