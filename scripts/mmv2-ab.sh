@@ -407,6 +407,32 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26f)
+    # session 26: batched decode storing the new K/V in the decode kernel (fa_decode_store_*,
+    # REDLINE_DECODE_STORE=0: the mo_kv_store2 launch before it): the suites, 8 rows of the
+    # 32B and 27B with and without, rounds alternating, then issue 6's serve rows (twice)
+    for t in t_gpu_attention t_gpu_decode; do
+        echo "$t: $(timeout 150 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
+    done
+    for t in t_backend_conformance t_gpu_speculative; do
+        echo "$t: $(timeout 100 devbin/$t --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    done
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_DECODE_STORE=0; do
+            ST=$v b m32 -n 32 -r 2 --parallel 8
+            ST=$v b m27 -n 32 -r 2 --parallel 8
+        done
+    done
+    b m32 -n 128 -r 2
+    echo "== bench $(el)"
+    for r in 1 2; do
+        TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+        python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -3
+    done
+    echo "== s26f $(el)"
+    ;;
 s26e)
     # session 26: where to cut recorded steps (REDLINE_STEP_SPLITS: 0 none, 2, 2,8,32 (the
     # default), 4, 1,4): one and eight rows, rounds alternating; then serve rows with the

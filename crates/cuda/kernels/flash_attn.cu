@@ -695,23 +695,6 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         }
         __syncthreads();  // q_s written, the scratch read, the stored row visible to the cache loads
     }
-    if constexpr (!FUSE && TYPE == FA_F16) {
-        // fa_decode_store_* (fz.k set; every launch row is the one new token of its sequence):
-        // the newest position's K/V rows, prepared by the kernels before, stored as f16 (as
-        // mo_kv_store2 converts them) by the block whose split holds that position, before
-        // any of its cache loads; only blocks of this KV head and split read that slice.
-        if (fz.k != nullptr && p_lo <= len - 1 && len - 1 < p_hi) {
-            uint16_t* kd = (uint16_t*)(kc + (long long)(len - 1) * kpb) + (long long)kvh * D;
-            uint16_t* vd = (uint16_t*)(vc + (long long)(len - 1) * vpb) + (long long)kvh * D;
-            const float* kr0 = fz.k + ((long long)r * n_kv_head + kvh) * D;
-            const float* vr0 = fz.v + ((long long)r * n_kv_head + kvh) * D;
-            for (int d = tid; d < D; d += FD_THREADS) {
-                kd[d] = f32_to_f16(kr0[d]);
-                vd[d] = f32_to_f16(vr0[d]);
-            }
-            __syncthreads();
-        }
-    }
     const int n_chunks = (p_hi - p_lo + NP - 1) / NP;
     uint4* ring = rings + warp * Sh::RING;
     float* p_w = p_all + warp * NP * 8;
@@ -983,28 +966,6 @@ FA_DECODE_D(fa_decode_d128_q4_0, 128, FA_Q4_0)
 FA_DECODE_D(fa_decode_d256_f16, 256, FA_F16)
 FA_DECODE_D(fa_decode_d256_q8_0, 256, FA_Q8_0)
 FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
-
-// fa_decode_d*_f16 that also stores the launch rows' new K/V (knew / vnew: [*, n_kv_head * D]
-// f32, rows as q's, already normed and rotated) at their positions first, in place of a
-// mo_kv_store2 launch: for launches whose rows are each the one new token of its sequence
-// (batched decode; verify passes, whose rows read each other's new positions, store first).
-// kc / vc are written, so they are not __restrict__.
-#define FA_DECODE_STORE(NAME, D)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(FD_THREADS, FD_MIN_BLOCKS(D))                                     \
-        NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
-             const uint8_t* kc, const uint8_t* vc, float* __restrict__ out, float* __restrict__ part, int n_head,  \
-             int n_kv_head, long long kpb, long long vpb, float scale, const unsigned long long* __restrict__ kvp,  \
-             int min_per, const float* __restrict__ knew, const float* __restrict__ vnew) {                        \
-        FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        FdFuse fz{};                                                                                               \
-        fz.k = knew;                                                                                               \
-        fz.v = vnew;                                                                                               \
-        flash_decode_heads<D, FA_F16, false>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,  \
-                                             min_per, fz);                                                         \
-    }
-FA_DECODE_STORE(fa_decode_store_d64, 64)
-FA_DECODE_STORE(fa_decode_store_d128, 128)
-FA_DECODE_STORE(fa_decode_store_d256, 256)
 
 // The fused decode chain over an f16 cache (FUSE above): flash_decode_d's parameters plus the
 // new K/V rows, the norms, RoPE and the merge counters' offset. kc / vc are written (the newest

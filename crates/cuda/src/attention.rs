@@ -294,10 +294,7 @@ fn shape_check(p: &AttentionParams, kv: &KvRef<'_>) -> Result<()> {
 /// positions `0..=pos[i]`; the result goes to the same row of `out` (`[*, n_head *
 /// head_dim_v]`). `splits > 1` needs `part` (a device pointer) of [`partials_len`] f32 and
 /// adds the merge launch. `tile` from [`decode_tile`]. Positions must be below the cache's
-/// `n_ctx` (the caller checks). `store`: the device addresses of the rows' new K and V
-/// (`[*, n_kv_head * head_dim]` f32, rows as q's), which the kernel stores at their positions
-/// before reading the cache (no separate store launch); only where [`store_decode_kernel`]
-/// has a kernel and every launch row is its sequence's only one.
+/// `n_ctx` (the caller checks).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_decode(
     dev: &CudaDevice,
@@ -311,48 +308,18 @@ pub fn launch_decode(
     splits: usize,
     tile: usize,
     p: &AttentionParams,
-    store: Option<(u64, u64)>,
 ) -> Result<()> {
     if n_rows == 0 {
         return Ok(());
     }
     shape_check(p, kv)?;
-    if let Some(kv_new) = store {
-        let name = store_decode_kernel(p, kv.kv_type).ok_or_else(|| {
-            CudaError::Shape(format!(
-                "no storing decode kernel for {p:?} / {:?}",
-                kv.kv_type
-            ))
-        })?;
-        if decode_tile_for(p, kv.kv_type) != Some(tile) || splits == 0 || splits > MAX_SPLITS {
-            return Err(CudaError::Shape(format!(
-                "decode attention tile {tile} / {splits} splits for {p:?}"
-            )));
-        }
-        return launch_decode_d(
-            dev,
-            name,
-            q,
-            rows,
-            pos,
-            n_rows,
-            kv,
-            out,
-            part,
-            splits,
-            p,
-            Some(kv_new),
-        );
-    }
     if decode_tile_for(p, kv.kv_type) != Some(tile) || splits == 0 || splits > MAX_SPLITS {
         return Err(CudaError::Shape(format!(
             "decode attention tile {tile} / {splits} splits for {p:?}"
         )));
     }
     if let Some(name) = decode_d_kernel(p, kv.kv_type) {
-        return launch_decode_d(
-            dev, name, q, rows, pos, n_rows, kv, out, part, splits, p, None,
-        );
+        return launch_decode_d(dev, name, q, rows, pos, n_rows, kv, out, part, splits, p);
     }
     let f = dev.function(
         Program::FlashAttn,
@@ -390,22 +357,7 @@ pub fn launch_decode(
     launch_merge(dev, rows, n_rows, out, part, splits, p)
 }
 
-/// The decode kernel that stores the launch rows' new K/V itself (`fa_decode_store_d*`: an
-/// f16 cache, K and V heads of 64, 128 or 256), if there is one.
-pub fn store_decode_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'static str> {
-    if kv_type != KvType::F16 || decode_d_kernel(p, kv_type).is_none() {
-        return None;
-    }
-    Some(match p.head_dim_k {
-        64 => "fa_decode_store_d64",
-        128 => "fa_decode_store_d128",
-        256 => "fa_decode_store_d256",
-        _ => return None,
-    })
-}
-
-/// The head-size decode kernel `name` (fa_decode_d*, or fa_decode_store_d* with `store`: the
-/// new K and V rows' device addresses), then the merge.
+/// The head-size decode kernel `name` (fa_decode_d*), then the merge.
 #[allow(clippy::too_many_arguments)]
 fn launch_decode_d(
     dev: &CudaDevice,
@@ -419,7 +371,6 @@ fn launch_decode_d(
     part: u64,
     splits: usize,
     p: &AttentionParams,
-    store: Option<(u64, u64)>,
 ) -> Result<()> {
     let f = dev.function(Program::FlashAttn, name)?;
     let n_sub = group(p).div_ceil(DECODE_MAX_G);
@@ -443,13 +394,8 @@ fn launch_decode_d(
         .push(p.scale)
         .push(kv.row_caches)
         .push(min_per(p.head_dim_k));
-    if let Some((k_new, v_new)) = store {
-        a.push(k_new).push(v_new);
-    }
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
-    // vpb, scale, kvp, min_per), fa_decode_store_d* with (knew, vnew) after (`store`: rows of
-    // n_kv_head * d f32 at the batch rows, the caller vouches; the name from
-    // store_decode_kernel); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
+    // vpb, scale, kvp, min_per); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
     // the kernel's D and the cache type match it (decode_d_kernel),
     // cache rows checked against the shape, positions < n_ctx (caller), part holds
     // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.

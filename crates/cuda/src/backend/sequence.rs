@@ -111,17 +111,6 @@ struct FlashRows {
     /// The longest row's length (splits outside a step) and the largest `n_ctx` (inside).
     max_len: usize,
     max_ctx: usize,
-    /// Every launch row is the only row of its sequence (batched decode): the decode kernel
-    /// may store the new K/V itself ([`decode_store`]).
-    one_per_seq: bool,
-}
-
-/// Whether batched decode's new K/V rows are stored by the decode kernel
-/// (`fa_decode_store_*`, f16 caches) rather than a `mo_kv_store2` launch before it
-/// (`REDLINE_DECODE_STORE=0`: the separate launch, for A/B).
-fn decode_store() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLINE_DECODE_STORE").map_or(true, |v| v != "0"))
 }
 
 /// Whether ops over several sequences' caches and states (decode attention, conv1d, the
@@ -629,7 +618,6 @@ impl CudaBackend {
                         table: None,
                         max_len,
                         max_ctx: cache.n_ctx,
-                        one_per_seq: idx.len() == 1,
                     };
                     self.attend_flash(q, k, v, cache, &rows, tile, p, out)?
                 }
@@ -709,7 +697,6 @@ impl CudaBackend {
             table: Some(self.host_ints(&table)?),
             max_len,
             max_ctx,
-            one_per_seq: row_ids.len() == by_seq.iter().filter(|i| !i.is_empty()).count(),
         };
         self.attend_flash(q, k, v, caches[first], &rows, tile, p, out)
     }
@@ -749,22 +736,7 @@ impl CudaBackend {
         if mode == Mode::Replay {
             return Ok(());
         }
-        let stream = self.dev.stream();
-        let store = (!prefill
-            && rows.one_per_seq
-            && decode_store()
-            && k.cols == p.n_kv_head * p.head_dim_k
-            && v.cols == p.n_kv_head * p.head_dim_v
-            && attention::store_decode_kernel(p, cache.kv_type).is_some())
-        .then(|| {
-            (
-                super::step::dev_ptr(&k.data, stream),
-                super::step::dev_ptr(&v.data, stream),
-            )
-        });
-        if store.is_none() {
-            self.store_kv_rows_to(k, v, cache, row_ids, pos, n_rows, table)?;
-        }
+        self.store_kv_rows_to(k, v, cache, row_ids, pos, n_rows, table)?;
         let kv = cache.kv_ref(table);
         if prefill {
             attention::launch_prefill(
@@ -790,7 +762,6 @@ impl CudaBackend {
                 splits,
                 tile,
                 p,
-                store,
             )
         }
         .map_err(dev_err)
