@@ -67,8 +67,9 @@ synth() { # "shape type": writes the file, prints one line
 
 # --- serve load test ------------------------------------------------------------------------
 cat > "$DIR/serve_load.py" <<'PY'
-"""Streaming load test against redline serve: C concurrent clients (stdlib only)."""
-import http.client, json, sys, threading, time
+"""Streaming load test against redline serve: C concurrent clients (stdlib only). Greedy unless
+BENCH_TEMPERATURE is set (then the server's default top-k 40, top-p 0.95, min-p 0.05)."""
+import http.client, json, os, sys, threading, time
 
 port, levels, max_tokens, reqs = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 PROMPT = ("Write a long story about a lighthouse keeper who finds a map in a bottle, "
@@ -79,7 +80,8 @@ def one(out):
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         body = json.dumps({"model": "bench", "prompt": PROMPT, "max_tokens": max_tokens,
-                           "temperature": 0, "stream": True, "ignore_eos": True,
+                           "temperature": float(os.environ.get("BENCH_TEMPERATURE", "0")),
+                           "stream": True, "ignore_eos": True,
                            "stream_options": {"include_usage": True}})
         c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         r = c.getresponse()

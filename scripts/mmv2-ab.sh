@@ -407,6 +407,24 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26g)
+    # session 26: top-k sampling from device-selected candidates (topk_parts_f32): the
+    # conformance suite, then issue 6's serve rows greedy, at temperature 0.8 (the server's
+    # top-k 40) and at 0.8 with REDLINE_DEVICE_SAMPLING=0 (whole rows to the host)
+    echo "t_backend_conformance: $(timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 top_k 2>&1 | grep -E "panicked|top_k_cols" | head -3
+    echo "== checks $(el)"
+    wait_m32
+    rm -f /tmp/serve_load.py  # (an older copy has no BENCH_TEMPERATURE)
+    for v in "X=1 BENCH_TEMPERATURE=0" "X=1 BENCH_TEMPERATURE=0.8" "REDLINE_DEVICE_SAMPLING=0 BENCH_TEMPERATURE=0.8"; do
+        echo "serve variant: $v"
+        export ${v#* }
+        TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1 $v
+        python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -3
+    done
+    unset BENCH_TEMPERATURE
+    echo "== s26g $(el)"
+    ;;
 s26f)
     # session 26: batched decode storing the new K/V in the decode kernel (fa_decode_store_*,
     # REDLINE_DECODE_STORE=0: the mo_kv_store2 launch before it): the suites, 8 rows of the

@@ -108,6 +108,7 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     delta_tail(b)?;
     download_cols(b)?;
     argmax_cols(b)?;
+    top_k_cols(b)?;
     Ok(())
 }
 
@@ -183,6 +184,78 @@ pub fn argmax_cols<B: Backend>(b: &B) -> Result<(), String> {
                 return Err(format!(
                     "argmax_cols of [{rows}, {n}] over {cols} columns: {got:?}, want {want:?}"
                 ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `top_k_cols`: every row's head's [`crate::top_k_row`] for k of 1 to 64: rows whose k-th
+/// value is shared by many columns across the row (the lowest columns win), NaN, -inf, +inf,
+/// -0 beside +0, fewer finite values than k, nothing finite.
+pub fn top_k_cols<B: Backend>(b: &B) -> Result<(), String> {
+    let mut g = Lcg(13);
+    for (rows, n) in [(2, 37), (5, 3000), (7, 152_064)] {
+        let mut data = g.vec(rows * n);
+        for (r, row) in data.chunks_mut(n).enumerate() {
+            match r % 7 {
+                // 100 columns of one value above the rest, spread over the row
+                0 => {
+                    for i in 0..100.min(n) {
+                        row[(i * 7919) % n] = 5.0;
+                    }
+                }
+                // NaN and -inf everywhere but a few finite values
+                1 => {
+                    for (i, v) in row.iter_mut().enumerate() {
+                        if i % 11 != 3 {
+                            *v = if i % 2 == 0 {
+                                f32::NAN
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                        }
+                    }
+                }
+                2 => row.fill(f32::NEG_INFINITY),
+                // +inf twice, -0 and +0 at the top
+                3 => {
+                    row.iter_mut().for_each(|v| *v = -v.abs() - 1.0);
+                    row[n / 2] = f32::INFINITY;
+                    row[n / 5] = f32::INFINITY;
+                    row[1] = -0.0;
+                    row[n - 1] = 0.0;
+                }
+                // coarse values: ties everywhere
+                4 => row.iter_mut().for_each(|v| *v = (*v * 4.0).round()),
+                _ => {}
+            }
+        }
+        let t = up(b, &data, rows, n)?;
+        for k in [1, 2, 40, 64] {
+            for cols in [n / 2, n - 1, n, n + 3] {
+                let got = b.top_k_cols(&t, cols, k);
+                let w = cols.min(n);
+                let want: Vec<Vec<(u32, f32)>> = data
+                    .chunks(n)
+                    .map(|r| crate::top_k_row(&r[..w], k))
+                    .collect();
+                let same = got.len() == want.len()
+                    && got.iter().zip(&want).all(|(a, b)| {
+                        a.len() == b.len()
+                            && a.iter()
+                                .zip(b)
+                                .all(|(x, y)| x.0 == y.0 && x.1.to_bits() == y.1.to_bits())
+                    });
+                if !same {
+                    return Err(format!(
+                        "top_k_cols of [{rows}, {n}] over {cols} columns, k {k}: {:?}, want {:?}",
+                        got.iter().map(|r| &r[..r.len().min(4)]).collect::<Vec<_>>(),
+                        want.iter()
+                            .map(|r| &r[..r.len().min(4)])
+                            .collect::<Vec<_>>()
+                    ));
+                }
             }
         }
     }

@@ -61,6 +61,32 @@ pub fn greedy_pick(row: &[f32]) -> Option<u32> {
     best.filter(|_| finite).map(|(_, i)| i as u32)
 }
 
+/// Most candidates [`Backend::top_k_cols`] is asked for (a device keeps them in registers and
+/// shared memory per row part).
+pub const MAX_TOP_K: usize = 64;
+
+/// The `k` best of one row of logits as a sampler's top-k takes them: `(id, value)` by value
+/// highest first (NaN read as `-inf`, ordered as `f32::total_cmp`), the lower id first among
+/// equal ones; empty when no value is finite (nothing can be sampled).
+/// [`Backend::top_k_cols`] gives the same lists without bringing the row to the host.
+pub fn top_k_row(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 || !row.iter().any(|l| l.is_finite()) {
+        return Vec::new();
+    }
+    let mut c: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l }))
+        .collect();
+    let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k < c.len() {
+        c.select_nth_unstable_by(k - 1, by);
+        c.truncate(k);
+    }
+    c.sort_unstable_by(by);
+    c
+}
+
 /// The op set of one device. Implementations: [`cpu::CpuBackend`] (a CUDA one lives in its own
 /// crate).
 pub trait Backend: Send + Sync + Sized {
@@ -149,6 +175,20 @@ pub trait Backend: Send + Sync + Sized {
         self.download_cols(t, cols)
             .chunks(cols)
             .map(greedy_pick)
+            .collect()
+    }
+    /// [`top_k_row`] of the first `cols` values of every row of a `[rows, n]` tensor, `k` at
+    /// most [`MAX_TOP_K`]: the candidates a top-k sampler draws from, without the rows coming
+    /// to the host. The default downloads and selects here.
+    fn top_k_cols(&self, t: &Self::Tensor, cols: usize, k: usize) -> Vec<Vec<(u32, f32)>> {
+        let (rows, n) = self.shape(t);
+        let cols = cols.min(n);
+        if cols == 0 {
+            return vec![Vec::new(); rows];
+        }
+        self.download_cols(t, cols)
+            .chunks(cols)
+            .map(|r| top_k_row(r, k))
             .collect()
     }
     /// `(rows, cols)` of a tensor.

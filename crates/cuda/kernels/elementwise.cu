@@ -195,3 +195,132 @@ extern "C" __global__ void argmax_parts_f32(const float* __restrict__ x, long lo
         o[2] = fin ? 1.0f : 0.0f;
     }
 }
+
+// The top-k of logits rows, first pass (k <= TOPK_MAX): block (p, r) takes columns
+// [p * per, (p + 1) * per) (per <= TOPK_PER) of the first `cols` of row r (rows `ld` apart) and
+// writes to out[(r * parts + p) * (1 + 2 k) ..]: any finite value as 0/1, then k pairs (value,
+// column as int bits) of its k best by value (NaN read as -inf; values ordered as Rust's
+// f32::total_cmp, so -0 < +0), the lower column first among equal ones; column -1 past the
+// range's end. Unordered: the host merges the parts and sorts (crates/cuda/src/ops.rs:
+// top_k_rows). The k-th largest key comes from a radix select over the range in shared memory
+// (four passes of 8 bits, per-warp histograms); the keys above it are all taken, and of the
+// keys equal to it the lowest columns (in column order only when there are more of them than
+// are taken). grid (parts, rows), block 256.
+#define TOPK_MAX 64
+#define TOPK_PER 8192
+#define TOPK_THREADS 256
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    topk_parts_f32(const float* __restrict__ x, long long ld, int cols, int per, int k, float* __restrict__ out) {
+    __shared__ unsigned int keys[TOPK_PER];
+    __shared__ unsigned int hist[TOPK_THREADS / 32][256];
+    __shared__ unsigned int s_prefix, s_need, s_eq;
+    __shared__ int s_gt, s_eq_taken, s_wc[TOPK_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* xr = x + (long long)blockIdx.y * ld;
+    const int lo = blockIdx.x * per, n = max(min(cols, lo + per) - lo, 0);
+    float* o = out + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (1 + 2 * k);
+    int fin = 0;
+    for (int j = tid; j < n; j += TOPK_THREADS) {
+        float v = xr[lo + j];
+        fin |= fabsf(v) <= 3.402823466e38f ? 1 : 0;
+        if (v != v) v = NEG_INF;
+        const unsigned int u = __float_as_uint(v);
+        keys[j] = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    fin = __syncthreads_or(fin);
+    for (int s = tid; s < k; s += TOPK_THREADS) {
+        o[1 + 2 * s] = NEG_INF;
+        o[2 + 2 * s] = __int_as_float(-1);
+    }
+    if (tid == 0) o[0] = fin ? 1.0f : 0.0f;
+    const int kk = min(k, n);
+    if (kk == 0) return;
+    // radix select: prefix / mask the bits fixed so far, need the rank among keys matching them
+    unsigned int prefix = 0, mask = 0, need = kk, eq = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = lane; b < 256; b += 32) hist[warp][b] = 0;
+        __syncthreads();
+        for (int j = tid; j < ((n + 31) & ~31); j += TOPK_THREADS) {
+            const bool live = j < n && (keys[j] & mask) == prefix;
+            const unsigned int bin = live ? (keys[j] >> shift) & 255u : 256u + lane;
+            // lanes of one bin add once (few bins hold most keys in the first pass)
+            const unsigned int same = __match_any_sync(FULL_MASK, bin);
+            if (live && lane == __ffs(same) - 1) atomicAdd(&hist[warp][bin], (unsigned int)__popc(same));
+        }
+        __syncthreads();
+        if (tid < 32) {
+            // warp 0: the bin holding the need-th largest, from the top
+            unsigned int acc = 0, found = 0, before = 0, cnt = 0;
+            for (int b0 = 224; b0 >= 0 && !found; b0 -= 32) {
+                const int b = b0 + lane;
+                unsigned int c = 0;
+                for (int w = 0; w < TOPK_THREADS / 32; w++) c += hist[w][b];
+                // counts of bins above b within this group of 32 (lanes above)
+                unsigned int above = 0;
+                for (int d = 1; d < 32; d++) {
+                    const unsigned int cd = __shfl_down_sync(FULL_MASK, c, d);
+                    if (lane + d < 32) above += cd;
+                }
+                const bool hit = acc + above < need && acc + above + c >= need;
+                const unsigned int hits = __ballot_sync(FULL_MASK, hit);
+                if (hits) {
+                    const int hl = __ffs(hits) - 1;
+                    before = acc + __shfl_sync(FULL_MASK, above, hl);
+                    cnt = __shfl_sync(FULL_MASK, c, hl);
+                    found = b0 + hl + 1;
+                } else {
+                    acc += __shfl_sync(FULL_MASK, above + c, 0);
+                }
+            }
+            if (lane == 0) {
+                s_prefix = prefix | ((unsigned int)(found - 1) << shift);
+                s_need = need - before;
+                s_eq = cnt;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        eq = s_eq;
+        mask |= 255u << shift;
+    }
+    // prefix: the kk-th largest key; all keys above it are taken (kk - need of them), and
+    // need of the eq keys equal to it
+    if (tid == 0) {
+        s_gt = 0;
+        s_eq_taken = 0;
+    }
+    __syncthreads();
+    const int n_gt = kk - (int)need;
+    auto put = [&](int slot, unsigned int key, int j) {
+        const unsigned int u = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+        o[1 + 2 * slot] = __uint_as_float(u);
+        o[2 + 2 * slot] = __int_as_float(lo + j);
+    };
+    const bool all_eq = eq == need;
+    for (int base = 0; base < n; base += TOPK_THREADS) {
+        const int j = base + tid;
+        const unsigned int key = j < n ? keys[j] : 0u;
+        if (j < n && key > prefix) put(atomicAdd(&s_gt, 1), key, j);
+        const bool is_eq = j < n && key == prefix;
+        if (all_eq) {
+            if (is_eq) put(n_gt + atomicAdd(&s_eq_taken, 1), key, j);
+            continue;
+        }
+        // more keys equal the k-th than are taken: the lowest columns, in column order
+        const unsigned int bal = __ballot_sync(FULL_MASK, is_eq);
+        if (lane == 0) s_wc[warp] = __popc(bal);
+        __syncthreads();
+        int off = s_eq_taken + __popc(bal & ((1u << lane) - 1u));
+        int total = 0;
+        for (int w = 0; w < TOPK_THREADS / 32; w++) {
+            if (w < warp) off += s_wc[w];
+            total += s_wc[w];
+        }
+        if (is_eq && off < (int)need) put(n_gt + off, key, j);
+        __syncthreads();
+        if (tid == 0) s_eq_taken += total;
+        __syncthreads();
+        if (s_eq_taken >= (int)need && s_gt == n_gt) break;
+    }
+}

@@ -40,6 +40,11 @@ pub struct AttentionScratch {
 /// Columns of one block of `argmax_parts_f32` (a 152k vocabulary: 19 blocks a row).
 const ARGMAX_PER: usize = 8192;
 
+/// Most candidates a row of `topk_parts_f32` keeps (TOPK_MAX), and columns of one of its
+/// blocks (TOPK_PER: its keys in shared memory).
+pub const TOP_K_MAX: usize = 64;
+const TOP_K_PER: usize = 8192;
+
 /// Positions per split of decode attention (each block's share of the KV length).
 pub const ATTENTION_CHUNK: usize = 256;
 
@@ -391,6 +396,75 @@ impl CudaDevice {
                     }
                 }
                 best.filter(|_| finite).map(|(_, i)| i)
+            })
+            .collect())
+    }
+
+    /// The `k` best values (`k <= 64`) of every row of `x` (`rows` rows of `ld` floats) among
+    /// its first `cols`, as [`backend::top_k_row`] takes them: `(column, value)` by value
+    /// highest first (NaN read as -inf, `f32::total_cmp` order), the lower column first among
+    /// equal ones; empty for a row with no finite value. `topk_parts_f32` selects each part's
+    /// k best on the device; the parts' candidates (`rows * parts * (1 + 2k)` floats) are
+    /// merged here.
+    pub fn top_k_rows(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        ld: usize,
+        cols: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>> {
+        let cols = cols.min(ld);
+        check_len("top_k x", x.len(), rows * ld)?;
+        if k > TOP_K_MAX {
+            return Err(CudaError::Shape(format!("top-{k} (at most {TOP_K_MAX})")));
+        }
+        if rows == 0 || cols == 0 || k == 0 {
+            return Ok(vec![Vec::new(); rows]);
+        }
+        if cols > i32::MAX as usize || rows > 65535 {
+            return Err(CudaError::Shape(format!("top-k of {rows} rows of {cols}")));
+        }
+        let parts = cols.div_ceil(TOP_K_PER);
+        let per = cols.div_ceil(parts);
+        let width = 1 + 2 * k;
+        let mut out = self.stream().alloc_zeros::<f32>(rows * parts * width)?;
+        let f = self.function(Program::Elementwise, "topk_parts_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (parts as u32, rows as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ld_i, cols_i, per_i, k_i) = (ld as i64, cols as i32, per as i32, k as i32);
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x)
+            .arg(&ld_i)
+            .arg(&cols_i)
+            .arg(&per_i)
+            .arg(&k_i)
+            .arg(&mut out);
+        // SAFETY: matches topk_parts_f32(x, ld, cols, per, k, out): x holds rows * ld floats
+        // (checked), cols <= ld, per <= TOP_K_PER (the kernel's shared keys), k <= TOP_K_MAX,
+        // out holds rows * parts * (1 + 2k) floats for the grid (parts, rows).
+        unsafe { b.launch(cfg) }?;
+        let v = self.stream().clone_dtoh(&out)?;
+        let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        Ok(v.chunks(parts * width)
+            .map(|row| {
+                if !row.chunks(width).any(|p| p[0] != 0.0) {
+                    return Vec::new();
+                }
+                let mut c: Vec<(u32, f32)> = row
+                    .chunks(width)
+                    .flat_map(|p| p[1..].chunks(2))
+                    .filter_map(|e| {
+                        let i = e[1].to_bits() as i32;
+                        (i >= 0).then_some((i as u32, e[0]))
+                    })
+                    .collect();
+                c.sort_unstable_by(by);
+                c.truncate(k);
+                c
             })
             .collect())
     }

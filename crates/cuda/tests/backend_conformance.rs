@@ -67,6 +67,12 @@ fn conformance_argmax_cols() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn conformance_top_k_cols() {
+    conformance::top_k_cols(&gpu()).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn conformance_rope() {
     conformance::rope(&gpu()).unwrap();
 }

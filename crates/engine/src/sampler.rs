@@ -136,6 +136,53 @@ impl Sampler {
         self.sample_with(logits, true)
     }
 
+    /// How many of a row's best logits ([`backend::top_k_row`]) this sampler needs to draw
+    /// exactly what [`Sampler::sample`] draws from the whole row of `n_vocab`: 1 when greedy,
+    /// `top_k` for a top-k sampler below `n_vocab`, at most `max`; `None` when it needs the
+    /// whole row (a logit bias, penalties, no top-k or a larger one).
+    pub fn top_needed(&self, n_vocab: usize, max: usize) -> Option<usize> {
+        if !self.config.logit_bias.is_empty() || self.config.has_penalties() {
+            return None;
+        }
+        let k = if self.config.temperature <= 0.0 {
+            1
+        } else {
+            self.config.top_k
+        };
+        (k > 0 && k <= max && (k == 1 || k < n_vocab)).then_some(k)
+    }
+
+    /// [`Sampler::sample`] from the row's best logits alone: `top` is [`backend::top_k_row`]
+    /// of the row with at least [`Sampler::top_needed`] entries (more are ignored), for a
+    /// sampler for which that is `Some`. The same candidates in the same order go through the
+    /// same chain and the same draw as the whole row would, so the token and the RNG's next
+    /// state are the same. `None` when `top` is empty (no finite logit).
+    pub fn sample_top(&mut self, top: &[(u32, f32)]) -> Option<u32> {
+        let &(best, _) = top.first()?;
+        let greedy = self.config.temperature <= 0.0;
+        let k = if greedy { 1 } else { self.config.top_k.max(1) };
+        let mut cands = std::mem::take(&mut self.candidates);
+        cands.clear();
+        cands.extend(
+            top.iter()
+                .take(k)
+                .map(|&(id, logit)| Candidate { id, logit }),
+        );
+        let id = if greedy {
+            argmax(&cands)
+        } else {
+            top_k(&mut cands, k);
+            top_p(&mut cands, self.config.top_p);
+            min_p(&mut cands, self.config.min_p);
+            apply_temperature(&mut cands, self.config.temperature);
+            let u: f32 = self.rng.random();
+            draw(&cands, u)
+        };
+        self.candidates = cands;
+        // (the whole row's fallback: its raw argmax, the first of `top`)
+        Some(id.unwrap_or(best))
+    }
+
     /// [`Sampler::sample`]; `shortcuts` false takes the long way (a candidate per token, then
     /// bias, penalties and the chain over all of them), which the shortcuts must match.
     fn sample_with(&mut self, logits: &[f32], shortcuts: bool) -> u32 {

@@ -390,6 +390,20 @@ impl<B: Backend> ModelOn<B> {
         self.forward_multi_fetch(states, tokens, |b, l| b.argmax_cols(l, cols))
     }
 
+    /// [`ModelOn::forward_multi_cols`] for callers that draw from the best logits alone
+    /// (top-k sampling): each sequence's [`backend::top_k_row`] of the first `cols` logits of
+    /// its last token (`k` at most [`backend::MAX_TOP_K`]), selected where the logits are.
+    pub fn forward_multi_top_k(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+        cols: usize,
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, ModelError> {
+        let k = k.min(backend::MAX_TOP_K);
+        self.forward_multi_fetch(states, tokens, |b, l| b.top_k_cols(l, cols, k))
+    }
+
     /// The mixed batch of [`ModelOn::forward_multi`], each micro-batch's last-token logits
     /// brought to the host by `fetch` (values per row: `cols` logits, or one pick).
     fn forward_multi_fetch<T>(

@@ -290,11 +290,11 @@ fn forward_multi_mixes_prefill_and_decode() {
             states.iter().map(|s| s.len()).collect::<Vec<_>>(),
             vec![13, 11, 4]
         );
-        // The greedy picks of the same mixed batch (fresh states) are those of its logits,
-        // over the whole vocabulary and over a cut of it; the states advance the same.
-        for cols in [n_vocab, n_vocab / 2] {
-            let mut again: Vec<_> = plan
-                .iter()
+        // The greedy picks and top-5 lists of the same mixed batch (fresh states) are those
+        // of its logits, over the whole vocabulary and over a cut of it; the states advance
+        // the same.
+        let fresh = || -> Vec<_> {
+            plan.iter()
                 .map(|(pre, _)| {
                     let mut s = m.new_state(32, KvType::F32).unwrap();
                     if !pre.is_empty() {
@@ -302,19 +302,26 @@ fn forward_multi_mixes_prefill_and_decode() {
                     }
                     s
                 })
-                .collect();
+                .collect()
+        };
+        for cols in [n_vocab, n_vocab / 2] {
+            let rows: Vec<&[f32]> = got.chunks(n_vocab).map(|r| &r[..cols]).collect();
+            let mut again = fresh();
             let mut refs: Vec<&mut _> = again.iter_mut().collect();
             let picks = m.forward_multi_argmax(&mut refs, &adds, cols).unwrap();
-            let want: Vec<Option<u32>> = got
-                .chunks(n_vocab)
-                .map(|r| backend::greedy_pick(&r[..cols]))
-                .collect();
+            let want: Vec<Option<u32>> = rows.iter().map(|r| backend::greedy_pick(r)).collect();
             assert_eq!(picks, want, "{arch}: picks over {cols} columns");
             assert!(picks.iter().all(Option::is_some));
             assert_eq!(
                 again.iter().map(|s| s.len()).collect::<Vec<_>>(),
                 vec![13, 11, 4]
             );
+            let mut again = fresh();
+            let mut refs: Vec<&mut _> = again.iter_mut().collect();
+            let tops = m.forward_multi_top_k(&mut refs, &adds, cols, 5).unwrap();
+            let want: Vec<Vec<(u32, f32)>> =
+                rows.iter().map(|r| backend::top_k_row(r, 5)).collect();
+            assert_eq!(tops, want, "{arch}: top-5 over {cols} columns");
         }
         // A sequence without room fails the whole call before anything runs.
         let mut small = m.new_state(2, KvType::F32).unwrap();

@@ -126,6 +126,21 @@ impl<B: Backend + 'static> BatchModel for ModelBatch<B> {
             .forward_multi_argmax(states, tokens, self.n_use)
             .map_err(|e| e.to_string())
     }
+
+    fn forward_multi_top(
+        &self,
+        states: &mut [&mut SeqStateOn<B>],
+        tokens: &[&[u32]],
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, String> {
+        if !self.mixed {
+            return engine::scheduler::top_k_of_logits(self, states, tokens, k);
+        }
+        // the candidates among the tokenizer's vocabulary, selected where the logits are
+        self.model
+            .forward_multi_top_k(states, tokens, self.n_use, k)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// How to set the service up.

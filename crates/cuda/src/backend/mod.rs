@@ -685,6 +685,13 @@ impl backend::Backend for CudaBackend {
             .unwrap_or_else(|e| panic!("cuda argmax: {e}"))
     }
 
+    fn top_k_cols(&self, t: &CudaTensor, cols: usize, k: usize) -> Vec<Vec<(u32, f32)>> {
+        // The trait's `download` cannot fail; a lost device here is fatal.
+        self.dev
+            .top_k_rows(&t.data, t.rows, t.cols, cols, k.min(crate::ops::TOP_K_MAX))
+            .unwrap_or_else(|e| panic!("cuda top-k: {e}"))
+    }
+
     fn shape(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }

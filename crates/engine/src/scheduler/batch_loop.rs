@@ -177,8 +177,13 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                 .filter(|(p, _)| !p.is_prefill())
                 .map(|(_, i)| i.len() as u64)
                 .sum();
-            // A step whose sampled rows all pick greedily asks the model for the picks only.
-            let greedy = spec.is_none() && device_greedy() && all_plain_greedy(&slots, &plan);
+            // A step whose sampled rows all draw from their best logits alone asks the model for
+            // those only (greedy: the picks).
+            let top = if spec.is_none() && device_sampling() {
+                step_top_needed(&slots, &plan, model.n_vocab())
+            } else {
+                None
+            };
             let t0 = Instant::now();
             let result = {
                 // `plan` is in slot order and names each slot once.
@@ -197,16 +202,30 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                     if states.len() != refs.len() {
                         return Err("a planned slot has no state".to_string());
                     }
-                    if greedy {
-                        let picks = model.forward_multi_greedy(&mut states, &refs)?;
-                        if picks.len() != refs.len() {
-                            return Err(format!(
-                                "the step returned {} picks, expected {}",
-                                picks.len(),
-                                refs.len()
-                            ));
+                    match top {
+                        Some(1) => {
+                            let picks = model.forward_multi_greedy(&mut states, &refs)?;
+                            if picks.len() != refs.len() {
+                                return Err(format!(
+                                    "the step returned {} picks, expected {}",
+                                    picks.len(),
+                                    refs.len()
+                                ));
+                            }
+                            return Ok(StepOut::Picks(picks));
                         }
-                        return Ok(StepOut::Picks(picks));
+                        Some(k) => {
+                            let tops = model.forward_multi_top(&mut states, &refs, k)?;
+                            if tops.len() != refs.len() {
+                                return Err(format!(
+                                    "the step returned {} top-k lists, expected {}",
+                                    tops.len(),
+                                    refs.len()
+                                ));
+                            }
+                            return Ok(StepOut::Tops(tops));
+                        }
+                        None => {}
                     }
                     let (logits, n_rows) = if spec.is_some() {
                         let n_rows: usize = refs
@@ -254,6 +273,18 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                             Vec::new(),
                             picks.into_iter().map(|t| Some((t, None))).collect(),
                         ),
+                        // each sampled row draws from its best logits with its own sampler
+                        StepOut::Tops(tops) => {
+                            let p = plan
+                                .iter()
+                                .zip(&tops)
+                                .map(|(p, top)| {
+                                    let a = slots[p.slot].active.as_mut()?;
+                                    ends_in_sample(p, a).then(|| (a.sampler.sample_top(top), None))
+                                })
+                                .collect();
+                            (Vec::new(), p)
+                        }
                     };
                     let mut row = 0;
                     // Verify passes to settle: (slot, tokens kept).
@@ -350,32 +381,43 @@ enum StepOut {
     Logits(Vec<f32>),
     /// One greedy pick per sequence ([`BatchModel::forward_multi_greedy`]).
     Picks(Vec<Option<u32>>),
+    /// Each sequence's best logits ([`BatchModel::forward_multi_top`]).
+    Tops(Vec<Vec<(u32, f32)>>),
 }
 
-/// Whether every row of the plan that ends in a sample (a decode row, the last chunk of a
-/// prompt) belongs to a request whose next token is the plain argmax of its logits: greedy
-/// without bias or penalties, no constraint, no logprobs.
-fn all_plain_greedy<S>(slots: &[Slot<S>], plan: &[PlannedRow]) -> bool {
-    plan.iter().all(|p| {
-        let Some(a) = slots.get(p.slot).and_then(|s| s.active.as_ref()) else {
-            return false;
-        };
-        let samples = match p.kind {
-            RowKind::Decode(_) => true,
-            RowKind::Prefill { to, .. } => to == a.request.prompt.len(),
-        };
-        !samples
-            || (a.sampler.is_plain_greedy()
-                && a.request.constraint.is_none()
-                && a.request.logprobs.is_none())
-    })
+/// Whether a plan row ends in a sample (a decode row, the last chunk of a prompt).
+fn ends_in_sample(p: &PlannedRow, a: &Active) -> bool {
+    match p.kind {
+        RowKind::Decode(_) => true,
+        RowKind::Prefill { to, .. } => to == a.request.prompt.len(),
+    }
 }
 
-/// Whether greedy steps ask the model for picks rather than logits
-/// ([`BatchModel::forward_multi_greedy`]; `REDLINE_DEVICE_GREEDY=0`: logits, for A/B).
-fn device_greedy() -> bool {
+/// How many of their best logits the rows of the plan that end in a sample need, when every
+/// one of them can draw from those alone ([`RequestSampler::top_needed`]: greedy, or a top-k
+/// sampler without bias or penalties; no constraint, no logprobs): the largest of them (1:
+/// greedy picks do). `None`: some row needs its whole row of logits.
+fn step_top_needed<S>(slots: &[Slot<S>], plan: &[PlannedRow], n_vocab: usize) -> Option<usize> {
+    let mut k = 1;
+    for p in plan {
+        let a = slots.get(p.slot)?.active.as_ref()?;
+        if !ends_in_sample(p, a) {
+            continue;
+        }
+        if a.request.constraint.is_some() || a.request.logprobs.is_some() {
+            return None;
+        }
+        k = k.max(a.sampler.top_needed(n_vocab, backend::MAX_TOP_K)?);
+    }
+    Some(k)
+}
+
+/// Whether steps whose rows allow it ask the model for greedy picks or top-k lists rather
+/// than logits ([`BatchModel::forward_multi_greedy`], [`BatchModel::forward_multi_top`];
+/// `REDLINE_DEVICE_SAMPLING=0`: logits, for A/B).
+fn device_sampling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLINE_DEVICE_GREEDY").as_deref() != Ok("0"))
+    *ON.get_or_init(|| std::env::var("REDLINE_DEVICE_SAMPLING").as_deref() != Ok("0"))
 }
 
 /// What one slot contributes to a step.

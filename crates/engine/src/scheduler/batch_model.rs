@@ -61,6 +61,19 @@ pub trait BatchModel: Send + Sync + 'static {
         greedy_picks_of_logits(self, states, tokens)
     }
 
+    /// [`BatchModel::forward_multi`] for a step whose sampled rows all draw from their best
+    /// logits alone (top-k samplers, `k <= backend::MAX_TOP_K`): each sequence's
+    /// [`backend::top_k_row`] of its last token's logits. A model whose logits live on a
+    /// device selects them there; this default selects from `forward_multi`.
+    fn forward_multi_top(
+        &self,
+        states: &mut [&mut Self::State],
+        tokens: &[&[u32]],
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, String> {
+        top_k_of_logits(self, states, tokens, k)
+    }
+
     /// Speculative decoding settings when this model drafts (`None`: plain decoding, and the
     /// three methods below are never called).
     fn speculation(&self) -> Option<crate::speculative::SpecOptions> {
@@ -119,6 +132,29 @@ pub fn greedy_picks_of_logits<M: BatchModel + ?Sized>(
         ));
     }
     Ok(logits.chunks(n_vocab).map(backend::greedy_pick).collect())
+}
+
+/// [`BatchModel::forward_multi_top`] from [`BatchModel::forward_multi`]'s logits: each row's
+/// [`backend::top_k_row`] made on the host.
+pub fn top_k_of_logits<M: BatchModel + ?Sized>(
+    model: &M,
+    states: &mut [&mut M::State],
+    tokens: &[&[u32]],
+    k: usize,
+) -> Result<Vec<Vec<(u32, f32)>>, String> {
+    let n_vocab = model.n_vocab();
+    let logits = model.forward_multi(states, tokens)?;
+    if n_vocab == 0 || logits.len() != states.len() * n_vocab {
+        return Err(format!(
+            "the step returned {} logits, expected {}",
+            logits.len(),
+            states.len() * n_vocab
+        ));
+    }
+    Ok(logits
+        .chunks(n_vocab)
+        .map(|r| backend::top_k_row(r, k))
+        .collect())
 }
 
 /// [`BatchModel::forward_multi`] built from `prefill` (each multi-token sequence alone) and

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{forward_multi_by_parts, greedy_picks_of_logits, BatchModel};
+use super::{forward_multi_by_parts, greedy_picks_of_logits, top_k_of_logits, BatchModel};
 
 pub struct FakeModel {
     pub n_vocab: usize,
@@ -23,6 +23,8 @@ pub struct FakeModel {
     pub tokens_fed: AtomicUsize,
     /// `forward_multi_greedy` calls (steps that asked for greedy picks, not logits).
     pub greedy_calls: AtomicUsize,
+    /// `forward_multi_top` calls (steps that asked for top-k lists).
+    pub top_calls: AtomicUsize,
     /// One entry per `forward_multi` call: (state id, tokens appended) per sequence.
     pub steps: Mutex<Vec<Vec<(usize, usize)>>>,
     next_state_id: AtomicUsize,
@@ -40,6 +42,7 @@ impl FakeModel {
             native_multi: true,
             tokens_fed: AtomicUsize::new(0),
             greedy_calls: AtomicUsize::new(0),
+            top_calls: AtomicUsize::new(0),
             steps: Mutex::new(Vec::new()),
             next_state_id: AtomicUsize::new(0),
         }
@@ -189,5 +192,15 @@ impl BatchModel for FakeModel {
     ) -> Result<Vec<Option<u32>>, String> {
         self.greedy_calls.fetch_add(1, Ordering::SeqCst);
         greedy_picks_of_logits(self, states, tokens)
+    }
+
+    fn forward_multi_top(
+        &self,
+        states: &mut [&mut FakeState],
+        tokens: &[&[u32]],
+        k: usize,
+    ) -> Result<Vec<Vec<(u32, f32)>>, String> {
+        self.top_calls.fetch_add(1, Ordering::SeqCst);
+        top_k_of_logits(self, states, tokens, k)
     }
 }

@@ -22,7 +22,9 @@ mod request;
 mod sampling;
 mod speculation;
 
-pub use batch_model::{cut_rows, forward_multi_by_parts, greedy_picks_of_logits, BatchModel};
+pub use batch_model::{
+    cut_rows, forward_multi_by_parts, greedy_picks_of_logits, top_k_of_logits, BatchModel,
+};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, GenerationStream, SamplingParams, SpecUsage,
     TokenConstraint, TokenLogprob, Usage,

@@ -60,8 +60,20 @@ impl RequestSampler {
     /// penalties): then [`backend::greedy_pick`] of a row is what [`RequestSampler::sample`]
     /// returns for it without a constraint.
     pub fn is_plain_greedy(&self) -> bool {
-        let c = self.sampler.config();
-        c.temperature <= 0.0 && c.logit_bias.is_empty() && !c.has_penalties()
+        self.sampler.top_needed(usize::MAX, 1) == Some(1)
+    }
+
+    /// How many of a row's best logits [`RequestSampler::sample_top`] needs to draw what
+    /// [`RequestSampler::sample`] would from the whole row (without a constraint), at most
+    /// `max`; `None`: the whole row ([`crate::sampler::Sampler::top_needed`]).
+    pub fn top_needed(&self, n_vocab: usize, max: usize) -> Option<usize> {
+        self.sampler.top_needed(n_vocab, max)
+    }
+
+    /// [`RequestSampler::sample`] from the row's [`backend::top_k_row`] (at least
+    /// [`RequestSampler::top_needed`] of them; empty: no finite logit, `None`).
+    pub fn sample_top(&mut self, top: &[(u32, f32)]) -> Option<u32> {
+        self.sampler.sample_top(top)
     }
 
     /// The engine sampler's settings (with the seed actually used).
@@ -327,5 +339,64 @@ mod tests {
             let want = s.sample(&mut row.clone(), None);
             assert_eq!(backend::greedy_pick(&row), want, "case {case}: {row:?}");
         }
+    }
+
+    /// Drawing from a row's best logits alone (what a device sends for top-k sampling) gives
+    /// the same tokens as drawing from the whole row, draw after draw with one seed, for
+    /// top-k, top-p, min-p and temperature settings; samplers that need the whole row say so.
+    #[test]
+    fn sampling_from_the_top_k_equals_sampling_from_the_row() {
+        let mut x = 99u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for case in 0..60u64 {
+            let p = SamplingParams {
+                temperature: [0.0, 0.3, 0.8, 1.0, 1.7][case as usize % 5],
+                top_k: [1, 2, 5, 40, 64][(case / 5) as usize % 5],
+                top_p: [1.0, 0.95, 0.5][case as usize % 3],
+                min_p: [0.0, 0.05, 0.2][(case / 3) as usize % 3],
+                seed: Some(case),
+                ..Default::default()
+            };
+            let (mut whole, mut top) = (RequestSampler::new(p.clone()), RequestSampler::new(p));
+            let k = top.top_needed(500, 64).expect("a plain top-k sampler");
+            for draw in 0..40 {
+                let n = 200 + (next() % 300) as usize;
+                let mut row: Vec<f32> = (0..n)
+                    .map(|_| match next() % 50 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => -0.0,
+                        3 => 0.0,
+                        // a few distinct values near the top (ties), the rest spread out
+                        4..=9 => 6.0 + (next() % 3) as f32 * 0.25,
+                        _ => (next() % 1000) as f32 / 100.0 - 5.0,
+                    })
+                    .collect();
+                if draw == 7 {
+                    row.fill(f32::NEG_INFINITY);
+                }
+                let want = whole.sample(&mut row.clone(), None);
+                let got = top.sample_top(&backend::top_k_row(&row, k));
+                assert_eq!(got, want, "case {case} draw {draw}");
+            }
+        }
+        let p = |f: fn(&mut SamplingParams)| {
+            let mut p = params(0.8);
+            p.top_k = 40;
+            f(&mut p);
+            RequestSampler::new(p).top_needed(1000, 64)
+        };
+        assert_eq!(p(|_| {}), Some(40));
+        assert_eq!(p(|p| p.top_k = 0), None);
+        assert_eq!(p(|p| p.top_k = 65), None);
+        assert_eq!(p(|p| p.presence_penalty = 0.1), None);
+        assert_eq!(p(|p| p.logit_bias = vec![(3, 1.0)]), None);
+        assert_eq!(p(|p| p.temperature = 0.0), Some(1));
+        assert_eq!(RequestSampler::new(params(0.8)).top_needed(1000, 64), None);
     }
 }

@@ -590,5 +590,57 @@ fn greedy_steps_ask_for_picks_and_others_for_logits() {
         assert_eq!(tokens.len(), 6, "{what}");
         drop(s);
         assert_eq!(model.greedy_calls.load(Ordering::SeqCst), 0, "{what}");
+        // a temperature with the default top-k 40 draws from the 40 best logits alone
+        let tops = model.top_calls.load(Ordering::SeqCst);
+        assert_eq!(
+            tops > 0,
+            what == "temperature",
+            "{what}: {tops} top-k steps"
+        );
     }
+}
+
+/// Seeded top-k sampling from the model's best logits alone (the step asks for top-k lists)
+/// draws the same tokens as from whole rows (logprobs make the step ask for logits), several
+/// requests batched, with top-p and min-p on; top-k 0 (off) takes whole rows.
+#[test]
+fn top_k_steps_draw_what_whole_rows_draw() {
+    let run = |logprobs: Option<usize>, top_k: usize| {
+        let model = Arc::new(FakeModel::new(300, Duration::ZERO));
+        let s = start(&model, 3, 64);
+        let rx: Vec<_> = (0..3u32)
+            .map(|i| {
+                let mut r = request(vec![i + 2, 7, 1], 12);
+                r.logprobs = logprobs;
+                r.sampling = SamplingParams {
+                    temperature: 1.5,
+                    top_k,
+                    top_p: 0.97,
+                    min_p: 0.01,
+                    seed: Some(40 + i as u64),
+                    ..Default::default()
+                };
+                s.submit(r).unwrap()
+            })
+            .collect();
+        let out: Vec<Vec<u32>> = rx.into_iter().map(|rx| collect(rx).0).collect();
+        drop(s);
+        (out, model.top_calls.load(Ordering::SeqCst))
+    };
+    let (whole, n_whole) = run(Some(0), 20);
+    let (top, n_top) = run(None, 20);
+    assert_eq!(n_whole, 0);
+    assert!(n_top > 0);
+    assert_eq!(top, whole);
+    assert!(whole.iter().all(|t| t.len() == 12));
+    // the fake model's logits give every token some probability at t = 1.5: not all greedy
+    assert!(
+        whole
+            .iter()
+            .flatten()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 12
+    );
+    assert_eq!(run(None, 0).1, 0);
 }
