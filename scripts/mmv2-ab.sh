@@ -407,6 +407,26 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26h)
+    # session 26's final binary: the top-k check, issue 6's serve rows (greedy at 1 / 8 / 32
+    # streams, temperature 0.8 at 1 / 8), the one-row bench of both models (issue 4), 8 rows,
+    # and issue 8's verify cost
+    timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4
+    echo "== checks $(el)"
+    wait $SP
+    rm -f /tmp/serve_load.py
+    TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -2
+    TOKENS=128 serve_rows p32b 32 32
+    export BENCH_TEMPERATURE=0.8
+    TOKENS=256 serve_rows p32c 32 1,8 REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32c.log 2>&1 | tail -2
+    unset BENCH_TEMPERATURE
+    echo "== serve $(el)"
+    for m in m32 m27; do b $m -n 128 -r 3; b $m -n 32 -r 2 --parallel 8; done
+    timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -8
+    echo "== s26h $(el)"
+    ;;
 s26g)
     # session 26: top-k sampling from device-selected candidates (topk_parts_f32): the
     # conformance suite, then issue 6's serve rows greedy, at temperature 0.8 (the server's
