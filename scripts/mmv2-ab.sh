@@ -407,6 +407,51 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26j)
+    # session 26: the top-k path with the merge on the device (topk_merge_f32) and 8 loads in
+    # flight in topk_parts_f32: the conformance check, its time per call (REDLINE_TOPK_LOG=1),
+    # then issue 6's serve rows at temperature 0.8 and greedy
+    timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4
+    wait_m32
+    rm -f /tmp/serve_load.py
+    export BENCH_TEMPERATURE=0.8
+    TOKENS=128 serve_rows p32c 32 1,8 REDLINE_STEP_LOG=1 REDLINE_TOPK_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32c.log 2>&1 | tail -2
+    for r in 1 8; do
+        grep "top-k rows=$r " /tmp/serve_p32c.log | tail -200 | python3 -c "
+import sys, re
+v = [float(re.findall(r'([\d.]+) ms', l)[-1]) for l in sys.stdin]
+if v:
+    print('rows $r:', len(v), 'calls; mean %.3f ms' % (sum(v) / len(v)))
+"
+    done
+    TOKENS=256 serve_rows p32d 32 1,8 REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32d.log 2>&1 | tail -2
+    unset BENCH_TEMPERATURE
+    TOKENS=256 serve_rows p32 32 1,8 REDLINE_STEP_LOG=1
+    python3 scripts/steplog-summary.py /tmp/serve_p32.log 2>&1 | tail -2
+    echo "== s26j $(el)"
+    ;;
+s26i)
+    # session 26: where the top-k path's 0.45 ms after an 8-row step goes (REDLINE_TOPK_LOG=1:
+    # buffer + kernel, copy, merge), temperature 0.8 at 1 / 8 streams
+    wait_m32
+    rm -f /tmp/serve_load.py
+    export BENCH_TEMPERATURE=0.8
+    TOKENS=128 serve_rows p32c 32 1,8 REDLINE_STEP_LOG=1 REDLINE_TOPK_LOG=1
+    unset BENCH_TEMPERATURE
+    python3 scripts/steplog-summary.py /tmp/serve_p32c.log 2>&1 | tail -2
+    for r in 1 8; do
+        grep "top-k rows=$r " /tmp/serve_p32c.log | tail -200 | python3 -c "
+import sys, re
+v = [list(map(float, re.findall(r'([\d.]+) ms', l))) for l in sys.stdin]
+v = [x for x in v if len(x) == 3]
+if v:
+    print('rows $r:', len(v), 'calls; mean buffer+kernel %.3f copy %.3f merge %.3f ms' % tuple(sum(c) / len(v) for c in zip(*v)))
+"
+    done
+    echo "== s26i $(el)"
+    ;;
 s26h)
     # session 26's final binary: the top-k check, issue 6's serve rows (greedy at 1 / 8 / 32
     # streams, temperature 0.8 at 1 / 8), the one-row bench of both models (issue 4), 8 rows,

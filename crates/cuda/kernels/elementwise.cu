@@ -209,6 +209,16 @@ extern "C" __global__ void argmax_parts_f32(const float* __restrict__ x, long lo
 #define TOPK_MAX 64
 #define TOPK_PER 8192
 #define TOPK_THREADS 256
+// Order-preserving keys: a larger key is a larger value in f32::total_cmp's order (NaN read
+// as -inf first), and back.
+static __device__ __forceinline__ unsigned int topk_key(float v) {
+    if (v != v) v = NEG_INF;
+    const unsigned int u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static __device__ __forceinline__ float topk_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     topk_parts_f32(const float* __restrict__ x, long long ld, int cols, int per, int k, float* __restrict__ out) {
     __shared__ unsigned int keys[TOPK_PER];
@@ -220,12 +230,22 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     const int lo = blockIdx.x * per, n = max(min(cols, lo + per) - lo, 0);
     float* o = out + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (1 + 2 * k);
     int fin = 0;
-    for (int j = tid; j < n; j += TOPK_THREADS) {
-        float v = xr[lo + j];
-        fin |= fabsf(v) <= 3.402823466e38f ? 1 : 0;
-        if (v != v) v = NEG_INF;
-        const unsigned int u = __float_as_uint(v);
-        keys[j] = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    // 8 loads in flight per thread
+    for (int j0 = 0; j0 < n; j0 += 8 * TOPK_THREADS) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int j = j0 + u * TOPK_THREADS + tid;
+            v[u] = j < n ? xr[lo + j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int j = j0 + u * TOPK_THREADS + tid;
+            if (j < n) {
+                fin |= fabsf(v[u]) <= 3.402823466e38f ? 1 : 0;
+                keys[j] = topk_key(v[u]);
+            }
+        }
     }
     fin = __syncthreads_or(fin);
     for (int s = tid; s < k; s += TOPK_THREADS) {
@@ -293,8 +313,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     __syncthreads();
     const int n_gt = kk - (int)need;
     auto put = [&](int slot, unsigned int key, int j) {
-        const unsigned int u = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
-        o[1 + 2 * slot] = __uint_as_float(u);
+        o[1 + 2 * slot] = topk_value(key);
         o[2 + 2 * slot] = __int_as_float(lo + j);
     };
     const bool all_eq = eq == need;
@@ -322,5 +341,49 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
         if (tid == 0) s_eq_taken += total;
         __syncthreads();
         if (s_eq_taken >= (int)need && s_gt == n_gt) break;
+    }
+}
+
+// The top-k's second pass: grid rows, block 256. Merges row r's `parts` part lists of
+// topk_parts_f32 (parts * k <= TOPK_MERGE_MAX candidates) into out[r * (1 + 2 k) ..]: any
+// finite as 0/1, then its k best, best first (value by total order, then the lower column):
+// each candidate's place is the number of candidates before it, every column being unique;
+// (-inf, -1) past the candidates.
+#define TOPK_MERGE_MAX 4096
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    topk_merge_f32(const float* __restrict__ part, int parts, int k, float* __restrict__ out) {
+    __shared__ unsigned int keys[TOPK_MERGE_MAX];
+    __shared__ int col[TOPK_MERGE_MAX];
+    const int tid = threadIdx.x, width = 1 + 2 * k, m = parts * k;
+    const float* in = part + (long long)blockIdx.x * parts * width;
+    float* o = out + (long long)blockIdx.x * width;
+    int fin = 0;
+    for (int e = tid; e < m; e += TOPK_THREADS) {
+        const int p = e / k, s = e % k;
+        keys[e] = topk_key(in[p * width + 1 + 2 * s]);
+        col[e] = __float_as_int(in[p * width + 2 + 2 * s]);
+    }
+    for (int p = tid; p < parts; p += TOPK_THREADS) fin |= in[p * width] != 0.0f ? 1 : 0;
+    fin = __syncthreads_or(fin);
+    for (int s = tid; s < k; s += TOPK_THREADS) {
+        o[1 + 2 * s] = NEG_INF;
+        o[2 + 2 * s] = __int_as_float(-1);
+    }
+    if (tid == 0) o[0] = fin ? 1.0f : 0.0f;
+    __syncthreads();
+    for (int e = tid; e < m; e += TOPK_THREADS) {
+        const int c = col[e];
+        if (c < 0) continue;
+        const unsigned int ke = keys[e];
+        int before = 0;
+        for (int f = 0; f < m; f++) {
+            const int cf = col[f];
+            const unsigned int kf = keys[f];
+            before += (cf >= 0 && (kf > ke || (kf == ke && cf < c))) ? 1 : 0;
+        }
+        if (before < k) {
+            o[1 + 2 * before] = topk_value(ke);
+            o[2 + 2 * before] = __int_as_float(c);
+        }
     }
 }

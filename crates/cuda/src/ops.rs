@@ -40,10 +40,18 @@ pub struct AttentionScratch {
 /// Columns of one block of `argmax_parts_f32` (a 152k vocabulary: 19 blocks a row).
 const ARGMAX_PER: usize = 8192;
 
+/// `REDLINE_TOPK_LOG=1`: each top-k call prints its time (a diagnostic).
+fn top_k_log() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLINE_TOPK_LOG").as_deref() == Ok("1"))
+}
+
 /// Most candidates a row of `topk_parts_f32` keeps (TOPK_MAX), and columns of one of its
 /// blocks (TOPK_PER: its keys in shared memory).
 pub const TOP_K_MAX: usize = 64;
 const TOP_K_PER: usize = 8192;
+/// Most candidates of one row `topk_merge_f32` merges (TOPK_MERGE_MAX).
+const TOP_K_MERGE_MAX: usize = 4096;
 
 /// Positions per split of decode attention (each block's share of the KV length).
 pub const ATTENTION_CHUNK: usize = 256;
@@ -403,9 +411,10 @@ impl CudaDevice {
     /// The `k` best values (`k <= 64`) of every row of `x` (`rows` rows of `ld` floats) among
     /// its first `cols`, as [`backend::top_k_row`] takes them: `(column, value)` by value
     /// highest first (NaN read as -inf, `f32::total_cmp` order), the lower column first among
-    /// equal ones; empty for a row with no finite value. `topk_parts_f32` selects each part's
-    /// k best on the device; the parts' candidates (`rows * parts * (1 + 2k)` floats) are
-    /// merged here.
+    /// equal ones; empty for a row with no finite value. Two launches: `topk_parts_f32`
+    /// selects each row part's k best, `topk_merge_f32` merges a row's parts into its sorted k
+    /// best; `rows * (1 + 2k)` floats come down. A [`CudaError::Shape`] for rows too long for
+    /// the merge (more than 4096 / k parts of 8192).
     pub fn top_k_rows(
         &self,
         x: &CudaSlice<f32>,
@@ -422,55 +431,75 @@ impl CudaDevice {
         if rows == 0 || cols == 0 || k == 0 {
             return Ok(vec![Vec::new(); rows]);
         }
-        if cols > i32::MAX as usize || rows > 65535 {
-            return Err(CudaError::Shape(format!("top-k of {rows} rows of {cols}")));
-        }
         let parts = cols.div_ceil(TOP_K_PER);
+        if cols > i32::MAX as usize || rows > 65535 || parts * k > TOP_K_MERGE_MAX {
+            return Err(CudaError::Shape(format!(
+                "top-{k} of {rows} rows of {cols}"
+            )));
+        }
         let per = cols.div_ceil(parts);
         let width = 1 + 2 * k;
-        let mut out = self.stream().alloc_zeros::<f32>(rows * parts * width)?;
+        let log = top_k_log().then(std::time::Instant::now);
+        // SAFETY: both buffers are written whole by the kernels before anything reads them
+        // (every part's and every row's flag and k slots).
+        let (mut part, mut out) = unsafe {
+            (
+                self.stream().alloc::<f32>(rows * parts * width)?,
+                self.stream().alloc::<f32>(rows * width)?,
+            )
+        };
         let f = self.function(Program::Elementwise, "topk_parts_f32")?;
         let cfg = LaunchConfig {
             grid_dim: (parts as u32, rows as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (ld_i, cols_i, per_i, k_i) = (ld as i64, cols as i32, per as i32, k as i32);
+        let (ld_i, cols_i, per_i, k_i, parts_i) =
+            (ld as i64, cols as i32, per as i32, k as i32, parts as i32);
         let mut b = self.stream().launch_builder(&f);
         b.arg(x)
             .arg(&ld_i)
             .arg(&cols_i)
             .arg(&per_i)
             .arg(&k_i)
-            .arg(&mut out);
+            .arg(&mut part);
         // SAFETY: matches topk_parts_f32(x, ld, cols, per, k, out): x holds rows * ld floats
         // (checked), cols <= ld, per <= TOP_K_PER (the kernel's shared keys), k <= TOP_K_MAX,
-        // out holds rows * parts * (1 + 2k) floats for the grid (parts, rows).
+        // part holds rows * parts * (1 + 2k) floats for the grid (parts, rows).
+        unsafe { b.launch(cfg) }?;
+        let f = self.function(Program::Elementwise, "topk_merge_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&part).arg(&parts_i).arg(&k_i).arg(&mut out);
+        // SAFETY: matches topk_merge_f32(part, parts, k, out): part as written above, parts * k
+        // <= TOP_K_MERGE_MAX (checked), out holds rows * (1 + 2k) floats for the grid rows.
         unsafe { b.launch(cfg) }?;
         let v = self.stream().clone_dtoh(&out)?;
-        let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        use rayon::prelude::*;
-        Ok(v.par_chunks(parts * width)
+        let lists: Vec<Vec<(u32, f32)>> = v
+            .chunks(width)
             .map(|row| {
-                if !row.chunks(width).any(|p| p[0] != 0.0) {
+                if row[0] == 0.0 {
                     return Vec::new();
                 }
-                let mut c: Vec<(u32, f32)> = row
-                    .chunks(width)
-                    .flat_map(|p| p[1..].chunks(2))
-                    .filter_map(|e| {
-                        let i = e[1].to_bits() as i32;
-                        (i >= 0).then_some((i as u32, e[0]))
+                row[1..]
+                    .chunks(2)
+                    .map_while(|e| {
+                        let c = e[1].to_bits() as i32;
+                        (c >= 0).then_some((c as u32, e[0]))
                     })
-                    .collect();
-                // (19 parts of a 152k row give 19 k candidates: select, then sort k)
-                if c.len() > k {
-                    c.select_nth_unstable_by(k - 1, by);
-                    c.truncate(k);
-                }
-                c.sort_unstable_by(by);
-                c
+                    .collect()
             })
-            .collect())
+            .collect();
+        if let Some(t) = log {
+            eprintln!(
+                "top-k rows={rows} k={k}: {:.3} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(lists)
     }
 }

@@ -686,10 +686,22 @@ impl backend::Backend for CudaBackend {
     }
 
     fn top_k_cols(&self, t: &CudaTensor, cols: usize, k: usize) -> Vec<Vec<(u32, f32)>> {
-        // The trait's `download` cannot fail; a lost device here is fatal.
-        self.dev
+        match self
+            .dev
             .top_k_rows(&t.data, t.rows, t.cols, cols, k.min(crate::ops::TOP_K_MAX))
-            .unwrap_or_else(|e| panic!("cuda top-k: {e}"))
+        {
+            Ok(v) => v,
+            // rows longer than the merge takes: on the host
+            Err(crate::error::CudaError::Shape(_)) => {
+                let cols = cols.min(t.cols).max(1);
+                self.download_cols(t, cols)
+                    .chunks(cols)
+                    .map(|r| backend::top_k_row(r, k))
+                    .collect()
+            }
+            // The trait's `download` cannot fail; a lost device here is fatal.
+            Err(e) => panic!("cuda top-k: {e}"),
+        }
     }
 
     fn shape(&self, t: &CudaTensor) -> (usize, usize) {
