@@ -63,6 +63,9 @@
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
+# s26a-j:  session 26: attention in 8-row steps (profile, ncu), greedy picks and top-k candidates
+#          made on the card, the recorded step cut after layer 2, the decode-kernel K/V store
+#          (taken out), serve rows greedy and at temperature 0.8, the final binary
 # s16:     session 16's product kernels against session 15's (REDLINE_KERNEL_DIR=devbin/k_s15):
 #          gpu_mmq, then 8 streams (32B twice, 27B), 32 streams and one row of the 32B
 set -u -o pipefail
