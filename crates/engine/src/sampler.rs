@@ -168,19 +168,24 @@ impl Sampler {
                 .take(k)
                 .map(|&(id, logit)| Candidate { id, logit }),
         );
-        let id = if greedy {
-            argmax(&cands)
-        } else {
-            top_k(&mut cands, k);
-            top_p(&mut cands, self.config.top_p);
-            min_p(&mut cands, self.config.min_p);
-            apply_temperature(&mut cands, self.config.temperature);
-            let u: f32 = self.rng.random();
-            draw(&cands, u)
-        };
+        let id = self.chain(&mut cands);
         self.candidates = cands;
         // (the whole row's fallback: its raw argmax, the first of `top`)
         Some(id.unwrap_or(best))
+    }
+
+    /// The chain after the candidates are gathered: the argmax when greedy, else top-k,
+    /// top-p, min-p, temperature and one draw.
+    fn chain(&mut self, cands: &mut Vec<Candidate>) -> Option<u32> {
+        if self.config.temperature <= 0.0 {
+            return argmax(cands);
+        }
+        top_k(cands, self.config.top_k);
+        top_p(cands, self.config.top_p);
+        min_p(cands, self.config.min_p);
+        apply_temperature(cands, self.config.temperature);
+        let u: f32 = self.rng.random();
+        draw(cands, u)
     }
 
     /// [`Sampler::sample`]; `shortcuts` false takes the long way (a candidate per token, then
@@ -207,16 +212,7 @@ impl Sampler {
         } else {
             self.all_candidates(logits, &mut cands);
         }
-        let id = if greedy {
-            argmax(&cands)
-        } else {
-            top_k(&mut cands, self.config.top_k);
-            top_p(&mut cands, self.config.top_p);
-            min_p(&mut cands, self.config.min_p);
-            apply_temperature(&mut cands, self.config.temperature);
-            let u: f32 = self.rng.random();
-            draw(&cands, u)
-        };
+        let id = self.chain(&mut cands);
         self.candidates = cands;
         id.unwrap_or_else(|| argmax_raw(logits))
     }

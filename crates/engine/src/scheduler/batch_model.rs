@@ -122,6 +122,16 @@ pub fn greedy_picks_of_logits<M: BatchModel + ?Sized>(
     states: &mut [&mut M::State],
     tokens: &[&[u32]],
 ) -> Result<Vec<Option<u32>>, String> {
+    let (logits, n_vocab) = checked_logits(model, states, tokens)?;
+    Ok(logits.chunks(n_vocab).map(backend::greedy_pick).collect())
+}
+
+/// `forward_multi`'s logits, checked to hold one row of `n_vocab` (> 0) per sequence.
+fn checked_logits<M: BatchModel + ?Sized>(
+    model: &M,
+    states: &mut [&mut M::State],
+    tokens: &[&[u32]],
+) -> Result<(Vec<f32>, usize), String> {
     let n_vocab = model.n_vocab();
     let logits = model.forward_multi(states, tokens)?;
     if n_vocab == 0 || logits.len() != states.len() * n_vocab {
@@ -131,7 +141,7 @@ pub fn greedy_picks_of_logits<M: BatchModel + ?Sized>(
             states.len() * n_vocab
         ));
     }
-    Ok(logits.chunks(n_vocab).map(backend::greedy_pick).collect())
+    Ok((logits, n_vocab))
 }
 
 /// [`BatchModel::forward_multi_top`] from [`BatchModel::forward_multi`]'s logits: each row's
@@ -142,15 +152,7 @@ pub fn top_k_of_logits<M: BatchModel + ?Sized>(
     tokens: &[&[u32]],
     k: usize,
 ) -> Result<Vec<Vec<(u32, f32)>>, String> {
-    let n_vocab = model.n_vocab();
-    let logits = model.forward_multi(states, tokens)?;
-    if n_vocab == 0 || logits.len() != states.len() * n_vocab {
-        return Err(format!(
-            "the step returned {} logits, expected {}",
-            logits.len(),
-            states.len() * n_vocab
-        ));
-    }
+    let (logits, n_vocab) = checked_logits(model, states, tokens)?;
     Ok(logits
         .chunks(n_vocab)
         .map(|r| backend::top_k_row(r, k))
