@@ -410,6 +410,17 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26k)
+    # session 26: issue 8's verify pass of 2 rows against 1, op by op (REDLINE_PROFILE_OPS=1,
+    # one verify-bench run per k: each table mixes its decode steps and its verify passes)
+    wait $SP
+    for k in 1 2; do
+        REDLINE_PROFILE_OPS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k $k -d 256 -r 3 >"$OUT/verify_profile_k$k.txt" 2>&1
+        grep -E '^\| (decode|verify)|op profile' "$OUT/verify_profile_k$k.txt"
+        grep -vE '^\|' "$OUT/verify_profile_k$k.txt" | grep -A28 "^op " | cut -c1-100
+    done
+    echo "== s26k $(el)"
+    ;;
 s26j)
     # session 26: the top-k path with the merge on the device (topk_merge_f32) and 8 loads in
     # flight in topk_parts_f32: the conformance check, its time per call (REDLINE_TOPK_LOG=1),
