@@ -410,6 +410,29 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26m)
+    # session 26: Q6_K two-token products on mmv2 (REDLINE_MMV2_MIN_Q6K=2) beyond the 27B's
+    # verify pass: two streams of both models, one row of the 32B, rounds alternating
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MMV2_MIN_Q6K=2; do
+            ST=$v b m32 -n 64 -r 2 --parallel 2
+            ST=$v b m27 -n 64 -r 2 --parallel 2
+        done
+    done
+    echo "== s26m $(el)"
+    ;;
+s26l)
+    # session 26: the 27B verify cost (k = 1, 2) under the existing two-token switches, rounds
+    # alternating: x in shared memory off, Q6_K two-token products on mmv2 (with a K split)
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_XSMEM=0 REDLINE_MMV2_MIN_Q6K=2 "REDLINE_MMV2_MIN_Q6K=2 REDLINE_MMV2_KSPLIT=2"; do
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify k=2)' | cut -d'|' -f3,4 | tr '\n' ' ')"
+        done
+    done
+    echo "== s26l $(el)"
+    ;;
 s26k)
     # session 26: issue 8's verify pass of 2 rows against 1, op by op (REDLINE_PROFILE_OPS=1,
     # one verify-bench run per k: each table mixes its decode steps and its verify passes)

@@ -761,10 +761,16 @@ fn shared_bytes2(ty: GgmlType, warps: u32) -> u32 {
 /// 34.2 / 36.1, n = 3: 69.2 / 37.0; 5120x5120 n = 2: 10.5 / 10.6, n = 3: 18.0 / 10.7 — even at
 /// 2 tokens before the q8_K quantize launch (~3 µs alone), a clear win from 3.
 const MMV2_MIN_TOKENS: usize = 3;
+/// Q6_K's: from 2 tokens. H100, session 26 (stage s26m, inside steps, tok/s, the q8_1 matvec
+/// against mmv2 at 2 tokens): two streams of the 32B 181.4 / 176.1 against 192.0 / 192.3, of
+/// the 27B 204.3 / 201.4 against 210.7 / 206.0; the 27B's Q6_K down products of 2 tokens took
+/// 50 µs against 36 at one token.
+const MMV2_MIN_TOKENS_Q6K: usize = 2;
 
-/// Fewest tokens of a product the mmv2 dispatch takes: for Q4_K `REDLINE_MMV2_MIN`, for Q6_K
-/// `REDLINE_MMV2_MIN_Q6K` (1..=3, experiments: the staged kernels against the dp4a matvec at one
-/// and two tokens), else [`MMV2_MIN_TOKENS`] (session 10: mmv2_q6_k lost at one token).
+/// Fewest tokens of a product the mmv2 dispatch takes: for Q4_K `REDLINE_MMV2_MIN` (default
+/// [`MMV2_MIN_TOKENS`]), for Q6_K `REDLINE_MMV2_MIN_Q6K` (default [`MMV2_MIN_TOKENS_Q6K`];
+/// 1..=3, experiments: the staged kernels against the dp4a matvec at one and two tokens),
+/// else [`MMV2_MIN_TOKENS`] (session 10: mmv2_q6_k lost at one token).
 fn min_tokens2(ty: GgmlType) -> usize {
     match MIN_TOKENS_OVERRIDE.load(Ordering::Relaxed) {
         0 => {}
@@ -772,16 +778,16 @@ fn min_tokens2(ty: GgmlType) -> usize {
     }
     static Q4: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     static Q6: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let read = |var: &str| {
+    let read = |var: &str, default: usize| {
         std::env::var(var)
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|m| (1..=MMV2_MIN_TOKENS).contains(m))
-            .unwrap_or(MMV2_MIN_TOKENS)
+            .unwrap_or(default)
     };
     match ty {
-        GgmlType::Q4K => *Q4.get_or_init(|| read("REDLINE_MMV2_MIN")),
-        GgmlType::Q6K => *Q6.get_or_init(|| read("REDLINE_MMV2_MIN_Q6K")),
+        GgmlType::Q4K => *Q4.get_or_init(|| read("REDLINE_MMV2_MIN", MMV2_MIN_TOKENS)),
+        GgmlType::Q6K => *Q6.get_or_init(|| read("REDLINE_MMV2_MIN_Q6K", MMV2_MIN_TOKENS_Q6K)),
         _ => MMV2_MIN_TOKENS,
     }
 }

@@ -177,6 +177,19 @@ pub enum Drafter<B: Backend> {
     Mtp,
 }
 
+/// The product kernels speculation runs on. Speculation must give what plain decoding gives,
+/// token for token. One-token steps quantize activations q8_1 (a scale per 32); the mmv2
+/// kernels that take few-token products by default (Q4_K from 3 tokens, Q6_K from 2) quantize
+/// them q8_K (a scale per 256), a coarser grid that can move near-tied logits apart. Verify
+/// passes therefore keep the q8_1 kernels unless REDLINE_MMV2 is set explicitly, or the mmv2
+/// kernels take one-token products too (REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1: then steps
+/// and verify passes share kernels and grid). `verify-bench` measures on the same kernels.
+fn speculation_kernels<B: SpecBackend>(target: &ModelOn<B>) {
+    if std::env::var_os("REDLINE_MMV2").is_none() && !B::mmv2_every_token_count(target) {
+        cuda::mmv::set_mmv2(Some(false));
+    }
+}
+
 /// Loads the draft model (`--md`, placed like the target, on the same kind of device) or
 /// enables the target's MTP block (`--mtp`).
 pub fn load_drafter<B: SpecBackend>(
@@ -186,16 +199,7 @@ pub fn load_drafter<B: SpecBackend>(
     pargs: &PlacementArgs,
     n_ctx: usize,
 ) -> anyhow::Result<Drafter<B>> {
-    // Speculation must give what plain decoding gives, token for token. One-token steps
-    // quantize activations q8_1 (a scale per 32); the mmv2 kernels that take 3..8-row Q4_K
-    // products by default quantize them q8_K (a scale per 256), a coarser grid that can move
-    // near-tied logits apart. Verify passes therefore keep the q8_1 kernels unless
-    // REDLINE_MMV2 is set explicitly, or the mmv2 kernels take one-token products too
-    // (REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1: then steps and verify passes share kernels
-    // and grid).
-    if std::env::var_os("REDLINE_MMV2").is_none() && !B::mmv2_every_token_count(target) {
-        cuda::mmv::set_mmv2(Some(false));
-    }
+    speculation_kernels(target);
     if spec.mtp {
         if spec.model_draft.is_some() {
             bail!("--mtp and --md are exclusive: pick one drafter");
@@ -418,6 +422,8 @@ fn bench_on<B: SpecBackend>(
     placed: &Placed,
     n_ctx: usize,
 ) -> anyhow::Result<()> {
+    // the kernels a speculating run verifies on
+    speculation_kernels(model);
     let n_vocab = model.config().n_vocab as u32;
     let mut rng = StdRng::seed_from_u64(42);
     let mut tokens =
