@@ -410,6 +410,21 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s26n)
+    # session 26's last window: Q6_K two-token products on mmv2 by default, verify-bench on
+    # speculation's kernels: the mmv2 and speculative suites, two streams of both models, the
+    # 27B verify cost (and with REDLINE_MMV2=1: the tensor-core kernels verify-bench ran on before)
+    timeout 120 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4
+    timeout 100 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4
+    echo "== checks $(el)"
+    wait $SP
+    for m in m32 m27; do b $m -n 64 -r 2 --parallel 2; done
+    for v in X=1 REDLINE_MMV2=1; do
+        echo "verify $v:"
+        env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | head -6
+    done
+    echo "== s26n $(el)"
+    ;;
 s26m)
     # session 26: Q6_K two-token products on mmv2 (REDLINE_MMV2_MIN_Q6K=2) beyond the 27B's
     # verify pass: two streams of both models, one row of the 32B, rounds alternating
