@@ -454,6 +454,11 @@ fn mmv2_enabled() -> bool {
     }
 }
 
+/// Whether few-token products take the mmv2 kernels now (`REDLINE_MMV2`, [`set_mmv2`]).
+pub fn mmv2_on() -> bool {
+    mmv2_enabled()
+}
+
 /// 0: `REDLINE_MMV2` decides; 1: off; 2: on.
 static MMV2_OVERRIDE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 

@@ -137,6 +137,11 @@ pub trait SpecBackend: Backend {
     fn mmv2_every_token_count(_model: &ModelOn<Self>) -> bool {
         false
     }
+
+    /// Which kernels this backend's few-token products run on, for reports (`None`: one kind).
+    fn product_kernels() -> Option<&'static str> {
+        None
+    }
 }
 
 impl SpecBackend for CpuBackend {
@@ -160,6 +165,15 @@ impl SpecBackend for CudaBackend {
 
     fn mmv2_every_token_count(model: &ModelOn<Self>) -> bool {
         cuda::mmv::mmv2_every_token_count(model.backend().device())
+    }
+
+    fn product_kernels() -> Option<&'static str> {
+        Some(if cuda::mmv::mmv2_on() {
+            "few-token products on the tensor-core mmv2 kernels (q8_K activations)"
+        } else {
+            "few-token products on the q8_1 kernels, as a speculating run verifies \
+             (REDLINE_MMV2=1: the tensor-core mmv2 kernels)"
+        })
     }
 }
 
@@ -487,7 +501,7 @@ fn bench_on<B: SpecBackend>(
             }
         }
     }
-    print_costs(args, placed, &rows);
+    print_costs(args, placed, &rows, B::product_kernels());
     Ok(())
 }
 
@@ -525,7 +539,7 @@ fn time_passes<B: Backend>(
     Ok(ms)
 }
 
-fn print_costs(args: &BenchArgs, placed: &Placed, rows: &[CostRow]) {
+fn print_costs(args: &BenchArgs, placed: &Placed, rows: &[CostRow], kernels: Option<&str>) {
     let base = mean_sd(&rows[0].ms).0;
     if args.json {
         let v: Vec<serde_json::Value> = rows
@@ -540,6 +554,7 @@ fn print_costs(args: &BenchArgs, placed: &Placed, rows: &[CostRow]) {
             "device": placed.device_name,
             "n_depth": args.n_depth,
             "repetitions": args.repetitions,
+            "kernels": kernels,
             "passes": v,
         });
         println!("{out}");
@@ -558,5 +573,9 @@ fn print_costs(args: &BenchArgs, placed: &Placed, rows: &[CostRow]) {
     for r in rows {
         let (m, sd) = mean_sd(&r.ms);
         println!("| {} | {:.3} ± {:.3} | {:.2} |", r.label, m, sd, m / base);
+    }
+    if let Some(k) = kernels {
+        println!();
+        println!("({k})");
     }
 }
