@@ -202,49 +202,34 @@ pub(super) fn run<M: BatchModel>(model: Arc<M>, shared: Arc<Shared>, config: Arc
                     if states.len() != refs.len() {
                         return Err("a planned slot has no state".to_string());
                     }
-                    match top {
-                        Some(1) => {
-                            let picks = model.forward_multi_greedy(&mut states, &refs)?;
-                            if picks.len() != refs.len() {
-                                return Err(format!(
-                                    "the step returned {} picks, expected {}",
-                                    picks.len(),
-                                    refs.len()
-                                ));
-                            }
-                            return Ok(StepOut::Picks(picks));
+                    let out = match top {
+                        Some(1) => StepOut::Picks(model.forward_multi_greedy(&mut states, &refs)?),
+                        Some(k) => StepOut::Tops(model.forward_multi_top(&mut states, &refs, k)?),
+                        None if spec.is_some() => {
+                            StepOut::Logits(model.forward_verify(&mut states, &refs, &verify)?)
                         }
-                        Some(k) => {
-                            let tops = model.forward_multi_top(&mut states, &refs, k)?;
-                            if tops.len() != refs.len() {
-                                return Err(format!(
-                                    "the step returned {} top-k lists, expected {}",
-                                    tops.len(),
-                                    refs.len()
-                                ));
-                            }
-                            return Ok(StepOut::Tops(tops));
-                        }
-                        None => {}
-                    }
-                    let (logits, n_rows) = if spec.is_some() {
-                        let n_rows: usize = refs
-                            .iter()
-                            .zip(&verify)
-                            .map(|(t, &v)| if v { t.len() } else { 1 })
-                            .sum();
-                        (model.forward_verify(&mut states, &refs, &verify)?, n_rows)
-                    } else {
-                        (model.forward_multi(&mut states, &refs)?, refs.len())
+                        None => StepOut::Logits(model.forward_multi(&mut states, &refs)?),
                     };
-                    let expected = n_rows * model.n_vocab();
-                    if logits.len() != expected {
+                    // values: n_vocab logits a row (a verify pass: one row per token), or one
+                    // pick / list a sequence
+                    let (what, got, expected) = match &out {
+                        StepOut::Logits(l) => {
+                            let n_rows: usize = refs
+                                .iter()
+                                .zip(&verify)
+                                .map(|(t, &v)| if v { t.len() } else { 1 })
+                                .sum();
+                            ("logits", l.len(), n_rows * model.n_vocab())
+                        }
+                        StepOut::Picks(p) => ("picks", p.len(), refs.len()),
+                        StepOut::Tops(t) => ("top-k lists", t.len(), refs.len()),
+                    };
+                    if got != expected {
                         return Err(format!(
-                            "the step returned {} logits, expected {expected}",
-                            logits.len()
+                            "the step returned {got} {what}, expected {expected}"
                         ));
                     }
-                    Ok(StepOut::Logits(logits))
+                    Ok(out)
                 })
             };
             // Mixed steps: time split by token count (metrics report tok/s of each kind).
@@ -662,15 +647,10 @@ fn presample<S: Send>(
         let Some(slot) = slot_iter.find_map(|(j, s)| (j == p.slot).then_some(s)) else {
             break;
         };
-        let ends_in_sample = match p.kind {
-            RowKind::Decode(_) => !is_verify,
-            RowKind::Prefill { to, .. } => slot
-                .active
-                .as_ref()
-                .is_some_and(|a| to == a.request.prompt.len()),
-        };
-        if let (true, Some(a)) = (ends_in_sample, slot.active.as_mut()) {
-            jobs.push((i, a, rows));
+        if let Some(a) = slot.active.as_mut() {
+            if !is_verify && ends_in_sample(p, a) {
+                jobs.push((i, a, rows));
+            }
         }
     }
     if jobs.len() < 2 {
