@@ -137,7 +137,8 @@ pub fn download_cols<B: Backend>(b: &B) -> Result<(), String> {
 
 /// `argmax_cols`: the greedy pick of every row's head ([`crate::greedy_pick`] of the
 /// downloaded values) for rows with ties across the row (the lowest column wins), NaN, -inf
-/// and +inf values, rows with nothing finite, and widths that cut the maximum off.
+/// and +inf values, a largest value of zero with -0 before +0 (+0 wins), rows with nothing
+/// finite, and widths that cut the maximum off.
 pub fn argmax_cols<B: Backend>(b: &B) -> Result<(), String> {
     let mut g = Lcg(11);
     for (rows, n) in [(1, 37), (4, 1000), (6, 152_064), (3, 20_000)] {
@@ -169,7 +170,12 @@ pub fn argmax_cols<B: Backend>(b: &B) -> Result<(), String> {
                     row[1] = f32::NEG_INFINITY;
                     row[n - 1] = f32::INFINITY;
                 }
-                _ => {}
+                // the largest value is zero: -0 first, +0 (above it in total order) later
+                _ => {
+                    row.iter_mut().for_each(|v| *v = -v.abs() - 1.0);
+                    row[1] = -0.0;
+                    row[n - 2] = 0.0;
+                }
             }
         }
         let t = up(b, &data, rows, n)?;

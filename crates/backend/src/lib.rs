@@ -45,20 +45,12 @@ pub fn cut_rows_in_place(v: &mut Vec<f32>, n: usize, cols: usize) {
     v.truncate(rows * cols);
 }
 
-/// The token a greedy sampler picks from one row of logits: the largest value (NaN counts as
-/// `-inf`), the lowest id among equal ones; `None` when no value is finite (nothing can be
-/// sampled). [`Backend::argmax_cols`] gives the same pick without bringing the row to the host.
+/// The token a greedy sampler picks from one row of logits: [`top_k_row`]'s first (the largest
+/// value by `f32::total_cmp`, so +0 above -0, NaN read as `-inf`, the lowest id among equal
+/// ones); `None` when no value is finite (nothing can be sampled). [`Backend::argmax_cols`]
+/// gives the same pick without bringing the row to the host.
 pub fn greedy_pick(row: &[f32]) -> Option<u32> {
-    let mut best: Option<(f32, usize)> = None;
-    let mut finite = false;
-    for (i, &l) in row.iter().enumerate() {
-        finite |= l.is_finite();
-        let v = if l.is_nan() { f32::NEG_INFINITY } else { l };
-        if best.is_none_or(|(b, _)| v > b) {
-            best = Some((v, i));
-        }
-    }
-    best.filter(|_| finite).map(|(_, i)| i as u32)
+    top_k_row(row, 1).first().map(|&(id, _)| id)
 }
 
 /// Most candidates [`Backend::top_k_cols`] is asked for (a device keeps them in registers and
@@ -73,18 +65,22 @@ pub fn top_k_row(row: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 || !row.iter().any(|l| l.is_finite()) {
         return Vec::new();
     }
-    let mut c: Vec<(u32, f32)> = row
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l }))
-        .collect();
-    let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if k < c.len() {
-        c.select_nth_unstable_by(k - 1, by);
-        c.truncate(k);
+    // (a, b): a comes first; ids only grow, so a later equal value never passes an earlier one
+    let first = |a: (u32, f32), b: (u32, f32)| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)).is_gt();
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in row.iter().enumerate() {
+        let c = (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l });
+        if let Some(&last) = top.get(k - 1) {
+            // one float compare passes over almost every value of a long row
+            if c.1 < last.1 || !first(c, last) {
+                continue;
+            }
+        }
+        let at = top.partition_point(|&t| first(t, c));
+        top.insert(at, c);
+        top.truncate(k);
     }
-    c.sort_unstable_by(by);
-    c
+    top
 }
 
 /// The op set of one device. Implementations: [`cpu::CpuBackend`] (a CUDA one lives in its own
@@ -165,16 +161,12 @@ pub trait Backend: Send + Sync + Sized {
     }
     /// [`greedy_pick`] of the first `cols` values of every row of a `[rows, n]` tensor: what a
     /// greedy sampler takes from [`Backend::download_cols`]'s rows, without the rows coming to
-    /// the host (a device reduces them where they are). The default downloads and picks here.
+    /// the host (a device reduces them where they are). The default takes the first of
+    /// [`Backend::top_k_cols`] with k = 1.
     fn argmax_cols(&self, t: &Self::Tensor, cols: usize) -> Vec<Option<u32>> {
-        let (rows, n) = self.shape(t);
-        let cols = cols.min(n);
-        if cols == 0 {
-            return vec![None; rows];
-        }
-        self.download_cols(t, cols)
-            .chunks(cols)
-            .map(greedy_pick)
+        self.top_k_cols(t, cols, 1)
+            .into_iter()
+            .map(|top| top.first().map(|&(id, _)| id))
             .collect()
     }
     /// [`top_k_row`] of the first `cols` values of every row of a `[rows, n]` tensor, `k` at

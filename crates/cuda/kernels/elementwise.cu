@@ -140,57 +140,69 @@ extern "C" __global__ void get_rows_float(const uint8_t* __restrict__ table, con
     }
 }
 
+// Order-preserving keys: a larger key is a larger value in f32::total_cmp's order (NaN read
+// as -inf first), and back.
+static __device__ __forceinline__ unsigned int topk_key(float v) {
+    if (v != v) v = NEG_INF;
+    const unsigned int u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static __device__ __forceinline__ float topk_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 // The greedy pick of logits rows, first pass: block (p, r) takes columns [p * per, (p + 1) * per)
 // of the first `cols` of row r (rows `ld` apart) and writes (value, column as int bits, any
-// finite as 0/1) to out[(r * parts + p) * 3 ..]: the largest value (NaN counts as -inf), the
-// lowest column among equal ones (-1 for an empty range). The host combines the parts the same
-// way (crates/cuda/src/ops.rs: argmax_rows). grid (parts, rows), block 256.
+// finite as 0/1) to out[(r * parts + p) * 3 ..]: the largest value in f32::total_cmp's order
+// (NaN read as -inf, +0 above -0: topk_key), the lowest column among equal ones (-1 for an
+// empty range). The host combines the parts the same way (crates/cuda/src/ops.rs:
+// argmax_rows). grid (parts, rows), block 256.
 extern "C" __global__ void argmax_parts_f32(const float* __restrict__ x, long long ld, int cols, int per,
                                             float* __restrict__ out) {
-    __shared__ float sv[8];
+    __shared__ unsigned int sk[8];
     __shared__ int si[8], sf[8];
     const float* xr = x + (long long)blockIdx.y * ld;
     const int lo = blockIdx.x * per, hi = min(cols, lo + per);
-    float bv = NEG_INF;
+    unsigned int bk = 0;
     int bi = -1, fin = 0;
     // each thread walks its columns in increasing order: a later equal value never wins
     for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-        float v = xr[j];
+        const float v = xr[j];
         fin |= fabsf(v) <= 3.402823466e38f ? 1 : 0;  // false for +-inf and NaN
-        if (v != v) v = NEG_INF;
-        if (bi < 0 || v > bv) {
-            bv = v;
+        const unsigned int key = topk_key(v);
+        if (bi < 0 || key > bk) {
+            bk = key;
             bi = j;
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const unsigned int ok = __shfl_xor_sync(0xffffffffu, bk, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
         fin |= __shfl_xor_sync(0xffffffffu, fin, o);
-        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-            bv = ov;
+        if (oi >= 0 && (bi < 0 || ok > bk || (ok == bk && oi < bi))) {
+            bk = ok;
             bi = oi;
         }
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
-        sv[warp] = bv;
+        sk[warp] = bk;
         si[warp] = bi;
         sf[warp] = fin;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
-            const float ov = sv[w];
+            const unsigned int ok = sk[w];
             const int oi = si[w];
             fin |= sf[w];
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
+            if (oi >= 0 && (bi < 0 || ok > bk || (ok == bk && oi < bi))) {
+                bk = ok;
                 bi = oi;
             }
         }
         float* o = out + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * 3;
-        o[0] = bv;
+        o[0] = topk_value(bk);
         o[1] = __int_as_float(bi);
         o[2] = fin ? 1.0f : 0.0f;
     }
@@ -209,16 +221,6 @@ extern "C" __global__ void argmax_parts_f32(const float* __restrict__ x, long lo
 #define TOPK_MAX 64
 #define TOPK_PER 8192
 #define TOPK_THREADS 256
-// Order-preserving keys: a larger key is a larger value in f32::total_cmp's order (NaN read
-// as -inf first), and back.
-static __device__ __forceinline__ unsigned int topk_key(float v) {
-    if (v != v) v = NEG_INF;
-    const unsigned int u = __float_as_uint(v);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-static __device__ __forceinline__ float topk_value(unsigned int key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     topk_parts_f32(const float* __restrict__ x, long long ld, int cols, int per, int k, float* __restrict__ out) {
     __shared__ unsigned int keys[TOPK_PER];

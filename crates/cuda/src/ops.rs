@@ -356,10 +356,10 @@ impl CudaDevice {
     }
 
     /// The greedy pick of every row of `x` (`rows` rows of `ld` floats) among its first
-    /// `cols` values, as [`backend::greedy_pick`] makes it: the largest value (NaN as -inf),
-    /// the lowest column among equal ones, `None` for a row with no finite value. The rows
-    /// stay on the device; `rows * parts * 3` floats come down (`argmax_parts_f32`, then the
-    /// parts combined here in column order).
+    /// `cols` values, as [`backend::greedy_pick`] makes it: the largest value (NaN as -inf,
+    /// total order), the lowest column among equal ones, `None` for a row with no finite
+    /// value. The rows stay on the device; `rows * parts * 3` floats come down
+    /// (`argmax_parts_f32`, then the parts combined here in column order).
     pub fn argmax_rows(
         &self,
         x: &CudaSlice<f32>,
@@ -398,8 +398,9 @@ impl CudaDevice {
                 for p in row.chunks(3) {
                     finite |= p[2] != 0.0;
                     let i = p[1].to_bits() as i32;
-                    // parts in column order: an equal value later never wins
-                    if i >= 0 && best.is_none_or(|(bv, _)| p[0] > bv) {
+                    // parts in column order: an equal value later never wins (values in
+                    // total order: +0 above -0, as the kernel and the sampler take them)
+                    if i >= 0 && best.is_none_or(|(bv, _)| p[0].total_cmp(&bv).is_gt()) {
                         best = Some((p[0], i as u32));
                     }
                 }

@@ -329,12 +329,20 @@ mod tests {
                     0 => f32::NAN,
                     1 => f32::NEG_INFINITY,
                     2 if case % 5 == 0 => f32::INFINITY,
+                    // zeros of both signs (total order: -0 below +0)
+                    3 => -0.0,
                     // few distinct values: many ties
                     _ => (next() % 8) as f32 * 0.5 - 2.0,
                 })
                 .collect();
             if case % 7 == 0 {
                 row.fill(f32::NEG_INFINITY);
+            }
+            if case % 11 == 0 {
+                // the largest value is zero, -0 before +0
+                row.iter_mut().for_each(|v| *v = -v.abs() - 1.0);
+                row[0] = -0.0;
+                row[n - 1] = 0.0;
             }
             let want = s.sample(&mut row.clone(), None);
             assert_eq!(backend::greedy_pick(&row), want, "case {case}: {row:?}");
