@@ -63,6 +63,8 @@
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
+# s27a:    session 27: two-token products of the 5120-row shapes (rows per warp, register caps):
+#          checks, segment timing, the 27B verify cost per variant
 # s26a-j:  session 26: attention in 8-row steps (profile, ncu), greedy picks and top-k candidates
 #          made on the card, the recorded step cut after layer 2, the decode-kernel K/V store
 #          (taken out), serve rows greedy and at temperature 0.8, the final binary
@@ -409,6 +411,59 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s27b)
+    # session 27: the direct Q4_K two-token rows per warp chosen by waves (the default now),
+    # the Q6_K few-token kernels capped, the direct kernels at 3-4 tokens (REDLINE_MV_DIRECT4=1):
+    # checks, the segment timing at 1-4 tokens (built-in, devbin/k_base), the 27B verify cost
+    # per variant, two streams of both models
+    timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -8
+    REDLINE_MV_DIRECT4=1 timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -8
+    echo "t_gpu_mmq: $(timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    for v in X=1 REDLINE_MV_DIRECT4=1; do
+        echo "t_gpu_speculative $v: $(env $v timeout 150 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    done
+    echo "== checks $(el)"
+    for k in builtin devbin/k_base; do
+        echo "timing kernels $k:"
+        if [ $k = builtin ]; then kv=X=1; else kv=REDLINE_KERNEL_DIR=$PWD/$k; fi
+        env $kv timeout 200 devbin/t_gpu_matvec --ignored few_token_segment_timing --nocapture --test-threads 1 2>&1 | grep -vE "^(running|test |$)|REDLINE_KERNEL_DIR" | head -40
+    done
+    echo "== timing $(el)"
+    wait $SP
+    for v in X=1 REDLINE_MV_DIRECT_R2=2 REDLINE_MV_DIRECT4=1 "REDLINE_MV_DIRECT4=1 REDLINE_MV_DIRECT_R=1" REDLINE_KERNEL_DIR=$PWD/devbin/k_base X=1; do
+        echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+    done
+    for v in X=1 REDLINE_MV_DIRECT_R2=2 X=1 REDLINE_MV_DIRECT_R2=2; do
+        ST=$v b m27 -n 64 -r 2 --parallel 2
+        ST=$v b m32 -n 64 -r 2 --parallel 2
+    done
+    echo "== s27b $(el)"
+    ;;
+s27a)
+    # session 27: the two-token products of the 5120-row shapes (issue 8's verify pass): the
+    # suites first (the argmax kernel's total order, the mmq dispatch, the new bit-for-bit check of
+    # two-token rows against one-token rows), then the segment timing per rows-per-warp variant
+    # with the built-in kernels (Q6_K two-token kernels capped to 3 / 4 blocks an SM),
+    # devbin/k_base (session 26's, uncapped) and devbin/k_d5 (the direct Q4_K two-token r2
+    # kernel capped to 5 blocks), and the 27B verify cost per variant
+    timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -8
+    echo "t_backend_conformance: $(timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    for t in t_gpu_mmq t_gpu_decode t_gpu_attention; do
+        echo "$t: $(timeout 150 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
+    done
+    echo "== checks $(el)"
+    for k in builtin devbin/k_base devbin/k_d5; do
+        echo "timing kernels $k:"
+        if [ $k = builtin ]; then kv=X=1; else kv=REDLINE_KERNEL_DIR=$PWD/$k; fi
+        env $kv timeout 150 devbin/t_gpu_matvec --ignored two_token_segment_timing --nocapture --test-threads 1 2>&1 | grep -vE "^(running|test |$)|REDLINE_KERNEL_DIR" | head -40
+    done
+    echo "== timing $(el)"
+    wait $SP
+    for v in X=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_base REDLINE_KERNEL_DIR=$PWD/devbin/k_d5 REDLINE_MV_DIRECT_R2=4 REDLINE_MV_DIRECT_R2=1 REDLINE_MV_R2=2 "REDLINE_MV_DIRECT_R2=4 REDLINE_MV_R2=2" X=1; do
+        echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+    done
+    echo "== s27a $(el)"
     ;;
 s26n)
     # session 26's last window: Q6_K two-token products on mmv2 by default, verify-bench on

@@ -1,4 +1,4 @@
-// matvec_direct.cu — one- and two-token Q4_K / IQ4_XS segment products y (+)= W x (+ bias) with
+// matvec_direct.cu — one- to four-token Q4_K / IQ4_XS segment products y (+)= W x (+ bias) with
 // the weights loaded straight into registers (REDLINE_MV_DIRECT; host: crates/cuda/src/matvec.rs
 // matvec_segments). Same launch, parameters and results contract as matvec_quant.cu's mvm_
 // segment kernels (x: q8_1 from quantize_q8_1, natural or tiled; W: segments in GGUF block
@@ -21,9 +21,9 @@
 // tile a lane's pieces keep their place in every iteration, tiled q8_1 or not. Two iterations
 // are in flight (registers, unrolled by two: the second's loads take immediate offsets), and a
 // row's last 1-3 super-blocks, where its width is not a multiple of 1024, in one partial
-// iteration after them. n_tokens <= NT tokens (1 or 2), the per-row decode shared by the tokens,
-// the per-token arithmetic the same at both counts (so a row's result does not depend on the
-// token count).
+// iteration after them. n_tokens <= NT tokens (1, 2, or 4 at 1-2 rows; 3-4 tokens come here
+// only with REDLINE_MV_DIRECT4=1), the per-row decode shared by the tokens, the per-token
+// arithmetic the same at every count (so a row's result does not depend on the token count).
 
 // v, passed through an empty asm: the compiler must keep it in a register. Without this it
 // rebuilt every address from the row index and row_bytes, and the lane constants, in every
@@ -377,6 +377,7 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     }
 #define MVD_FORMAT(name, F)                                                                             \
     MVD_KERNEL(name, F, 1, 1) MVD_KERNEL(name, F, 1, 2) MVD_KERNEL(name, F, 1, 4)                       \
-    MVD_KERNEL(name, F, 2, 1) MVD_KERNEL(name, F, 2, 2) MVD_KERNEL(name, F, 2, 4)
+    MVD_KERNEL(name, F, 2, 1) MVD_KERNEL(name, F, 2, 2) MVD_KERNEL(name, F, 2, 4)                       \
+    MVD_KERNEL(name, F, 4, 1) MVD_KERNEL(name, F, 4, 2)
 MVD_FORMAT(q4_k, MvdQ4K)
 MVD_FORMAT(iq4_xs, MvdIQ4XS)

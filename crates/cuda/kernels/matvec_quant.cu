@@ -25,14 +25,21 @@ struct alignas(8) float2v {
     float x, y;
 };
 
-// Resident blocks per SM a one-token kernel is compiled for (a register cap; 0: the compiler's
-// choice), per format and rows per warp. The cheaper Q6_K decode (unsigned dp4a, x half sums)
+// Resident blocks per SM a kernel is compiled for (a register cap; 0: the compiler's choice),
+// per format, tokens and rows per warp. The cheaper Q6_K decode (unsigned dp4a, x half sums)
 // left to itself takes 175 registers at 4 rows (2 blocks per SM instead of 3) and 126 at 2
 // (4 instead of 5): capped, and the 32B/27B decode steps ~2 % faster (BENCHMARKS.md). The cap at
 // 2 rows leaves a 64-byte stack of spills (LDL / STL in the loop; scripts/sass-stats.sh).
+// Two tokens at 4 rows took 250 registers (2 blocks an SM: the 27B's 320-block down projection
+// in 1.2 waves of an H100's 264 places): capped at 3 blocks (168 registers, a 56-byte stack) the
+// two-token down projection went from 45.8 to 36.8 µs (one token: 31.1) and the 27B's verify
+// pass of 2 rows from 9.60 to 9.38 ms (session 27). 4 tokens at 2 rows: 212 -> 168 registers.
 template <typename F, int NT, int R> struct MvMinBlocks { static constexpr int value = 0; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 4> { static constexpr int value = 3; };
 template <> struct MvMinBlocks<FmtQ6_K, 1, 2> { static constexpr int value = 5; };
+template <> struct MvMinBlocks<FmtQ6_K, 2, 4> { static constexpr int value = 3; };
+template <> struct MvMinBlocks<FmtQ6_K, 2, 2> { static constexpr int value = 4; };
+template <> struct MvMinBlocks<FmtQ6_K, 4, 2> { static constexpr int value = 3; };
 
 // x: [n_tokens, ncols] f32 -> xq int8 and xds (d, d*sum q) per 32 elements (xds may be tagged:
 // the tiled layout, common.cuh q8_1_at).
@@ -425,7 +432,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
         mvm_quant<F, 1, R>(p, xq, xds, 1, load_mode);                                                  \
     }
 #define MVM_KERNEL_NT(name, F, NT, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvMinBlocks<F, NT, R>::value))      \
         mvm_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
         mvm_quant<F, NT, R>(p, xq, xds, n_tokens, load_mode);                                          \
@@ -440,7 +447,7 @@ static __device__ __forceinline__ void mvm_quant(const MvSegs& p, const int8_t* 
 // REDLINE_MV_XSMEM=0: the kernels above). At one token the staging lost (H100: 32B 104.0 ->
 // 102.8 tok/s); at two it won (27B two streams 188 -> 192, verify k = 2 10.56 -> 10.45 ms).
 #define MVM_KERNEL_XS(name, F, R)                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvMinBlocks<F, 2, R>::value))       \
         mvm_##name##_n2_r##R##_xs(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
         mvm_quant<F, 2, R, true>(p, xq, xds, n_tokens, load_mode);                                     \

@@ -77,6 +77,13 @@ pub fn rows_per_warp(ty: GgmlType, n_rows: usize, n_cols: usize, n: usize) -> u3
     if forced == 4 || forced == 2 {
         return forced;
     }
+    if n == 2 {
+        static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let r2 = *ENV.get_or_init(|| env_u32("REDLINE_MV_R2"));
+        if r2 == 2 || r2 == 4 {
+            return r2;
+        }
+    }
     use GgmlType::*;
     // formats whose decode is a few shifts and masks (no table lookups, no split scales)
     let light = matches!(ty, Q4K | Q4_0 | Q4_1 | Q5K | Q5_0 | Q5_1);
@@ -172,11 +179,33 @@ pub fn direct_kernels() -> bool {
 
 /// Whether a product of `n_tokens` tokens over `cols` columns of `ty` runs on the direct
 /// kernels ([`direct_kernels`]).
-fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize) -> bool {
-    (1..=2).contains(&n_tokens)
+pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize) -> bool {
+    let most = if direct_four() { 4 } else { 2 };
+    (1..=most).contains(&n_tokens)
         && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
         && cols.is_multiple_of(256)
         && direct_kernels()
+}
+
+/// 0: `REDLINE_MV_DIRECT4` decides; 1: off; 2: on.
+static DIRECT4_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Whether products of 3-4 tokens run on the direct kernels too (`mvd_*_n4_r{1,2}`; with them
+/// the few-token dispatch sends Q4_K there before the q8_1 tensor-core kernels):
+/// `REDLINE_MV_DIRECT4=1` ([`set_direct_four`] overrides).
+pub fn direct_four() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match DIRECT4_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MV_DIRECT4").is_ok_and(|v| v == "1")),
+    }
+}
+
+/// Forces the direct kernels for 3-4 tokens on or off (`None`: back to `REDLINE_MV_DIRECT4`).
+/// For tests and benchmarks.
+pub fn set_direct_four(on: Option<bool>) {
+    DIRECT4_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
 }
 
 /// Forces the direct Q4_K / IQ4_XS kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and
@@ -190,21 +219,31 @@ pub fn set_direct_kernels(on: Option<bool>, rows_per_warp: u32) {
 /// Rows per warp of a direct product: 2 (93 registers for Q4_K, 80 for IQ4_XS: 5-6 blocks per
 /// SM). On an H100 the 32B one row took 110.33 tok/s with 2 everywhere, 109.60 with 4 for the
 /// tall products (gate/up, 128 registers), 106.85 with 4 everywhere (session 21).
-fn direct_rows_per_warp() -> u32 {
+/// With more than two tokens only 1 and 2 are compiled; 0 where nothing forces a choice (then
+/// [`CudaDevice::direct_rows`] decides).
+fn direct_rows_forced(n_tokens: usize) -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let forced = match DIRECT_ROWS_OVERRIDE.load(Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| {
-            std::env::var("REDLINE_MV_DIRECT_R")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        }),
+    static ENV2: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let mut forced = match DIRECT_ROWS_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| env_u32("REDLINE_MV_DIRECT_R")),
         r => r,
     };
-    match forced {
-        1 | 2 | 4 => forced,
-        _ => 2,
+    if forced == 0 && n_tokens == 2 {
+        forced = *ENV2.get_or_init(|| env_u32("REDLINE_MV_DIRECT_R2"));
     }
+    match forced {
+        4 if n_tokens > 2 => 2,
+        1 | 2 | 4 => forced,
+        _ => 0,
+    }
+}
+
+/// A number from the environment, 0 when unset or unreadable.
+fn env_u32(name: &str) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
@@ -650,7 +689,7 @@ impl CudaDevice {
         let nt = n_tokens.next_power_of_two();
         let direct = direct_applies(ty, cols, n_tokens);
         let r = if direct {
-            direct_rows_per_warp()
+            self.direct_rows(stem, cols, segs, nt)?
         } else {
             rows_per_warp(ty, total_rows, cols, nt)
         };
@@ -728,6 +767,59 @@ impl CudaDevice {
         // for n_tokens tokens of `cols`.
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+
+    /// Rows per warp of a direct segment launch of `nt` (1, 2 or 4) tokens: forced
+    /// ([`set_direct_kernels`], `REDLINE_MV_DIRECT_R`, for two tokens `REDLINE_MV_DIRECT_R2`), else
+    /// 2, except where 4 rows fill the card's resident blocks in fewer waves. Two tokens take
+    /// the 2-row kernel to 125 registers (4 blocks an SM instead of 5), so a 5120-row product's
+    /// 640 blocks need 1.2 waves of an H100's 528 places; 4 rows need 320 blocks in 396 places
+    /// (H100, session 27: the 27B's 5120-row two-token products 27.6 -> 21.9 µs and 12.5 ->
+    /// 10.6 µs, as fast as one token; the tall ones lose 0-4 % at 4 rows).
+    fn direct_rows(&self, stem: &str, cols: usize, segs: &[Segment<'_>], nt: usize) -> Result<u32> {
+        let forced = direct_rows_forced(nt);
+        if forced != 0 {
+            return Ok(forced);
+        }
+        if nt != 2 {
+            return Ok(2);
+        }
+        let t = if cols.is_multiple_of(1024) { "" } else { "_t" };
+        let sms = self.info().sm_count.max(1) as usize;
+        // the share of the resident places the launch's waves keep busy
+        let mut fill = [0f64; 2];
+        for (k, r) in [2usize, 4].into_iter().enumerate() {
+            let name = format!("mvd_{stem}_n{nt}_r{r}{t}");
+            let per_sm = self.resident_blocks(&name, Program::MatvecDirect)?;
+            let places = per_sm.max(1) * sms;
+            let blocks: usize = segs
+                .iter()
+                .map(|s| s.w.n_rows.div_ceil(r * WARPS_PER_BLOCK as usize))
+                .sum();
+            fill[k] = blocks as f64 / (blocks.div_ceil(places) * places) as f64;
+        }
+        Ok(if fill[1] > fill[0] * 1.05 { 4 } else { 2 })
+    }
+
+    /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared
+    /// memory), asked once per device and kernel.
+    fn resident_blocks(&self, name: &str, program: Program) -> Result<usize> {
+        type Key = (usize, String);
+        static KNOWN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<Key, usize>>> =
+            std::sync::OnceLock::new();
+        let key = (self.info().ordinal, name.to_string());
+        let known = KNOWN.get_or_init(Default::default);
+        if let Some(&n) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(n);
+        }
+        let f = self.function(program, name)?;
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(32 * WARPS_PER_BLOCK, 0, None)?
+            as usize;
+        known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, n);
+        Ok(n)
     }
 
     /// Whether `_xs` kernel `f` (named `name`) takes `xs_bytes` of dynamic shared memory: beside

@@ -187,7 +187,8 @@ pub fn dispatch_min_tokens() -> usize {
 }
 
 /// The backend's question: should a product of `n` tokens of weight type `ty` on `dev` take
-/// this path ([`enabled`], sm_80+, a dispatched format, [`dispatch_min_tokens`]..=8 tokens).
+/// this path ([`enabled`], sm_80+, a dispatched format, [`dispatch_min_tokens`]..=8 tokens, not
+/// a count the direct dp4a kernels take: [`crate::matvec::direct_four`]).
 pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     enabled()
         && dev.arch() >= 80
@@ -195,6 +196,8 @@ pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
         && dispatched_format(ty)
         && supports(ty, n)
         && !(n <= 2 && crate::matvec::q8_1_tiled_enabled())
+        // (K-quant rows are whole super-blocks: any width the direct kernels take)
+        && !crate::matvec::direct_applies(ty, 256, n)
 }
 
 /// Warps per block for `tiles` 16-row tiles of `n_cols` columns and `n` tokens: the warps

@@ -515,3 +515,257 @@ fn direct_segments_match_cpu_reference() {
         failures.join("\n")
     );
 }
+
+/// One segment launch of `w` over the quantized x in `s`, into `y`.
+fn one_segment(
+    dev: &cuda::CudaDevice,
+    w: &cuda::matvec::DeviceMatrix,
+    s: &cuda::MatvecScratch,
+    y: &cudarc::driver::CudaSlice<f32>,
+) -> cuda::Result<()> {
+    let seg = cuda::matvec::Segment {
+        w,
+        y: dev.device_address(y),
+        bias: None,
+        accumulate: false,
+    };
+    dev.matvec_segments(&[seg], s)
+}
+
+/// The rows-per-warp variants of a format's few-token segment kernels: the direct kernels'
+/// (Q4_K, 3-4 tokens too) or the staged ones' (Q6_K, with x staged in shared memory or not),
+/// each as a name, a setter and the most tokens it takes.
+#[allow(clippy::type_complexity)]
+fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
+    let mut v: Vec<(String, Box<dyn Fn()>, usize)> = Vec::new();
+    if ty == GgmlType::Q4K {
+        for r in [1u32, 2, 4] {
+            v.push((
+                format!("direct r{r}"),
+                Box::new(move || {
+                    cuda::matvec::set_direct_kernels(Some(true), r);
+                    cuda::matvec::set_direct_four(Some(true));
+                }),
+                if r == 4 { 2 } else { 4 },
+            ));
+        }
+    } else {
+        for r in [2u32, 4] {
+            for xs in [true, false] {
+                v.push((
+                    format!("staged r{r}{}", if xs { " xs" } else { "" }),
+                    Box::new(move || {
+                        cuda::matvec::set_rows_per_warp_override(r);
+                        cuda::matvec::set_x_in_shared(Some(xs));
+                    }),
+                    if xs { 2 } else { 4 },
+                ));
+            }
+        }
+    }
+    v
+}
+
+fn reset_row_variants() {
+    cuda::matvec::set_direct_kernels(None, 0);
+    cuda::matvec::set_direct_four(None);
+    cuda::matvec::set_rows_per_warp_override(0);
+    cuda::matvec::set_x_in_shared(None);
+}
+
+/// Speculation's contract on the product kernels: a token's outputs in a few-token segment
+/// launch are its one-token outputs bit for bit, for every rows-per-warp choice and x staged in
+/// shared memory or not (a verify pass's rows must be the decode steps' rows). Q4_K on the
+/// direct kernels (1-4 tokens), Q6_K on the staged ones; widths where two tokens' x fits shared
+/// memory (5120) and where it does not (17408, the 27B's down projection).
+#[test]
+fn few_token_rows_are_one_token_rows_bit_for_bit() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
+    let mut failures = Vec::new();
+    for (ty, rows, cols) in [
+        (GgmlType::Q4K, 333usize, 5120usize),
+        (GgmlType::Q4K, 130, 17408),
+        (GgmlType::Q6K, 333, 5120),
+        (GgmlType::Q6K, 130, 17408),
+    ] {
+        let w = dev
+            .upload_matrix(ty, rows, cols, &random_matrix(ty, rows, cols, 77))
+            .unwrap();
+        let x = random_activations(4 * cols, 78);
+        let s1: Vec<cuda::MatvecScratch> = (0..4)
+            .map(|t| {
+                let mut s = dev.matvec_scratch(1, cols).unwrap();
+                dev.quantize_for_matvec(&up(&x[t * cols..(t + 1) * cols]), 1, cols, &mut s)
+                    .unwrap();
+                s
+            })
+            .collect();
+        // the reference: each token alone, the default kernels
+        reset_row_variants();
+        let want: Vec<Vec<f32>> = s1
+            .iter()
+            .map(|s| {
+                let y = up(&vec![f32::NAN; rows]);
+                one_segment(&dev, &w, s, &y).unwrap();
+                dev.stream().clone_dtoh(&y).unwrap()
+            })
+            .collect();
+        for (name, set, most) in row_variants(ty) {
+            set();
+            for n in 1..=most {
+                let mut sn = dev.matvec_scratch(n, cols).unwrap();
+                dev.quantize_for_matvec(&up(&x[..n * cols]), n, cols, &mut sn)
+                    .unwrap();
+                let y = up(&vec![f32::NAN; n * rows]);
+                one_segment(&dev, &w, &sn, &y).unwrap();
+                let got = dev.stream().clone_dtoh(&y).unwrap();
+                for t in 0..n {
+                    let got = &got[t * rows..(t + 1) * rows];
+                    if let Some(i) = (0..rows).find(|&i| got[i].to_bits() != want[t][i].to_bits()) {
+                        failures.push(format!(
+                            "{} {rows}x{cols} {name}, {n} tokens: token {t} row {i}: {} vs {}",
+                            ty.name(),
+                            got[i],
+                            want[t][i]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    reset_row_variants();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// µs a launch of `run(i)` over `copies` weight copies (cycled past L2), after one warm pass.
+fn time_us(
+    dev: &cuda::CudaDevice,
+    copies: usize,
+    iters: usize,
+    mut run: impl FnMut(usize) -> cuda::Result<()>,
+) -> cuda::Result<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    for i in 0..copies {
+        run(i)?;
+    }
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let start = dev.stream().record_event(flags)?;
+    for i in 0..iters {
+        run(i % copies)?;
+    }
+    let end = dev.stream().record_event(flags)?;
+    Ok(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64)
+}
+
+/// What 1-4-token segment products of the 27B's shapes cost on the kernels a verify pass takes
+/// (issue 8; mmv2 off, as speculation runs) and on each rows-per-warp variant: µs a launch with
+/// the weights cycled past L2, each count over one token, and the one-token weight stream in
+/// GB/s. Gate/up runs as its two segments. `TIMING_SHAPES=down,out` narrows it.
+#[test]
+#[ignore = "timing on a real card: cargo test -p cuda --test gpu_matvec -- --ignored --nocapture"]
+fn few_token_segment_timing() {
+    let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    cuda::mmv::set_mmv2(Some(false));
+    let only = std::env::var("TIMING_SHAPES").ok();
+    let shapes = [
+        ("down", GgmlType::Q6K, 1usize, 5120usize, 17408usize),
+        ("down", GgmlType::Q4K, 1, 5120, 17408),
+        ("out", GgmlType::Q4K, 1, 5120, 6144),
+        ("gate/up", GgmlType::Q4K, 2, 17408, 5120),
+        ("in-proj", GgmlType::Q4K, 1, 16384, 5120),
+        ("head", GgmlType::Q6K, 1, 248320, 5120),
+    ];
+    println!(
+        "{:>8} {:>5} {:>14} {:>14} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>7}",
+        "op",
+        "type",
+        "shape",
+        "variant",
+        "n=1 µs",
+        "n=2",
+        "n=3",
+        "n=4",
+        "2/1",
+        "3/1",
+        "4/1",
+        "GB/s 1"
+    );
+    for (op, ty, segs, rows, cols) in shapes {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|s| s == op))
+        {
+            continue;
+        }
+        let bytes = random_matrix(ty, rows, cols, 99);
+        let nbytes = bytes.len() * segs;
+        let copies = (400_000_000 / nbytes).clamp(2, 16);
+        let mats: Vec<Vec<cuda::matvec::DeviceMatrix>> = (0..copies)
+            .map(|_| {
+                (0..segs)
+                    .map(|_| dev.upload_matrix(ty, rows, cols, &bytes).unwrap())
+                    .collect()
+            })
+            .collect();
+        let ys: Vec<cudarc::driver::CudaSlice<f32>> = (0..segs)
+            .map(|_| dev.stream().alloc_zeros::<f32>(4 * rows).unwrap())
+            .collect();
+        let x = dev
+            .stream()
+            .clone_htod(&random_activations(4 * cols, 5))
+            .unwrap();
+        let mut scratch: Vec<cuda::MatvecScratch> = (1..=4usize)
+            .map(|n| dev.matvec_scratch(n, cols).unwrap())
+            .collect();
+        let mut variants = row_variants(ty);
+        variants.insert(0, ("dispatch".to_string(), Box::new(reset_row_variants), 4));
+        for (name, set, most) in variants {
+            set();
+            let mut us = [f64::NAN; 4];
+            for n in 1..=most {
+                let s = &mut scratch[n - 1];
+                dev.quantize_for_matvec(&x, n, cols, s).unwrap();
+                us[n - 1] = time_us(&dev, copies, 60, |i| {
+                    let list: Vec<cuda::matvec::Segment> = mats[i]
+                        .iter()
+                        .zip(&ys)
+                        .map(|(w, y)| cuda::matvec::Segment {
+                            w,
+                            y: dev.device_address(y),
+                            bias: None,
+                            accumulate: false,
+                        })
+                        .collect();
+                    if name == "dispatch" {
+                        dev.few_token_segments(&list, s, &x)
+                    } else {
+                        dev.matvec_segments(&list, s)
+                    }
+                })
+                .unwrap_or(f64::NAN);
+            }
+            println!(
+                "{op:>8} {:>5} {:>14} {name:>14} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>6.2} {:>6.2} {:>6.2} {:>7.0}",
+                ty.name(),
+                format!("{}{rows}x{cols}", if segs > 1 { "2x" } else { "" }),
+                us[0],
+                us[1],
+                us[2],
+                us[3],
+                us[1] / us[0],
+                us[2] / us[0],
+                us[3] / us[0],
+                nbytes as f64 / (us[0] * 1e3)
+            );
+            reset_row_variants();
+        }
+    }
+    cuda::mmv::set_mmv2(None);
+}
