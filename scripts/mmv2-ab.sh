@@ -63,8 +63,9 @@
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
-# s27a:    session 27: two-token products of the 5120-row shapes (rows per warp, register caps):
-#          checks, segment timing, the 27B verify cost per variant
+# s27a-g:  session 27: few-token products of the 5120-row shapes (rows per warp, register caps,
+#          the direct kernels at 3-4 tokens), Q6_K on mmv2 from one token in speculating runs:
+#          checks, segment timing, the 27B verify cost per variant, one row of both models
 # s26a-j:  session 26: attention in 8-row steps (profile, ncu), greedy picks and top-k candidates
 #          made on the card, the recorded step cut after layer 2, the decode-kernel K/V store
 #          (taken out), serve rows greedy and at temperature 0.8, the final binary
@@ -411,6 +412,94 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s27g)
+    # session 27's final binary: the speculative suite (with the new check on the kernels a
+    # speculating run sets), the matvec suite, the 27B verify cost twice, one row of both models
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 --nocapture speculation_kernels 2>&1 | grep -E "row [0-9] vs|self-draft|distinct" | head -20
+    echo "t_gpu_matvec: $(timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        echo "verify: $(timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)|products on' | tr -s ' ' | tr '\n' ' ')"
+    done
+    b m32 -n 128 -r 2
+    b m27 -n 128 -r 2
+    echo "== s27g $(el)"
+    ;;
+s27f)
+    # session 27: what Q6_K on mmv2 from one token costs a plain one-row step, and whether the
+    # mmv2 K split (its 5120-row launches in 2 or 4 parts) takes it back: rounds alternating
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MMV2_MIN_Q6K=1 "REDLINE_MMV2_MIN_Q6K=1 REDLINE_MMV2_KSPLIT=2" "REDLINE_MMV2_MIN_Q6K=1 REDLINE_MMV2_KSPLIT=4"; do
+            ST=$v b m32 -n 128 -r 2
+            ST=$v b m27 -n 128 -r 2
+        done
+    done
+    echo "== s27f $(el)"
+    ;;
+s27e)
+    # session 27: Q6_K on the mmv2 kernels from one token (REDLINE_MMV2_MIN_Q6K=1), so that a
+    # speculating run's verify passes keep Q6_K there (cuda::mmv::set_speculation): one row of
+    # both models and the 27B verify cost against the default, rounds alternating; the speculative
+    # suite with it
+    echo "t_gpu_speculative Q6K=1: $(REDLINE_MMV2_MIN_Q6K=1 timeout 150 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MMV2_MIN_Q6K=1; do
+            ST=$v b m27 -n 128 -r 2
+            ST=$v b m32 -n 128 -r 2
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)|products on' | tr -s ' ' | tr '\n' ' ')"
+        done
+    done
+    echo "== s27e $(el)"
+    ;;
+s27d)
+    # session 27: Q4_K products of 3-4 tokens on the direct kernels for launches under 12288 rows
+    # (the default now; REDLINE_MV_DIRECT4=0: the tensor-core mmv kernels as before): checks, the
+    # segment timing, mmv / mmv2 / matvec at 3-4 tokens (the sweep's summary), the 27B verify cost
+    timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -8
+    for t in t_gpu_mmq t_gpu_decode; do
+        echo "$t: $(timeout 150 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
+    done
+    echo "t_gpu_speculative: $(timeout 150 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    timeout 200 devbin/t_gpu_matvec --ignored few_token_segment_timing --nocapture --test-threads 1 2>&1 | grep -vE "^(running|test |$)" | head -40
+    MMV2_SWEEP_TYPES=Q6_K,Q4_K MMV2_SWEEP_COUNTS=1,3,4 timeout 200 devbin/t_gpu_mmq --ignored mmv2_timing_vs_matvec_and_mmv --nocapture --test-threads 1 2>&1 | grep -E "^ *(type|q[46]_K) " | head -40
+    echo "== timing $(el)"
+    wait $SP
+    for v in X=1 REDLINE_MV_DIRECT4=0 X=1 REDLINE_MV_DIRECT4=0; do
+        echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+    done
+    echo "== s27d $(el)"
+    ;;
+s27c)
+    # session 27: where a 27B verify pass of 2 rows still spends its extra time (the per-op
+    # profile of k = 1 and k = 2 as s26k), and ncu on the direct Q4_K kernel at one and two tokens
+    # (gate/up and in-projections: 2-row launches; eager 27B steps of one and two streams)
+    wait $SP
+    for k in 1 2; do
+        REDLINE_PROFILE_OPS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k $k -d 256 -r 3 >"$OUT/verify_profile_k$k.txt" 2>&1
+        grep -E '^\| (decode|verify)|op profile' "$OUT/verify_profile_k$k.txt"
+        grep -vE '^\|' "$OUT/verify_profile_k$k.txt" | grep -A34 "^op " | cut -c1-110
+    done
+    echo "== profile $(el)"
+    NCU=/usr/local/cuda/bin/ncu
+    for kp in "mvd_q4_k_n1_r2 1" "mvd_q4_k_n2_r2 2"; do
+        read -r k par <<<"$kp"
+        REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 12 --launch-count 4 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis -o "$OUT/$k" -f \
+            $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 4 -r 1 --parallel $par >"$OUT/ncu_$k.log" 2>&1
+        $NCU -i "$OUT/$k.ncu-rep" --page details >"$OUT/det_$k.txt" 2>&1
+        rm -f "$OUT/$k.ncu-rep"
+        echo "$k:"
+        grep -E "^  mv|Duration|Grid Size|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Issue Slots Busy|Issued Ipc|L1/TEX Hit|Warp Cycles Per Issued|Eligible Warps|No Eligible" "$OUT/det_$k.txt" | head -60 | cut -c1-150
+    done
+    echo "== s27c $(el)"
     ;;
 s27b)
     # session 27: the direct Q4_K two-token rows per warp chosen by waves (the default now),

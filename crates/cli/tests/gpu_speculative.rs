@@ -131,23 +131,18 @@ fn rel_max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-/// With the tensor-core mmv2 products taking Q4_K and Q6_K at every token count
-/// (`REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1`), one-token steps and verify passes run the same
-/// product kernels on the same q8_K grid: a model drafting for itself must give plain greedy's
-/// tokens. Synthetic Q4_K_M cuts of real shapes (q4_K with q6_K V/down/head): Qwen3.5-27B to 4
-/// layers (3 DeltaNet + 1 gated attention), Qwen2.5-1.5B to 2. The acceptance rate is printed:
-/// every draft is accepted only if the rest of a verify pass (attention over several rows, the
-/// chunked delta rule) is bit-equal to one-token steps too, which this test does not require.
-/// A random-weight cut may repeat one token (the H100, session 17: a degenerate greedy run), so
-/// the same property is also checked on given tokens: a 4-row pass against 4 one-token steps
-/// from the same state, row by row, within float-order noise (the products' grids agree; with
-/// q8_1 steps against q8_K rows each product differs by ~1e-2 of its scale) and with the same
-/// greedy token.
-#[test]
-#[ignore]
-fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
-    cuda::mmv::set_mmv2(Some(true));
-    cuda::mmv::set_mmv2_min_tokens(Some(1));
+/// A model drafting for itself must give plain greedy's tokens when each weight format's
+/// products run on one activation grid at every token count. Synthetic Q4_K_M cuts of real
+/// shapes (q4_K with q6_K V/down/head): Qwen3.5-27B to 4 layers (3 DeltaNet + 1 gated attention),
+/// Qwen2.5-1.5B to 2. The acceptance rate is printed: every draft is accepted only if the rest
+/// of a verify pass (attention over several rows, the chunked delta rule) is bit-equal to
+/// one-token steps too, which this check does not require. A random-weight cut may repeat one
+/// token (the H100, session 17: a degenerate greedy run), so the same property is also checked
+/// on given tokens: a 4-row pass against 4 one-token steps from the same state, row by row,
+/// within float-order noise (the products' grids agree; with q8_1 steps against q8_K rows each
+/// product differs by ~1e-2 of its scale) and with the same greedy token. `what` names the
+/// kernel setting the caller made.
+fn synth_self_draft_is_identical(what: &str) {
     for (name, layers) in [("qwen3.5-27b", 4), ("qwen2.5-1.5b", 2)] {
         let path = std::env::temp_dir().join(format!("redline-spec-{name}-{layers}l.gguf"));
         model::synth::write_cut(name, layers, 32768, model::synth::FileType::Q4KM, &path)
@@ -155,7 +150,6 @@ fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
             .unwrap();
         let target = load_gpu(&path);
         let draft = load_gpu(&path);
-        assert!(cuda::mmv::mmv2_every_token_count(target.backend().device()));
         let prompt: Vec<u32> = (0..9).map(|i| 100 + 31 * i).collect();
         // given tokens: one 4-row pass against 4 one-token steps
         let forced = [5000u32, 17, 23456, 999];
@@ -170,15 +164,18 @@ fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
             let row = &rows[i * nv..(i + 1) * nv];
             let d = rel_max_diff(row, &step);
             eprintln!(
-                "{name}: 4-row pass row {i} vs one-token step: max |diff| {d:.2e} of the scale"
+                "{name} ({what}): 4-row pass row {i} vs one-token step: max |diff| {d:.2e} of the scale"
             );
-            assert!(d <= 1e-3, "{name}: row {i} differs by {d:.2e} of the scale");
+            assert!(
+                d <= 1e-3,
+                "{name} ({what}): row {i} differs by {d:.2e} of the scale"
+            );
             // the token greedy speculation would take from each
             let mut greedy = Sampler::new(SamplerConfig::greedy());
             assert_eq!(
                 greedy.sample(row),
                 greedy.sample(&step),
-                "{name}: row {i}'s greedy token"
+                "{name} ({what}): row {i}'s greedy token"
             );
         }
         let want = plain_greedy(&target, &prompt, 24);
@@ -191,13 +188,53 @@ fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
         );
         for k in [2, 4] {
             let (got, stats) = draft_model_greedy(&target, &draft, &prompt, 24, k);
-            eprintln!("{name} self-draft on mmv2 at every count, k={k}: {stats:?}");
-            assert_eq!(got, want, "{name} k {k}");
-            assert!(stats.accepted > 0, "{name} k {k}: no draft accepted");
+            eprintln!("{name} self-draft ({what}), k={k}: {stats:?}");
+            assert_eq!(got, want, "{name} ({what}) k {k}");
+            assert!(
+                stats.accepted > 0,
+                "{name} ({what}) k {k}: no draft accepted"
+            );
         }
         drop((target, draft));
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// With the tensor-core mmv2 products taking Q4_K and Q6_K at every token count
+/// (`REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1`), one-token steps and verify passes run the same
+/// product kernels on the same q8_K grid.
+#[test]
+#[ignore]
+fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
+    cuda::mmv::set_mmv2(Some(true));
+    cuda::mmv::set_mmv2_min_tokens(Some(1));
+    let dev = cuda::CudaDevice::open(&CudaOptions::default()).expect("a CUDA device");
+    assert!(cuda::mmv::mmv2_every_token_count(&dev));
+    drop(dev);
+    synth_self_draft_is_identical("mmv2 at every count");
     cuda::mmv::set_mmv2_min_tokens(None);
     cuda::mmv::set_mmv2(None);
+}
+
+/// The kernels a speculating run sets (`cuda::mmv::set_speculation`, what `--md` / `--mtp`
+/// do): Q6_K on mmv2 (q8_K) from one token, Q4_K on the q8_1 kernels at every count (the dp4a
+/// and direct kernels, the q8_1 tensor-core ones from 3 tokens).
+#[test]
+#[ignore]
+fn gpu_synth_q4_k_m_self_draft_on_speculation_kernels_is_identical() {
+    cuda::mmv::set_speculation(true);
+    let dev = cuda::CudaDevice::open(&CudaOptions::default()).expect("a CUDA device");
+    if dev.arch() >= 80 {
+        assert!(cuda::mmv::mmv2_every_token_count_of(
+            &dev,
+            gguf::GgmlType::Q6K
+        ));
+        assert!(!cuda::mmv::mmv2_every_token_count_of(
+            &dev,
+            gguf::GgmlType::Q4K
+        ));
+    }
+    drop(dev);
+    synth_self_draft_is_identical("speculation's kernels");
+    cuda::mmv::set_speculation(false);
 }

@@ -179,33 +179,66 @@ pub fn direct_kernels() -> bool {
 
 /// Whether a product of `n_tokens` tokens over `cols` columns of `ty` runs on the direct
 /// kernels ([`direct_kernels`]).
-pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize) -> bool {
-    let most = if direct_four() { 4 } else { 2 };
-    (1..=most).contains(&n_tokens)
+pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: usize) -> bool {
+    let tokens_ok = match n_tokens {
+        1 | 2 => true,
+        3 | 4 => match direct_four() {
+            DirectFour::Off => false,
+            DirectFour::Short => rows < DIRECT4_MAX_ROWS,
+            DirectFour::All => true,
+        },
+        _ => false,
+    };
+    tokens_ok
         && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
         && cols.is_multiple_of(256)
         && direct_kernels()
 }
 
-/// 0: `REDLINE_MV_DIRECT4` decides; 1: off; 2: on.
+/// Which 3-4-token products run on the direct kernels (`mvd_*_n4_r{1,2}`) instead of the
+/// q8_1 tensor-core ones (crate::mmv).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DirectFour {
+    Off,
+    /// Launches of fewer than [`DIRECT4_MAX_ROWS`] rows (the default).
+    Short,
+    All,
+}
+
+/// Rows below which a 3-4-token launch takes the direct kernels by default. H100 (session 27,
+/// µs at 3 tokens, direct 2 rows a warp / tensor cores): 5120 x 17408 30.0 / 36.1, 5120 x 6144
+/// 14.3 / 15.2, 16384 x 5120 29.7 / 29.7, 2 x 17408 x 5120 57.3 / 53.5.
+pub const DIRECT4_MAX_ROWS: usize = 12288;
+
+/// 0: `REDLINE_MV_DIRECT4` decides; 1: off; 2: short launches; 3: all.
 static DIRECT4_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Whether products of 3-4 tokens run on the direct kernels too (`mvd_*_n4_r{1,2}`; with them
-/// the few-token dispatch sends Q4_K there before the q8_1 tensor-core kernels):
-/// `REDLINE_MV_DIRECT4=1` ([`set_direct_four`] overrides).
-pub fn direct_four() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+/// Which 3-4-token products run on the direct kernels: `REDLINE_MV_DIRECT4=0` none, `=1`
+/// all, else launches of fewer than [`DIRECT4_MAX_ROWS`] rows ([`set_direct_four`] overrides).
+pub fn direct_four() -> DirectFour {
+    static ENV: std::sync::OnceLock<DirectFour> = std::sync::OnceLock::new();
     match DIRECT4_OVERRIDE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MV_DIRECT4").is_ok_and(|v| v == "1")),
+        1 => DirectFour::Off,
+        2 => DirectFour::Short,
+        3 => DirectFour::All,
+        _ => *ENV.get_or_init(|| match std::env::var("REDLINE_MV_DIRECT4").as_deref() {
+            Ok("0") => DirectFour::Off,
+            Ok("1") => DirectFour::All,
+            _ => DirectFour::Short,
+        }),
     }
 }
 
-/// Forces the direct kernels for 3-4 tokens on or off (`None`: back to `REDLINE_MV_DIRECT4`).
-/// For tests and benchmarks.
-pub fn set_direct_four(on: Option<bool>) {
-    DIRECT4_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
+/// Forces which 3-4-token products take the direct kernels (`None`: back to
+/// `REDLINE_MV_DIRECT4`). For tests and benchmarks.
+pub fn set_direct_four(v: Option<DirectFour>) {
+    let code = match v {
+        None => 0,
+        Some(DirectFour::Off) => 1,
+        Some(DirectFour::Short) => 2,
+        Some(DirectFour::All) => 3,
+    };
+    DIRECT4_OVERRIDE.store(code, Ordering::Relaxed);
 }
 
 /// Forces the direct Q4_K / IQ4_XS kernels on or off (`None`: back to `REDLINE_MV_DIRECT`), and
@@ -577,7 +610,7 @@ impl CudaDevice {
                 y.len()
             )));
         }
-        if direct_applies(w.ty, cols, n_tokens) {
+        if direct_applies(w.ty, cols, n_tokens, rows) {
             // the kernel the fused path's segments take, so both paths give the same bits
             let seg = Segment {
                 w,
@@ -687,7 +720,7 @@ impl CudaDevice {
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let n_tokens = xq.n_tokens;
         let nt = n_tokens.next_power_of_two();
-        let direct = direct_applies(ty, cols, n_tokens);
+        let direct = direct_applies(ty, cols, n_tokens, total_rows);
         let r = if direct {
             self.direct_rows(stem, cols, segs, nt)?
         } else {

@@ -188,8 +188,8 @@ pub fn dispatch_min_tokens() -> usize {
 
 /// The backend's question: should a product of `n` tokens of weight type `ty` on `dev` take
 /// this path ([`enabled`], sm_80+, a dispatched format, [`dispatch_min_tokens`]..=8 tokens, not
-/// a count the direct dp4a kernels take: [`crate::matvec::direct_four`]).
-pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
+/// a launch of `rows` rows the direct dp4a kernels take: [`crate::matvec::direct_four`]).
+pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize, rows: usize) -> bool {
     enabled()
         && dev.arch() >= 80
         && n >= dispatch_min_tokens()
@@ -197,7 +197,7 @@ pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
         && supports(ty, n)
         && !(n <= 2 && crate::matvec::q8_1_tiled_enabled())
         // (K-quant rows are whole super-blocks: any width the direct kernels take)
-        && !crate::matvec::direct_applies(ty, 256, n)
+        && !crate::matvec::direct_applies(ty, 256, n, rows)
 }
 
 /// Warps per block for `tiles` 16-row tiles of `n_cols` columns and `n` tokens: the warps
@@ -236,7 +236,9 @@ impl CudaDevice {
                 self.ensure_q8_k(x, n, cols, xq)?;
                 self.mmv2_segments(segs, xq)
             }
-            Some(s) if dispatch(self, s.w.ty, n) => self.mmv_segments(segs, xq),
+            Some(s) if dispatch(self, s.w.ty, n, segs.iter().map(|s| s.w.n_rows).sum()) => {
+                self.mmv_segments(segs, xq)
+            }
             _ => self.matvec_segments(segs, xq),
         }
     }
@@ -784,18 +786,27 @@ fn min_tokens2(ty: GgmlType) -> usize {
         0 => {}
         m => return m as usize,
     }
-    static Q4: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    static Q6: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let read = |var: &str, default: usize| {
+    static Q4: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    static Q6: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let read = |var: &str| {
         std::env::var(var)
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|m| (1..=MMV2_MIN_TOKENS).contains(m))
-            .unwrap_or(default)
     };
     match ty {
-        GgmlType::Q4K => *Q4.get_or_init(|| read("REDLINE_MMV2_MIN", MMV2_MIN_TOKENS)),
-        GgmlType::Q6K => *Q6.get_or_init(|| read("REDLINE_MMV2_MIN_Q6K", MMV2_MIN_TOKENS_Q6K)),
+        GgmlType::Q4K => Q4
+            .get_or_init(|| read("REDLINE_MMV2_MIN"))
+            .unwrap_or(MMV2_MIN_TOKENS),
+        // a speculating run: from one token (set_speculation)
+        GgmlType::Q6K => {
+            Q6.get_or_init(|| read("REDLINE_MMV2_MIN_Q6K"))
+                .unwrap_or(if speculating() {
+                    1
+                } else {
+                    MMV2_MIN_TOKENS_Q6K
+                })
+        }
         _ => MMV2_MIN_TOKENS,
     }
 }
@@ -818,10 +829,64 @@ pub fn set_mmv2_min_tokens(min: Option<usize>) {
 /// row's result does not depend on the token count: the same warps, super-block order and
 /// sums), so verify passes may stay on them and still give plain decoding's tokens.
 pub fn mmv2_every_token_count(dev: &CudaDevice) -> bool {
-    mmv2_enabled()
-        && dev.arch() >= 80
-        && min_tokens2(GgmlType::Q4K) == 1
-        && min_tokens2(GgmlType::Q6K) == 1
+    mmv2_every_token_count_of(dev, GgmlType::Q4K) && mmv2_every_token_count_of(dev, GgmlType::Q6K)
+}
+
+/// Whether the mmv2 kernels take every product of format `ty` from one token up.
+pub fn mmv2_every_token_count_of(dev: &CudaDevice, ty: GgmlType) -> bool {
+    mmv2_enabled() && dev.arch() >= 80 && dispatched2_format(ty) && min_tokens2(ty) == 1
+}
+
+/// Whether verify passes must stay on the one-token steps' grids ([`set_speculation`]).
+static SPECULATION: AtomicU32 = AtomicU32::new(0);
+
+/// Puts the products on the kernels a speculating run needs: each format on one activation
+/// grid at every token count, so that a verify pass's rows are its one-token steps' rows. While
+/// on, Q6_K products go to the mmv2 kernels (q8_K activations) from one token (unless
+/// `REDLINE_MMV2_MIN_Q6K` says otherwise): their few-token products cost there about what one
+/// token costs, against 1.2-2x on the dp4a kernels (H100, session 27: the 27B's verify passes of
+/// 3 and 4 rows 1.60 / 1.66-1.73x a step -> 1.39-1.41 / 1.46-1.47x), while its one-token steps
+/// lose 0.5 % (the 32B's 2 %, which is why plain decoding keeps them on the dp4a kernels). Every
+/// other format whose one-token products are not on mmv2 stays off it at every count (the dp4a
+/// matvec, the direct kernels, the q8_1 tensor-core kernels: rows that do not depend on the
+/// token count's grid). Set before the model's first step (recorded steps keep their kernels).
+pub fn set_speculation(on: bool) {
+    SPECULATION.store(on as u32, Ordering::Relaxed);
+}
+
+fn speculating() -> bool {
+    SPECULATION.load(Ordering::Relaxed) != 0
+}
+
+/// Whether the mmv2 dispatch may take products of `ty` under [`set_speculation`].
+fn grid_allows(ty: GgmlType) -> bool {
+    !speculating() || min_tokens2(ty) == 1
+}
+
+/// What a speculating run's few-token products run on, for reports.
+pub fn speculation_kernels_note(dev: &CudaDevice) -> String {
+    if !mmv2_enabled() || dev.arch() < 80 {
+        return "few-token products on the q8_1 kernels (mmv2 off)".into();
+    }
+    if !speculating() {
+        return "few-token products on the tensor-core mmv2 kernels (q8_K activations) where they \
+                take them: not what a speculating run verifies on"
+            .into();
+    }
+    let on: Vec<&str> = [GgmlType::Q4K, GgmlType::Q6K, GgmlType::IQ4XS]
+        .into_iter()
+        .filter(|&t| mmv2_every_token_count_of(dev, t))
+        .map(|t| t.name())
+        .collect();
+    if on.is_empty() {
+        "few-token products on the q8_1 kernels, as the one-token steps".into()
+    } else {
+        format!(
+            "few-token products on the one-token steps' kernels: {} on mmv2 (q8_K), the rest on \
+             the q8_1 kernels",
+            on.join(", ")
+        )
+    }
 }
 
 /// Most output rows of a launch that takes the mmv2 kernels below their fewest tokens:
@@ -848,14 +913,17 @@ fn small_on_mmv2(dev: &CudaDevice, segs: &[Segment<'_>], n: usize) -> bool {
         && mmv2_enabled()
         && dev.arch() >= 80
         && (1..=MAX_TOKENS).contains(&n)
-        && segs.iter().all(|s| dispatched2_format(s.w.ty))
+        && segs
+            .iter()
+            .all(|s| dispatched2_format(s.w.ty) && grid_allows(s.w.ty))
         && segs.iter().map(|s| s.w.n_rows).sum::<usize>() <= limit
 }
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched
 /// format, `min_tokens2`..=8 tokens (fewer stay on the dp4a matvec).
 pub fn dispatch2(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
-    mmv2_enabled()
+    grid_allows(ty)
+        && mmv2_enabled()
         && dev.arch() >= 80
         && dispatched2_format(ty)
         && (min_tokens2(ty)..=MAX_TOKENS).contains(&n)
@@ -884,6 +952,7 @@ pub const MAX_TOKENS_N: usize = 32;
 pub fn dispatch2n(dev: &CudaDevice, ty: GgmlType, n: usize) -> bool {
     (MAX_TOKENS + 1..=MAX_TOKENS_N).contains(&n)
         && mmv2n_enabled()
+        && grid_allows(ty)
         && mmv2_enabled()
         && dev.arch() >= 80
         && matches!(ty, GgmlType::Q4K | GgmlType::Q6K)

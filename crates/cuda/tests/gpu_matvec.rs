@@ -544,7 +544,7 @@ fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
                 format!("direct r{r}"),
                 Box::new(move || {
                     cuda::matvec::set_direct_kernels(Some(true), r);
-                    cuda::matvec::set_direct_four(Some(true));
+                    cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
                 }),
                 if r == 4 { 2 } else { 4 },
             ));

@@ -130,16 +130,12 @@ impl SpecArgs {
 pub trait SpecBackend: Backend {
     fn take(m: LoadedModel) -> Option<ModelOn<Self>>;
 
-    /// Whether the GPU's tensor-core few-token products (mmv2, q8_K activations) take every
-    /// token count from one up on this model's device, so that one-token steps and verify
-    /// passes run the same kernels on the same grid. No by default (then speculation turns
-    /// them off).
-    fn mmv2_every_token_count(_model: &ModelOn<Self>) -> bool {
-        false
-    }
+    /// Keeps this backend's verify passes on the grids its one-token steps quantize
+    /// activations to (nothing to do where there is one kind of product).
+    fn speculation_kernels(_model: &ModelOn<Self>) {}
 
     /// Which kernels this backend's few-token products run on, for reports (`None`: one kind).
-    fn product_kernels() -> Option<&'static str> {
+    fn product_kernels(_model: &ModelOn<Self>) -> Option<String> {
         None
     }
 }
@@ -163,17 +159,14 @@ impl SpecBackend for CudaBackend {
         }
     }
 
-    fn mmv2_every_token_count(model: &ModelOn<Self>) -> bool {
-        cuda::mmv::mmv2_every_token_count(model.backend().device())
+    fn speculation_kernels(_model: &ModelOn<Self>) {
+        cuda::mmv::set_speculation(true);
     }
 
-    fn product_kernels() -> Option<&'static str> {
-        Some(if cuda::mmv::mmv2_on() {
-            "few-token products on the tensor-core mmv2 kernels (q8_K activations)"
-        } else {
-            "few-token products on the q8_1 kernels, as a speculating run verifies \
-             (REDLINE_MMV2=1: the tensor-core mmv2 kernels)"
-        })
+    fn product_kernels(model: &ModelOn<Self>) -> Option<String> {
+        Some(cuda::mmv::speculation_kernels_note(
+            model.backend().device(),
+        ))
     }
 }
 
@@ -192,15 +185,16 @@ pub enum Drafter<B: Backend> {
 }
 
 /// The product kernels speculation runs on. Speculation must give what plain decoding gives,
-/// token for token. One-token steps quantize activations q8_1 (a scale per 32); the mmv2
-/// kernels that take few-token products by default (Q4_K from 3 tokens, Q6_K from 2) quantize
-/// them q8_K (a scale per 256), a coarser grid that can move near-tied logits apart. Verify
-/// passes therefore keep the q8_1 kernels unless REDLINE_MMV2 is set explicitly, or the mmv2
-/// kernels take one-token products too (REDLINE_MMV2_MIN=1 REDLINE_MMV2_MIN_Q6K=1: then steps
-/// and verify passes share kernels and grid). `verify-bench` measures on the same kernels.
+/// token for token. One-token steps quantize activations q8_1 (a scale per 32) for the dp4a
+/// kernels, or q8_K (a scale per 256) for the formats the mmv2 kernels take from one token
+/// (Q6_K); the mmv2 kernels that take other formats' few-token products by default (Q4_K from 3
+/// tokens) quantize them q8_K, a coarser grid than their one-token steps' that can move
+/// near-tied logits apart. So verify passes keep each format on its one-token grid
+/// (`cuda::mmv::set_speculation`), unless REDLINE_MMV2 is set explicitly. `verify-bench`
+/// measures on the same kernels.
 fn speculation_kernels<B: SpecBackend>(target: &ModelOn<B>) {
-    if std::env::var_os("REDLINE_MMV2").is_none() && !B::mmv2_every_token_count(target) {
-        cuda::mmv::set_mmv2(Some(false));
+    if std::env::var_os("REDLINE_MMV2").is_none() {
+        B::speculation_kernels(target);
     }
 }
 
@@ -501,7 +495,7 @@ fn bench_on<B: SpecBackend>(
             }
         }
     }
-    print_costs(args, placed, &rows, B::product_kernels());
+    print_costs(args, placed, &rows, B::product_kernels(model).as_deref());
     Ok(())
 }
 

@@ -197,7 +197,7 @@ impl CudaBackend {
                         .map_err(dev_err)
                 });
             }
-            if crate::mmv::dispatch(&self.dev, m.ty, n) {
+            if crate::mmv::dispatch(&self.dev, m.ty, n, m.n_rows) {
                 return self.with_scratch(n, w.cols, |s| {
                     self.dev
                         .quantize_for_matvec(&x.data, n, w.cols, s)

@@ -274,7 +274,7 @@ impl CudaBackend {
                     .and_then(|_| self.dev.mmv2_prequantized(m, s, &mut out.data))
                     .map_err(dev_err);
             }
-            if crate::mmv::dispatch(&self.dev, m.ty, x.rows) {
+            if crate::mmv::dispatch(&self.dev, m.ty, x.rows, m.n_rows) {
                 return self
                     .dev
                     .mmv_prequantized(m, s, &mut out.data)
