@@ -9,9 +9,12 @@
 //! 2. end to end vs the unquantized x: |err| <= the worst-case q8_1 rounding bound
 //!    sum_i |w_i| * d_block(i) / 2 (+ the same f32 term).
 
+mod timing;
+
 use cuda::synthetic::{random_activations, random_matrix};
 use cuda::{open_or_cpu, CudaOptions};
 use gguf::GgmlType;
+use timing::time_us;
 
 fn q8_1_reference(x: &[f32]) -> Vec<f32> {
     // what quantize_q8_1 in kernels/matvec_quant.cu produces, dequantized: d * q per element
@@ -639,26 +642,6 @@ fn few_token_rows_are_one_token_rows_bit_for_bit() {
     }
     reset_row_variants();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-/// µs a launch of `run(i)` over `copies` weight copies (cycled past L2), after one warm pass.
-fn time_us(
-    dev: &cuda::CudaDevice,
-    copies: usize,
-    iters: usize,
-    mut run: impl FnMut(usize) -> cuda::Result<()>,
-) -> cuda::Result<f64> {
-    use cudarc::driver::sys::CUevent_flags;
-    for i in 0..copies {
-        run(i)?;
-    }
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = dev.stream().record_event(flags)?;
-    for i in 0..iters {
-        run(i % copies)?;
-    }
-    let end = dev.stream().record_event(flags)?;
-    Ok(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64)
 }
 
 /// What 1-4-token segment products of the 27B's shapes cost on the kernels a verify pass takes

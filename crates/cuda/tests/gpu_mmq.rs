@@ -14,11 +14,13 @@
 //! `cargo test -p cuda --test gpu_mmq -- --ignored --nocapture` times the 32B / 27B FFN shapes
 //! against the matvec in the same run.
 
+mod timing;
+
 use cuda::synthetic::{random_activations, random_matrix};
 use cuda::{open_or_cpu, CudaDevice, CudaOptions};
-use cudarc::driver::sys::CUevent_flags;
 use gguf::GgmlType;
 use quant::blocks::BlockQ8K;
+use timing::time_us;
 
 const FORMATS: [GgmlType; 6] = [
     GgmlType::Q4K,
@@ -322,26 +324,6 @@ fn mmq_matches_cpu_reference_for_every_format() {
     cuda::mmq::set_warps_override(0);
     cuda::mmq::set_m_tiles_override(0);
     assert_no_failures(&failures);
-}
-
-/// µs per launch of `run` over `copies` weight copies (cycled so the weights come from DRAM,
-/// not L2), timed with CUDA events after one warm-up round.
-fn time_us(
-    dev: &CudaDevice,
-    copies: usize,
-    iters: usize,
-    mut run: impl FnMut(usize) -> cuda::Result<()>,
-) -> cuda::Result<f64> {
-    for i in 0..copies {
-        run(i)?;
-    }
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = dev.stream().record_event(flags)?;
-    for i in 0..iters {
-        run(i % copies)?;
-    }
-    let end = dev.stream().record_event(flags)?;
-    Ok(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64)
 }
 
 #[test]
