@@ -413,6 +413,38 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s27i)
+    # session 27's last binary (x just in time in the direct two-token kernel, the default):
+    # the matvec and speculative suites, the 27B verify cost, two streams of both models
+    echo "t_gpu_matvec: $(timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    wait $SP
+    echo "verify: $(timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+    b m27 -n 64 -r 2 --parallel 2
+    b m32 -n 64 -r 2 --parallel 2
+    echo "== s27i $(el)"
+    ;;
+s27h)
+    # session 27: the direct two-token kernel loading x just before each dot (one x buffer, not
+    # two: 94 registers, 5 blocks an SM) in devbin/k_xj against the built-in: the bit-for-bit
+    # check, the segment timing, the 27B verify cost and two streams, rounds alternating
+    K=REDLINE_KERNEL_DIR=$PWD/devbin/k_xj
+    echo "t_gpu_matvec xj: $(env $K timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -6 | tr '\n' ' ')"
+    for v in X=1 $K; do
+        echo "timing $v:"
+        env $v TIMING_SHAPES=down,out,gate/up,in-proj timeout 100 devbin/t_gpu_matvec --ignored few_token_segment_timing --nocapture --test-threads 1 2>&1 | grep -E "q4_K" | head -20
+    done
+    echo "== timing $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 $K; do
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+            ST=$v b m27 -n 64 -r 2 --parallel 2
+        done
+    done
+    echo "== s27h $(el)"
+    ;;
 s27g)
     # session 27's final binary: the speculative suite (with the new check on the kernels a
     # speculating run sets), the matvec suite, the 27B verify cost twice, one row of both models

@@ -298,14 +298,21 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     }
     pdl_wait();
     pdl_trigger();
-    if (!TAIL || nit > 0) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
+    // XJ (two tokens): x is loaded just before its dot, not an iteration ahead like the weights.
+    // x is an L1/L2 hit, and one buffer of two tokens' x instead of two frees 22 registers: 5
+    // blocks an SM instead of 4 (H100, session 27: the 27B's two-token down projection 28.1 ->
+    // 21.8 µs at 2 rows, the same as one token; its verify pass of 2 rows 9.39 / 9.51 -> 9.29 /
+    // 9.18 ms; two streams +2.7 %). One token keeps x an iteration ahead (not tried the other way).
+    constexpr bool XJ = NT == 2;
+    if (!XJ && (!TAIL || nit > 0)) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
     for (int it = 0; it < nit; it += 2) {
         const bool second = it + 1 < nit;
         if (second) {
 #pragma unroll
             for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, wb[r]);
-            mvd_load_x<F, NT, 1024, 64>(pa, pb, pd, ncols, n_tokens, c, xb);
+            if (!XJ) mvd_load_x<F, NT, 1024, 64>(pa, pb, pd, ncols, n_tokens, c, xb);
         }
+        if (XJ) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
         mvd_dot<F, NT, R>(wa, xa, c, acc);
         if (!second) break;
 #pragma unroll
@@ -319,9 +326,14 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         if (it + 2 < nit) {
 #pragma unroll
             for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
-            mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
+            if (!XJ) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
         }
-        mvd_dot<F, NT, R>(wb, xb, c, acc);
+        if (XJ) {
+            mvd_load_x<F, NT, -1024, -64>(pa, pb, pd, ncols, n_tokens, c, xb);
+            mvd_dot<F, NT, R>(wb, xb, c, acc);
+        } else {
+            mvd_dot<F, NT, R>(wb, xb, c, acc);
+        }
     }
     if (TAIL && tail > 0) {
         // addresses from scratch (the loop's pointers end with the loop: kept live past it,
@@ -346,6 +358,12 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     }
 }
 
+// Resident blocks per SM a kernel is compiled for (a register cap; 0: the compiler's choice).
+// Two tokens at 2 rows a warp: 94 registers with x loaded just before each dot (XJ below),
+// capped so the compiler keeps it there: 5 blocks an SM, as at one token (125 registers and 4
+// blocks with x double-buffered like the weights; capped to 5 that way it spilled 72 bytes).
+template <typename F, int NT, int R> struct MvdMinBlocks { static constexpr int value = 0; };
+template <> struct MvdMinBlocks<MvdQ4K, 2, 2> { static constexpr int value = 5; };
 // Segment kernel (as mvm_quant): MV_WARPS warps of R rows each per block.
 template <typename F, int NT, int R, bool TAIL>
 static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_t* __restrict__ xq,
@@ -365,12 +383,12 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 // one-token Q4_K 4-row kernel from 128 registers to 155, and capped at 128 it spilled and its
 // loop grew by 10 %, so the whole-iteration kernels do without it).
 #define MVD_KERNEL(name, F, NT, R)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvdMinBlocks<F, NT, R>::value))      \
         mvd_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
                                   const float* __restrict__ xds, int n_tokens, int load_mode) {        \
         mvd_segments<F, NT, R, false>(p, xq, xds, n_tokens, load_mode);                                \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvdMinBlocks<F, NT, R>::value))      \
         mvd_##name##_n##NT##_r##R##_t(const MvSegs p, const int8_t* __restrict__ xq,                  \
                                       const float* __restrict__ xds, int n_tokens, int load_mode) {    \
         mvd_segments<F, NT, R, true>(p, xq, xds, n_tokens, load_mode);                                 \

@@ -804,11 +804,14 @@ impl CudaDevice {
 
     /// Rows per warp of a direct segment launch of `nt` (1, 2 or 4) tokens: forced
     /// ([`set_direct_kernels`], `REDLINE_MV_DIRECT_R`, for two tokens `REDLINE_MV_DIRECT_R2`), else
-    /// 2, except where 4 rows fill the card's resident blocks in fewer waves. Two tokens take
-    /// the 2-row kernel to 125 registers (4 blocks an SM instead of 5), so a 5120-row product's
-    /// 640 blocks need 1.2 waves of an H100's 528 places; 4 rows need 320 blocks in 396 places
-    /// (H100, session 27: the 27B's 5120-row two-token products 27.6 -> 21.9 µs and 12.5 ->
-    /// 10.6 µs, as fast as one token; the tall ones lose 0-4 % at 4 rows).
+    /// 2, except where 4 rows fill the card's resident blocks in fewer waves (the occupancy API's
+    /// blocks an SM x the SMs). Why (H100, session 27): with x double-buffered the two-token
+    /// 2-row kernel took 125 registers (4 blocks an SM instead of 5), so a 5120-row product's
+    /// 640 blocks needed 1.2 waves of 528 places, and 4 rows (320 blocks in 396 places) took the
+    /// 27B's two-token 5120-row products from 27.6 to 21.9 µs and 12.5 to 10.6. With x loaded
+    /// just in time the 2-row kernel holds 5 blocks again (640 blocks in 660 places: 21.8 and
+    /// 9.7 µs), and the rule picks 2 rows there; it still guards cards and kernels where the
+    /// places fall the other way.
     fn direct_rows(&self, stem: &str, cols: usize, segs: &[Segment<'_>], nt: usize) -> Result<u32> {
         let forced = direct_rows_forced(nt);
         if forced != 0 {
