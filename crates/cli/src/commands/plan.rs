@@ -513,6 +513,13 @@ pub fn render(p: &Plan) -> String {
             l.runtime_overhead,
             0,
         ));
+        if l.logits_download > 0 {
+            rows.push((
+                "logits download buffer (page-locked)".into(),
+                0,
+                l.logits_download,
+            ));
+        }
     }
     let _ = writeln!(s, "{:<42} {:>12} {:>12}", "memory ledger", "GPU", "host");
     for (label, g, h) in &rows {

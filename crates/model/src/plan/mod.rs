@@ -156,6 +156,25 @@ pub struct Ledger {
     /// Speculation's extras on the target: a recurrent-state snapshot and the verify logits
     /// `[draft_max + 1, n_vocab]` f32, per slot.
     pub speculation_buffers: u64,
+    /// Host memory (page-locked) the GPU's logits are copied into when a step needs whole rows
+    /// on the host (penalties, logprobs, a grammar: sampling that device-side picks cannot
+    /// serve): `[n_ubatch, n_vocab]` f32 rounded up to a power of two, at most
+    /// [`LOGITS_DOWNLOAD_MAX_FLOATS`] floats (larger downloads go through pageable memory and
+    /// are counted with the compute buffers' logits). 0 on a CPU plan.
+    pub logits_download: u64,
+}
+
+/// Most floats of the page-locked logits download buffer (32 MiB; the CUDA backend's cap).
+pub const LOGITS_DOWNLOAD_MAX_FLOATS: usize = 8 << 20;
+
+/// Bytes the page-locked logits buffer can grow to when downloads are at most `floats` logits:
+/// the largest one that fits the cap, rounded up to a power of two (the buffer grows that way).
+pub fn logits_download_bytes(floats: usize) -> u64 {
+    if floats == 0 {
+        0
+    } else {
+        4 * floats.next_power_of_two().min(LOGITS_DOWNLOAD_MAX_FLOATS) as u64
+    }
 }
 
 impl Ledger {
@@ -315,6 +334,11 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         draft_weights: draft.weights,
         draft_cache: draft.kv_cache + draft.recurrent_state,
         speculation_buffers,
+        logits_download: if gpu.is_some() {
+            logits_download_bytes(n_ubatch * m.n_vocab)
+        } else {
+            0
+        },
     };
     let embd_on_gpu = if opts.embeddings_on_gpu {
         ledger.token_embedding
@@ -437,7 +461,8 @@ pub fn plan_placement(m: &ModelMemory, gpu: Option<&GpuSpec>, opts: &PlanOptions
         host_bytes_placed: ledger.token_embedding - embd_on_gpu * u64::from(gpu_used > 0)
             + host_layers
             + host_head
-            + host_fixed,
+            + host_fixed
+            + ledger.logits_download * u64::from(gpu_used > 0),
         fits: gpu.is_some() && gpu_bytes_full <= usable,
         short_by_bytes: if gpu.is_some() {
             gpu_bytes_full.saturating_sub(usable)
@@ -480,6 +505,30 @@ mod tests {
             });
         }
         m
+    }
+
+    /// The page-locked buffer the GPU's logits come down to is host memory of a GPU plan: the
+    /// largest download it takes (n_ubatch rows of the vocabulary) rounded up to a power of
+    /// two, at most 32 MiB; none on the CPU.
+    #[test]
+    fn logits_download_buffer_is_counted_on_the_host() {
+        let m = ModelMemory::from_shape(&Shape::qwen3_5_27b(), FileType::Q4KM);
+        assert_eq!(m.n_vocab, 248320);
+        let gpu = GpuSpec::from_table("h100").unwrap();
+        let mut o = PlanOptions::for_model(&m);
+        o.n_ubatch = 1;
+        let one = plan_placement(&m, Some(&gpu), &o);
+        // 248320 floats -> 262144 (1 MiB)
+        assert_eq!(one.ledger.logits_download, 4 * 262144);
+        o.n_ubatch = 512;
+        let big = plan_placement(&m, Some(&gpu), &o);
+        assert_eq!(big.ledger.logits_download, 32 << 20);
+        assert_eq!(
+            big.host_bytes_placed,
+            one.host_bytes_placed - one.ledger.logits_download + (32 << 20)
+        );
+        let cpu = plan_placement(&m, None, &o);
+        assert_eq!(cpu.ledger.logits_download, 0);
     }
 
     #[test]
