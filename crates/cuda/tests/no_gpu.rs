@@ -27,3 +27,12 @@ fn nvrtc_at_a_bad_path_is_an_error() {
     let r = cuda::nvrtc::Nvrtc::load(Some(std::path::Path::new("/nonexistent/libnvrtc.so.12")));
     assert!(matches!(r, Err(CudaError::NvrtcLoad { .. })));
 }
+
+/// The memory plan counts the page-locked logits buffer at the backend's cap.
+#[test]
+fn planned_logits_download_cap_is_the_backends() {
+    assert_eq!(
+        cuda::backend::PINNED_MAX_FLOATS,
+        model::plan::LOGITS_DOWNLOAD_MAX_FLOATS
+    );
+}

@@ -142,9 +142,10 @@ pub struct CudaBackend {
 }
 
 /// Largest download (f32 values) that goes through the page-locked buffer: 32 rows of a 248k
-/// vocabulary (32 MiB of host memory, in the memory plan as `Ledger::logits_download`); larger
-/// ones (all-logits prefills) take the plain copy.
-const PINNED_MAX_FLOATS: usize = model::plan::LOGITS_DOWNLOAD_MAX_FLOATS;
+/// vocabulary (32 MiB of host memory, in the memory plan as `Ledger::logits_download`, whose
+/// `model::plan::LOGITS_DOWNLOAD_MAX_FLOATS` must equal this: tests/no_gpu.rs); larger ones
+/// (all-logits prefills) take the plain copy.
+pub const PINNED_MAX_FLOATS: usize = 8 << 20;
 
 /// Decode-step fusions written in session 14 without a card, then measured on the H200
 /// (BENCHMARKS.md); each gives the separate launches' bits (their GPU tests check it).
