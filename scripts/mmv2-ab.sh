@@ -63,6 +63,7 @@
 # core:    the most in one window: checks, 8 streams (s15 / default), one row, verify cost
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
+# xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s27a-g:  session 27: few-token products of the 5120-row shapes (rows per warp, register caps,
 #          the direct kernels at 3-4 tokens), Q6_K on mmv2 from one token in speculating runs:
 #          checks, segment timing, the 27B verify cost per variant, one row of both models
@@ -412,6 +413,25 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+xj1)
+    # written in session 27, not yet run: x just in time at one token too (the direct Q4_K /
+    # IQ4_XS kernels: mvd_q4_k_n1_r2 93 -> 75 registers, 5 -> 6 blocks an SM; IQ4_XS 80 -> 64, 6
+    # -> 8). Make the variant before packing:
+    #   mkdir -p devbin/k_xj1 && sed 's/constexpr bool XJ = NT == 2;/constexpr bool XJ = NT <= 2;/' \
+    #       crates/cuda/kernels/matvec_direct.cu > devbin/k_xj1/matvec_direct.cu
+    # then one row of both models and two streams of the 27B against the built-in, rounds
+    # alternating, and the bit-for-bit check with the variant
+    K=REDLINE_KERNEL_DIR=$PWD/devbin/k_xj1
+    echo "t_gpu_matvec xj1: $(env $K timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -6 | tr '\n' ' ')"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 $K; do
+            ST=$v b m32 -n 128 -r 2
+            ST=$v b m27 -n 128 -r 2
+        done
+    done
+    echo "== xj1 $(el)"
     ;;
 s27i)
     # session 27's last binary (x just in time in the direct two-token kernel, the default):
