@@ -184,7 +184,8 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
         1 | 2 => true,
         3 | 4 => match direct_four() {
             DirectFour::Off => false,
-            DirectFour::Short => rows < DIRECT4_MAX_ROWS,
+            // (IQ4_XS's 3-4-token direct kernels have not been measured on a card)
+            DirectFour::Short => rows < DIRECT4_MAX_ROWS && ty == GgmlType::Q4K,
             DirectFour::All => true,
         },
         _ => false,
@@ -200,7 +201,7 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum DirectFour {
     Off,
-    /// Launches of fewer than [`DIRECT4_MAX_ROWS`] rows (the default).
+    /// Q4_K launches of fewer than [`DIRECT4_MAX_ROWS`] rows (the default).
     Short,
     All,
 }
@@ -214,7 +215,8 @@ pub const DIRECT4_MAX_ROWS: usize = 12288;
 static DIRECT4_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
 /// Which 3-4-token products run on the direct kernels: `REDLINE_MV_DIRECT4=0` none, `=1`
-/// all, else launches of fewer than [`DIRECT4_MAX_ROWS`] rows ([`set_direct_four`] overrides).
+/// all (IQ4_XS too), else Q4_K launches of fewer than [`DIRECT4_MAX_ROWS`] rows
+/// ([`set_direct_four`] overrides).
 pub fn direct_four() -> DirectFour {
     static ENV: std::sync::OnceLock<DirectFour> = std::sync::OnceLock::new();
     match DIRECT4_OVERRIDE.load(Ordering::Relaxed) {

@@ -407,8 +407,9 @@ fn segment_widths(ty: GgmlType) -> Vec<usize> {
 /// against the CPU's exact q8_1 pipeline (dequantized rows · d * q, f64), bias and residual
 /// included: 1, 2, 3 and 4 segments of odd row counts; rows of 1 and 5 iterations of 1024
 /// values, and (the `_t` kernels) of 1 and 3 super-blocks only, of an odd and an even number of
-/// whole iterations plus 2 or 1 super-blocks (1536, 2304, 3584); 1 and 2 tokens; 1, 2 and 4 rows
-/// per warp; the tiled q8_1 layout on and off (where the width is a multiple of 512).
+/// whole iterations plus 2 or 1 super-blocks (1536, 2304, 3584); 1-4 tokens; 1, 2 and (up to two
+/// tokens) 4 rows per warp; the tiled q8_1 layout on and off (where the width is a multiple of
+/// 512; 3-4 tokens are never tiled).
 #[test]
 fn direct_segments_match_cpu_reference() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -426,12 +427,16 @@ fn direct_segments_match_cpu_reference() {
         .flat_map(|ty| [1024usize, 5120, 256, 768, 1536, 2304, 3584].map(|c| (ty, c)))
     {
         for rows in SEGMENT_ROW_SETS {
-            for nt in [1usize, 2] {
+            for nt in [1usize, 2, 3, 4] {
                 for rpw in [1u32, 2, 4] {
+                    if nt > 2 && rpw == 4 {
+                        continue; // (1 and 2 rows only past two tokens)
+                    }
                     seed += 1;
                     let tiled = seed.is_multiple_of(2);
                     cuda::matvec::set_q8_1_tiled(Some(tiled));
                     cuda::matvec::set_direct_kernels(Some(true), rpw);
+                    cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
                     let x = random_activations(nt * cols, seed);
                     let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
                     dev.quantize_for_matvec(&up(&x), nt, cols, &mut scratch)
@@ -510,6 +515,7 @@ fn direct_segments_match_cpu_reference() {
         );
     }
     cuda::matvec::set_direct_kernels(None, 0);
+    cuda::matvec::set_direct_four(None);
     cuda::matvec::set_q8_1_tiled(None);
     assert!(
         failures.is_empty(),
