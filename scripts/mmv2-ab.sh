@@ -587,7 +587,8 @@ s27a)
     # two-token rows against one-token rows), then the segment timing per rows-per-warp variant
     # with the built-in kernels (Q6_K two-token kernels capped to 3 / 4 blocks an SM),
     # devbin/k_base (session 26's, uncapped) and devbin/k_d5 (the direct Q4_K two-token r2
-    # kernel capped to 5 blocks), and the 27B verify cost per variant
+    # kernel capped to 5 blocks), and the 27B verify cost per variant (REDLINE_MV_R2, the staged
+    # kernels' two-token rows per warp, was removed after this window: 2 rows lost)
     timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -8
     echo "t_backend_conformance: $(timeout 90 devbin/t_backend_conformance --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
     for t in t_gpu_mmq t_gpu_decode t_gpu_attention; do

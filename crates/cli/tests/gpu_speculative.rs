@@ -217,22 +217,22 @@ fn gpu_synth_q4_k_m_self_draft_on_mmv2_at_every_count_is_identical() {
 }
 
 /// The kernels a speculating run sets (`cuda::mmv::set_speculation`, what `--md` / `--mtp`
-/// do): Q6_K on mmv2 (q8_K) from one token, Q4_K on the q8_1 kernels at every count (the dp4a
-/// and direct kernels, the q8_1 tensor-core ones from 3 tokens).
+/// do): every format on one grid at every token count — the mmv2 dispatch takes a format at
+/// every count 1..=8 or at none (by default none: Q4_K and Q6_K on the q8_1 kernels; with
+/// `REDLINE_MMV2_MIN_Q6K=1`, Q6_K on mmv2 from one token).
 #[test]
 #[ignore]
 fn gpu_synth_q4_k_m_self_draft_on_speculation_kernels_is_identical() {
     cuda::mmv::set_speculation(true);
     let dev = cuda::CudaDevice::open(&CudaOptions::default()).expect("a CUDA device");
-    if dev.arch() >= 80 {
-        assert!(cuda::mmv::mmv2_every_token_count_of(
-            &dev,
-            gguf::GgmlType::Q6K
-        ));
-        assert!(!cuda::mmv::mmv2_every_token_count_of(
-            &dev,
-            gguf::GgmlType::Q4K
-        ));
+    for ty in [gguf::GgmlType::Q4K, gguf::GgmlType::Q6K] {
+        let on: Vec<bool> = (1..=8).map(|n| cuda::mmv::dispatch2(&dev, ty, n)).collect();
+        assert!(
+            on.iter().all(|&o| o == on[0]),
+            "{}: mmv2 at some token counts only: {on:?}",
+            ty.name()
+        );
+        eprintln!("speculating: {} on mmv2: {}", ty.name(), on[0]);
     }
     drop(dev);
     synth_self_draft_is_identical("speculation's kernels");

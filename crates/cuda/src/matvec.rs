@@ -77,13 +77,6 @@ pub fn rows_per_warp(ty: GgmlType, n_rows: usize, n_cols: usize, n: usize) -> u3
     if forced == 4 || forced == 2 {
         return forced;
     }
-    if n == 2 {
-        static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-        let r2 = *ENV.get_or_init(|| env_u32("REDLINE_MV_R2"));
-        if r2 == 2 || r2 == 4 {
-            return r2;
-        }
-    }
     use GgmlType::*;
     // formats whose decode is a few shifts and masks (no table lookups, no split scales)
     let light = matches!(ty, Q4K | Q4_0 | Q4_1 | Q5K | Q5_0 | Q5_1);

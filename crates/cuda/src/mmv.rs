@@ -798,15 +798,9 @@ fn min_tokens2(ty: GgmlType) -> usize {
         GgmlType::Q4K => Q4
             .get_or_init(|| read("REDLINE_MMV2_MIN"))
             .unwrap_or(MMV2_MIN_TOKENS),
-        // a speculating run: from one token (set_speculation)
-        GgmlType::Q6K => {
-            Q6.get_or_init(|| read("REDLINE_MMV2_MIN_Q6K"))
-                .unwrap_or(if speculating() {
-                    1
-                } else {
-                    MMV2_MIN_TOKENS_Q6K
-                })
-        }
+        GgmlType::Q6K => Q6
+            .get_or_init(|| read("REDLINE_MMV2_MIN_Q6K"))
+            .unwrap_or(MMV2_MIN_TOKENS_Q6K),
         _ => MMV2_MIN_TOKENS,
     }
 }
@@ -841,15 +835,17 @@ pub fn mmv2_every_token_count_of(dev: &CudaDevice, ty: GgmlType) -> bool {
 static SPECULATION: AtomicU32 = AtomicU32::new(0);
 
 /// Puts the products on the kernels a speculating run needs: each format on one activation
-/// grid at every token count, so that a verify pass's rows are its one-token steps' rows. While
-/// on, Q6_K products go to the mmv2 kernels (q8_K activations) from one token (unless
-/// `REDLINE_MMV2_MIN_Q6K` says otherwise): their few-token products cost there about what one
-/// token costs, against 1.2-2x on the dp4a kernels (H100, session 27: the 27B's verify passes of
-/// 3 and 4 rows 1.60 / 1.66-1.73x a step -> 1.39-1.41 / 1.46-1.47x), while its one-token steps
-/// lose 0.5 % (the 32B's 2 %, which is why plain decoding keeps them on the dp4a kernels). Every
-/// other format whose one-token products are not on mmv2 stays off it at every count (the dp4a
-/// matvec, the direct kernels, the q8_1 tensor-core kernels: rows that do not depend on the
-/// token count's grid). Set before the model's first step (recorded steps keep their kernels).
+/// grid at every token count, so that a verify pass's rows are its one-token steps' rows, which
+/// are plain decoding's. While on, a format's products go to the mmv2 kernels (q8_K
+/// activations) only where its one-token products go there too (its fewest mmv2 tokens is 1:
+/// `REDLINE_MMV2_MIN_Q6K=1`, `REDLINE_MMV2_MIN=1`); every other few-token product stays on the
+/// q8_1 kernels (the dp4a matvec, the direct kernels, the q8_1 tensor-core kernels), whose
+/// rows do not depend on the token count's grid. By default no format's one-token products are
+/// on mmv2, so none of a speculating run's are. With `REDLINE_MMV2_MIN_Q6K=1` (plain and
+/// speculating runs alike) Q6_K's few-token products cost about what one token costs (H100,
+/// session 27: the 27B's verify passes of 3 and 4 rows 1.60 / 1.66-1.73x a step -> 1.39-1.47 /
+/// 1.46-1.49x) while a plain run's one-token step loses 2 % on the 32B (the 27B: within
+/// noise). Set before the model's first step (recorded steps keep their kernels).
 pub fn set_speculation(on: bool) {
     SPECULATION.store(on as u32, Ordering::Relaxed);
 }

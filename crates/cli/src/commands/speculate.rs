@@ -186,10 +186,10 @@ pub enum Drafter<B: Backend> {
 
 /// The product kernels speculation runs on. Speculation must give what plain decoding gives,
 /// token for token. One-token steps quantize activations q8_1 (a scale per 32) for the dp4a
-/// kernels, or q8_K (a scale per 256) for the formats the mmv2 kernels take from one token
-/// (Q6_K); the mmv2 kernels that take other formats' few-token products by default (Q4_K from 3
-/// tokens) quantize them q8_K, a coarser grid than their one-token steps' that can move
-/// near-tied logits apart. So verify passes keep each format on its one-token grid
+/// kernels, or q8_K (a scale per 256) for a format the mmv2 kernels take from one token (none
+/// by default; Q6_K with `REDLINE_MMV2_MIN_Q6K=1`); the mmv2 kernels that take few-token
+/// products by default (Q4_K from 3 tokens, Q6_K from 2) quantize them q8_K, a coarser grid
+/// than the one-token steps' that can move near-tied logits apart. So verify passes keep each format on its one-token grid
 /// (`cuda::mmv::set_speculation`), unless REDLINE_MMV2 is set explicitly. `verify-bench`
 /// measures on the same kernels.
 fn speculation_kernels<B: SpecBackend>(target: &ModelOn<B>) {

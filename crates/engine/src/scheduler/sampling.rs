@@ -308,6 +308,17 @@ mod tests {
         assert_eq!(seen, vec![0, 1]);
     }
 
+    /// A small deterministic generator for the row tests (a 64-bit LCG's high bits).
+    fn lcg(seed: u64) -> impl FnMut() -> u32 {
+        let mut x = seed;
+        move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        }
+    }
+
     /// `backend::greedy_pick` (what a device computes for greedy steps) is the plain greedy
     /// sampler's choice on every row: ties (the lowest id), NaN, -inf, +inf, nothing finite.
     #[test]
@@ -315,13 +326,7 @@ mod tests {
         let mut s = RequestSampler::new(params(0.0));
         assert!(s.is_plain_greedy());
         assert!(!RequestSampler::new(params(0.5)).is_plain_greedy());
-        let mut x = 12345u64;
-        let mut next = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as u32
-        };
+        let mut next = lcg(12345);
         for case in 0..400 {
             let n = 1 + (next() % 300) as usize;
             let mut row: Vec<f32> = (0..n)
@@ -354,13 +359,7 @@ mod tests {
     /// top-k, top-p, min-p and temperature settings; samplers that need the whole row say so.
     #[test]
     fn sampling_from_the_top_k_equals_sampling_from_the_row() {
-        let mut x = 99u64;
-        let mut next = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as u32
-        };
+        let mut next = lcg(99);
         for case in 0..60u64 {
             let p = SamplingParams {
                 temperature: [0.0, 0.3, 0.8, 1.0, 1.7][case as usize % 5],
