@@ -64,6 +64,8 @@
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
+# s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
+#          the 27B's Q6_K shapes
 # s27a-g:  session 27: few-token products of the 5120-row shapes (rows per warp, register caps,
 #          the direct kernels at 3-4 tokens), Q6_K on mmv2 from one token in speculating runs:
 #          checks, segment timing, the 27B verify cost per variant, one row of both models
@@ -413,6 +415,48 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s28b)
+    # session 28, window 2: where Q6_K on mmv2 from one token (REDLINE_MMV2_MIN_Q6K=1) loses a
+    # one-row step (s28a: 32B -2 %, 27B -0.6..-1.2 %) and where REDLINE_FUSED_Q8K=1 with it loses
+    # 10 %: eager per-op profiles of one-row steps (REDLINE_PROFILE_OPS=1)
+    wait $SP
+    for m in m27 m32; do
+        for v in X=1 REDLINE_MMV2_MIN_Q6K=1 "REDLINE_MMV2_MIN_Q6K=1 REDLINE_FUSED_Q8K=1"; do
+            f="$OUT/prof1_${m}_$(echo "$v" | tr -c 'A-Za-z0-9\n' _ | cut -c1-40).txt"
+            env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/$m.gguf -p 0 -n 16 -r 1 >"$f" 2>&1
+            echo "$m $v: $(grep -E 'op profile' "$f")"
+            grep -A14 'op profile' "$f" | tail -13
+        done
+    done
+    echo "== s28b $(el)"
+    ;;
+s28a)
+    # session 28, window 1: session 27's final default on the card (the matvec and speculative
+    # suites, the 27B verify cost by default and with REDLINE_MMV2_MIN_Q6K=1), x just in time at
+    # one token (devbin/k_xj1: the bit-for-bit check, one row of both models, rounds
+    # alternating), and Q6_K's one-token products on mmv2 against the dp4a matvec at the 27B's
+    # and 32B's Q6_K shapes (the sweep, 1 / 2 / 4 tokens)
+    K=REDLINE_KERNEL_DIR=$PWD/devbin/k_xj1
+    echo "t_gpu_matvec: $(timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    echo "t_gpu_matvec xj1: $(env $K timeout 120 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|row [0-9]+:" | head -6 | tr '\n' ' ')"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    MMV2_SWEEP_TYPES=Q6_K MMV2_SWEEP_COUNTS=1,2,4 MMV2_SWEEP_SHAPES=5120x17408,10240x5120,1024x5120,248320x5120,5120x27648,152064x5120 \
+        timeout 150 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmv2_timing >"$OUT/q6_sweep.txt" 2>&1
+    grep -E "^ *q6_K|Q6_K|panicked" "$OUT/q6_sweep.txt" | grep -v " w[0-9]m" | head -30
+    echo "== sweep $(el)"
+    wait $SP
+    for v in X=1 REDLINE_MMV2_MIN_Q6K=1; do
+        echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+    done
+    for r in 1 2; do
+        for v in X=1 $K; do
+            ST=$v b m32 -n 128 -r 2
+            ST=$v b m27 -n 128 -r 2
+        done
+    done
+    echo "== s28a $(el)"
     ;;
 xj1)
     # written in session 27, not yet run: x just in time at one token too (the direct Q4_K /

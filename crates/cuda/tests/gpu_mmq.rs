@@ -1129,12 +1129,19 @@ fn mmv2_timing_vs_matvec_and_mmv() {
     dev.module(cuda::Program::MatvecQuant)
         .expect("matvec kernels compile");
     // FFN up / down of the 32B, a square, and the Qwen2.5-32B output head (Q6_K only)
-    let shapes = [
-        (27648usize, 5120usize),
-        (5120, 27648),
-        (5120, 5120),
-        (152064, 5120),
-    ];
+    // MMV2_SWEEP_SHAPES ("ROWSxCOLS,...", e.g. the 27B's Q6_K shapes "5120x17408,248320x5120")
+    // replaces them
+    let shapes: Vec<(usize, usize)> = std::env::var("MMV2_SWEEP_SHAPES")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|s| {
+                    let (r, c) = s.trim().split_once('x')?;
+                    Some((r.parse().ok()?, c.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_else(|| vec![(27648, 5120), (5120, 27648), (5120, 5120), (152064, 5120)]);
     // MMV2_SWEEP_TYPES (e.g. "Q6_K") and MMV2_SWEEP_COUNTS (e.g. "4,8") narrow the sweep for a
     // short device window
     let types: Vec<GgmlType> = match std::env::var("MMV2_SWEEP_TYPES") {
