@@ -416,6 +416,52 @@ s26c)
     done
     echo "== checks $(el)"
     ;;
+s28d)
+    # session 28: the direct Q4_0 kernels (mvd_q4_0_*): the matvec suite (the direct kernels
+    # against the CPU reference, Q4_0 now among them), then one row and two streams of the 32B
+    # and 27B Q4_0 files against REDLINE_MV_DIRECT_Q4_0=0 (the staged kernels), rounds
+    # alternating, one file at a time (disk)
+    echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | grep -E "Q4_0|result|FAIL|panic" | tail -9 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    for shape in qwen2.5-32b qwen3.5-27b; do
+        $R synth --shape $shape --type Q4_0 -o /tmp/q.gguf >/dev/null 2>>"$OUT/err.txt"
+        for r in 1 2; do
+            for v in X=1 REDLINE_MV_DIRECT_Q4_0=0; do
+                ST=$v b q -n 128 -r 2
+                ST=$v b q -n 64 -r 2 --parallel 2
+            done
+        done
+        rm -f /tmp/q.gguf
+    done
+    echo "== s28d $(el)"
+    ;;
+s28c)
+    # session 28: issue 4's table with the current defaults on every model it names (the two
+    # shapes at Q4_K_M, IQ4_XS and Q4_0; pp512 and tg128, and tg128 after 4096 tokens for the
+    # Q4_K_M files), one model file at a time beside the two Q4_K_M ones (disk), and the per-op
+    # profile of a one-row 32B Q4_0 step
+    wait $SP
+    t() { echo "$1: $(timeout 150 $R bench --device cuda -m /tmp/$1.gguf "${@:2}" 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f6- | tr -s ' ' | tr '\n' ' ')"; }
+    for m in m32 m27; do
+        t $m -p 512 -n 128 -r 2
+        t $m -p 0 -n 128 -r 2 -d 4096
+    done
+    echo "== q4_k_m $(el)"
+    for shape in qwen2.5-32b qwen3.5-27b; do
+        for ty in IQ4_XS Q4_0; do
+            f=/tmp/x.gguf
+            $R synth --shape $shape --type $ty -o $f >/dev/null 2>>"$OUT/err.txt"
+            echo -n "$shape $ty "
+            t x -p 512 -n 128 -r 2
+            if [ $shape = qwen2.5-32b ] && [ $ty = Q4_0 ]; then
+                REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m $f -p 0 -n 16 -r 1 >"$OUT/prof1_q32_q4_0.txt" 2>&1
+                grep -A12 'op profile' "$OUT/prof1_q32_q4_0.txt"
+            fi
+            rm -f $f
+        done
+    done
+    echo "== s28c $(el)"
+    ;;
 s28b)
     # session 28, window 2: where Q6_K on mmv2 from one token (REDLINE_MMV2_MIN_Q6K=1) loses a
     # one-row step (s28a: 32B -2 %, 27B -0.6..-1.2 %) and where REDLINE_FUSED_Q8K=1 with it loses
