@@ -1,4 +1,4 @@
-// matvec_direct.cu — one- to four-token Q4_K / IQ4_XS segment products y (+)= W x (+ bias) with
+// matvec_direct.cu — one- to four-token Q4_K / IQ4_XS / Q4_0 segment products y (+)= W x (+ bias) with
 // the weights loaded straight into registers (REDLINE_MV_DIRECT; host: crates/cuda/src/matvec.rs
 // matvec_segments). Same launch, parameters and results contract as matvec_quant.cu's mvm_
 // segment kernels (x: q8_1 from quantize_q8_1, natural or tiled; W: segments in GGUF block
@@ -238,6 +238,83 @@ struct MvdIQ4XS {
     }
 };
 
+// Q4_0 (session 28): a "super-block" is 8 blocks of 18 bytes (d f16, 16 qs bytes: elements 0..15
+// in the low nibbles, 16..31 in the high ones, each minus 8), 144 bytes = 9 x 16, so in rows of
+// whole 256-value groups each group starts 16-byte aligned (row_bytes = 144 per 256 values).
+// Lane v = lane % 8 of a group takes block v, bytes [18 v, 18 v + 18): 4-byte aligned at
+// 18 v - 2 (v % 2), five word loads (L1-cached: the lanes' words share sectors, and the
+// staged kernels' loss to these was their shared-memory round trip, not DRAM) cover it; the
+// scale is the low or high half of the first word, the quants the words funnel-shifted by 16
+// (even v) or 32 (odd v: the next word) bits. x as IQ4_XS (the unit's 32 values, two 16-byte
+// loads) with the unit's (d, d * sum q): W x = d_w (d_x sum(n q) - 8 d_x sum q), the high
+// nibbles left in place (16 x their value, as Q4_K's) and d_x / 16 applied to 16 s_lo + s_hi
+// (exact integers).
+struct MvdQ4_0 {
+    static constexpr int SB = 144;
+    struct W {
+        uint32_t w[5];
+    };
+    struct X {
+        u32x4 a, b;   // the unit's x values 0..15 and 16..31
+        float d16, s; // q8_1 d / 16, d * sum q
+    };
+    struct D {
+        float d;
+        uint32_t lo[4], hi[4];
+    };
+    struct C {
+        uint32_t shd, shq;  // the scale's bit position in the first word; the quants' funnel shift
+    };
+    static __device__ __forceinline__ C consts(int lane) {
+        C c;
+        c.shd = 16 * (lane & 1);
+        c.shq = 16 + 16 * (lane & 1);
+        mvd_pin(c.shd);
+        mvd_pin(c.shq);
+        return c;
+    }
+    static __device__ __forceinline__ int qofs(int lane) { return 18 * (lane & 7) - 2 * (lane & 1); }
+    static __device__ __forceinline__ int xe0(int lane) { return 256 * (lane >> 3) + 32 * (lane & 7); }
+    static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 16; }
+    static __device__ __forceinline__ int xd(int lane) { return 2 * (8 * (lane >> 3) + (lane & 7)); }
+    static __device__ __forceinline__ void load_w(const uint8_t*, const uint8_t* pq, W& w) {
+#pragma unroll
+        for (int i = 0; i < 5; i++)
+            asm("ld.global.nc.u32 %0, [%1];" : "=r"(w.w[i]) : "l"(pq + 4 * i));
+    }
+    static __device__ __forceinline__ void load_x(const int8_t* pa, const int8_t* pb, const float* pd, const C&,
+                                                  X& x) {
+        x.a = mvd_ld_x(pa);
+        x.b = mvd_ld_x(pb);
+        float d, s;
+        asm("ld.global.nc.v2.f32 {%0, %1}, [%2];" : "=f"(d), "=f"(s) : "l"(pd));
+        x.d16 = d * 0.0625f;
+        x.s = s;
+    }
+    static __device__ __forceinline__ D decode(const W& w, const C& c) {
+        D r;
+        r.d = f16_to_f32((uint16_t)((w.w[0] >> c.shd) & 0xFFFFu));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t q;
+            asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(q) : "r"(w.w[i]), "r"(w.w[i + 1]), "r"(c.shq));
+            r.lo[i] = q & 0x0F0F0F0Fu;
+            r.hi[i] = q & 0xF0F0F0F0u;
+        }
+        return r;
+    }
+    static __device__ __forceinline__ float dot(const D& r, const X& x, float acc) {
+        const uint32_t xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = dp4a_us(r.lo[i], (int)xa[i], s0);
+            s1 = dp4a_us(r.hi[i], (int)xb[i], s1);
+        }
+        return fmaf(r.d, fmaf(x.d16, (float)(16 * s0 + s1), -8.0f * x.s), acc);
+    }
+};
+
 // This lane's x of NT tokens at XO values / DO floats past the pointers (token t at + t * ncols
 // values and + t * ncols / 16 floats).
 template <typename F, int NT, int XO, int DO>
@@ -399,3 +476,4 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     MVD_KERNEL(name, F, 4, 1) MVD_KERNEL(name, F, 4, 2)
 MVD_FORMAT(q4_k, MvdQ4K)
 MVD_FORMAT(iq4_xs, MvdIQ4XS)
+MVD_FORMAT(q4_0, MvdQ4_0)

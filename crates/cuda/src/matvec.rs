@@ -156,7 +156,7 @@ static DIRECT_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// the per-shape rule.
 static DIRECT_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
-/// Whether one- and two-token Q4_K and IQ4_XS segment products run on the direct kernels
+/// Whether one- and two-token Q4_K, IQ4_XS and Q4_0 segment products run on the direct kernels
 /// (kernels/matvec_direct.cu `mvd_*`: the weights loaded straight into registers, ~30-40 % fewer
 /// instructions a weight byte than the staged kernels; `_t` for rows not a multiple of 1024
 /// values). On unless `REDLINE_MV_DIRECT=0` ([`set_direct_kernels`] overrides): on an H100 the
@@ -183,10 +183,19 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
         },
         _ => false,
     };
-    tokens_ok
-        && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS)
-        && cols.is_multiple_of(256)
-        && direct_kernels()
+    let format_ok = match ty {
+        GgmlType::Q4K | GgmlType::IQ4XS => true,
+        GgmlType::Q4_0 => direct_q4_0(),
+        _ => false,
+    };
+    tokens_ok && format_ok && cols.is_multiple_of(256) && direct_kernels()
+}
+
+/// Whether Q4_0 products take the direct kernels too (`mvd_q4_0_*`, session 28): on unless
+/// `REDLINE_MV_DIRECT_Q4_0=0` (read once; the staged kernels against them on one card).
+fn direct_q4_0() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| std::env::var("REDLINE_MV_DIRECT_Q4_0").map_or(true, |v| v != "0"))
 }
 
 /// Which 3-4-token products run on the direct kernels (`mvd_*_n4_r{1,2}`) instead of the

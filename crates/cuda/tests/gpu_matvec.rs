@@ -402,7 +402,7 @@ fn segment_widths(ty: GgmlType) -> Vec<usize> {
     }
 }
 
-/// The direct Q4_K and IQ4_XS segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_direct.cu
+/// The direct Q4_K, IQ4_XS and Q4_0 segment kernels (`REDLINE_MV_DIRECT`, kernels/matvec_direct.cu
 /// `mvd_*`)
 /// against the CPU's exact q8_1 pipeline (dequantized rows · d * q, f64), bias and residual
 /// included: 1, 2, 3 and 4 segments of odd row counts; rows of 1 and 5 iterations of 1024
@@ -422,7 +422,7 @@ fn direct_segments_match_cpu_reference() {
     let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
     let mut failures = Vec::new();
     let mut seed = 5000u64;
-    for (ty, cols) in [GgmlType::Q4K, GgmlType::IQ4XS]
+    for (ty, cols) in [GgmlType::Q4K, GgmlType::IQ4XS, GgmlType::Q4_0]
         .into_iter()
         .flat_map(|ty| [1024usize, 5120, 256, 768, 1536, 2304, 3584].map(|c| (ty, c)))
     {
