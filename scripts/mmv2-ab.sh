@@ -434,6 +434,11 @@ s28d)
         rm -f /tmp/q.gguf
     done
     echo "== s28d $(el)"
+    # the GPU suites at this binary
+    for t in "t_gpu_decode" "t_backend_conformance --ignored" "t_backend_models" "t_gpu_speculative --ignored"; do
+        echo "$t: $(timeout 200 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    done
+    echo "== suites $(el)"
     ;;
 s28c)
     # session 28: issue 4's table with the current defaults on every model it names (the two
