@@ -428,7 +428,7 @@ s28d)
         for r in 1 2; do
             for v in X=1 REDLINE_MV_DIRECT_Q4_0=0; do
                 ST=$v b q -n 128 -r 2
-                ST=$v b q -n 64 -r 2 --parallel 2
+                [ $r = 2 ] || ST=$v b q -n 64 -r 2 --parallel 2
             done
         done
         rm -f /tmp/q.gguf
