@@ -418,13 +418,13 @@ s26c)
     ;;
 s28d)
     # session 28: the direct Q4_0 kernels (mvd_q4_0_*): the matvec suite (the direct kernels
-    # against the CPU reference, Q4_0 now among them), then one row and two streams of the 32B
-    # and 27B Q4_0 files against REDLINE_MV_DIRECT_Q4_0=0 (the staged kernels), rounds
-    # alternating, one file at a time (disk)
+    # against the CPU reference, Q4_0 now among them), one row and two streams of the 32B Q4_0
+    # file against REDLINE_MV_DIRECT_Q4_0=0 (the staged kernels), the GPU suites at this binary,
+    # then the 27B Q4_0 file (short of device time: what matters first, first)
     echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | grep -E "Q4_0|result|FAIL|panic" | tail -9 | tr '\n' ' ')"
     echo "== checks $(el)"
-    for shape in qwen2.5-32b qwen3.5-27b; do
-        $R synth --shape $shape --type Q4_0 -o /tmp/q.gguf >/dev/null 2>>"$OUT/err.txt"
+    ab() {
+        $R synth --shape $1 --type Q4_0 -o /tmp/q.gguf >/dev/null 2>>"$OUT/err.txt"
         for r in 1 2; do
             for v in X=1 REDLINE_MV_DIRECT_Q4_0=0; do
                 ST=$v b q -n 128 -r 2
@@ -432,13 +432,14 @@ s28d)
             done
         done
         rm -f /tmp/q.gguf
-    done
-    echo "== s28d $(el)"
-    # the GPU suites at this binary
-    for t in "t_gpu_decode" "t_backend_conformance --ignored" "t_backend_models" "t_gpu_speculative --ignored"; do
+        echo "== $1 $(el)"
+    }
+    ab qwen2.5-32b
+    for t in "t_gpu_speculative --ignored" "t_gpu_decode" "t_backend_models" "t_backend_conformance --ignored"; do
         echo "$t: $(timeout 200 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
     done
     echo "== suites $(el)"
+    ab qwen3.5-27b
     ;;
 s28c)
     # session 28: issue 4's table with the current defaults on every model it names (the two
