@@ -65,7 +65,8 @@
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
-#          the 27B's Q6_K shapes
+#          the 27B's Q6_K shapes; s28b: one-row profiles with Q6_K on mmv2; s28c: issue 4's
+#          table on all six models; s28d: the direct Q4_0 kernels against the staged ones, suites
 # s27a-g:  session 27: few-token products of the 5120-row shapes (rows per warp, register caps,
 #          the direct kernels at 3-4 tokens), Q6_K on mmv2 from one token in speculating runs:
 #          checks, segment timing, the 27B verify cost per variant, one row of both models

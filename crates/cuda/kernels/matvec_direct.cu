@@ -55,6 +55,20 @@ static __device__ __forceinline__ uint2 mvd_ld_w8(const uint8_t* p) {
     return v;
 }
 
+// Q4_K's and Q4_0's dot of a lane's 16 quant bytes with its 32 x values: the low nibbles with
+// x values 0..15 (s0), the high ones left in place (16 x their value) with 16..31 (s1).
+static __device__ __forceinline__ void mvd_nibble_dots(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const u32x4& a,
+                                                       const u32x4& b, int& s0, int& s1) {
+    const uint32_t xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+    s0 = 0;
+    s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s0 = dp4a_us(lo[i], (int)xa[i], s0);
+        s1 = dp4a_us(hi[i], (int)xb[i], s1);
+    }
+}
+
 // Q4_K: lane v = lane % 8 of a super-block takes qs bytes [16 v, 16 v + 16): elements 16 h ..
 // 16 h + 15 of sub-block 2 j in the low nibbles and of sub-block 2 j + 1 in the high ones
 // (j = v / 2, h = v % 2), and the 16-byte header (d, dmin, 12 scale bytes). The low nibbles dot
@@ -135,13 +149,8 @@ struct MvdQ4K {
         return r;
     }
     static __device__ __forceinline__ float dot(const D& r, const X& x, float acc) {
-        const uint32_t xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s0 = dp4a_us(r.lo[i], (int)xa[i], s0);
-            s1 = dp4a_us(r.hi[i], (int)xb[i], s1);
-        }
+        int s0, s1;
+        mvd_nibble_dots(r.lo, r.hi, x.a, x.b, s0, s1);
         const float f = fmaf(x.d1, (float)(s1 * r.sc1), x.d0 * (float)(s0 * r.sc0));
         return fmaf(-r.dmin, r.mh * x.s, fmaf(r.d, f, acc));
     }
@@ -304,13 +313,8 @@ struct MvdQ4_0 {
         return r;
     }
     static __device__ __forceinline__ float dot(const D& r, const X& x, float acc) {
-        const uint32_t xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s0 = dp4a_us(r.lo[i], (int)xa[i], s0);
-            s1 = dp4a_us(r.hi[i], (int)xb[i], s1);
-        }
+        int s0, s1;
+        mvd_nibble_dots(r.lo, r.hi, x.a, x.b, s0, s1);
         return fmaf(r.d, fmaf(x.d16, (float)(16 * s0 + s1), -8.0f * x.s), acc);
     }
 };
