@@ -64,6 +64,8 @@
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
+# s29a:    session 29: Q6_K few-token products on q8_1 x through the staged tensor-core kernel
+#          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites
 # s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
 #          the 27B's Q6_K shapes; s28b: one-row profiles with Q6_K on mmv2; s28c: issue 4's
 #          table on all six models; s28d: the direct Q4_0 kernels against the staged ones, suites
@@ -416,6 +418,30 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s29a)
+    # session 29: Q6_K's few-token products on q8_1 x through mmv2's staged kernel
+    # (mmv2_q6_k_q81; REDLINE_MMV_Q6K=0: the dp4a matvec as before): its checks against the CPU
+    # q8_1 reference, the 27B verify cost against the old kernels (rounds alternating), the
+    # speculative suite (greedy identity), the Q6_K sweep (the "mmv" column is the new kernel),
+    # then session 28's unfinished t_backend_models
+    echo "t_gpu_mmq mmv: $(timeout 150 devbin/t_gpu_mmq --test-threads 1 --nocapture mmv_ 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|checked +Q6_K" | head -10 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MMV_Q6K=0; do
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | tr '\n' ' ')"
+        done
+    done
+    echo "== verify $(el)"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== spec $(el)"
+    MMV2_SWEEP_TYPES=Q6_K MMV2_SWEEP_COUNTS=1,2,3,4 MMV2_SWEEP_SHAPES=5120x17408,248320x5120,5120x27648 \
+        timeout 100 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmv2_timing >"$OUT/q6_sweep.txt" 2>&1
+    grep -E "^ *q6_K|Q6_K|panicked" "$OUT/q6_sweep.txt" | grep -v " w[0-9]m" | head -20
+    echo "== sweep $(el)"
+    echo "t_backend_models: $(timeout 240 devbin/t_backend_models --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    echo "== s29a $(el)"
     ;;
 s28d)
     # session 28: the direct Q4_0 kernels (mvd_q4_0_*): the matvec suite (the direct kernels

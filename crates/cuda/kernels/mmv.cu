@@ -1183,7 +1183,13 @@ MMV2_KERNEL(iq4_xs, Mv2IQ4XS)
 // 60 words keeps the 8 rows of a fragment load on distinct banks up to the row's (start & 12)).
 #define MV6_ROW_VECS 15
 
-template <int NT = 1, bool EMU = false>
+//
+// Q81 (mmv2_q6_k_q81, session 29): the same staging against q8_1 x (q = xq, dy = xds: float pairs
+// (d, d * sum) per 32, bsum unused), MvQ6K::compute's per-unit float step (one scale per
+// 32 activations). For few-token Q6_K products that must stay on the q8_1 grid (speculative
+// verify passes: the one-token steps' dp4a matvec reads q8_1), where the dp4a matvec costs
+// ~2x its one-token time at 3-4 tokens (H100, session 27: 5120 x 17408 31.1 -> 61.8 / 64.9 µs).
+template <int NT = 1, bool EMU = false, bool Q81 = false>
 static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                 int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,
@@ -1197,6 +1203,14 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
     const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
+    MvX x1;  // Q81: as mmv's
+    if constexpr (Q81) {
+        const int nunits = ncols / 32;
+        x1.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
+        x1.d0 = (const MvF2*)dy + (long long)min(2 * t, n_tokens - 1) * nunits;
+        x1.d1 = (const MvF2*)dy + (long long)min(2 * t + 1, n_tokens - 1) * nunits;
+        x1.emulate = emulate;
+    }
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile).
     // Lanes 14 and 15 load vector 13 again and store into slot 14, which nothing reads: the 14
@@ -1275,6 +1289,8 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         fragment(s, f);
         if constexpr (NT > 1)
             mv2n_q6k<NT, EMU>(f, s, xn, acc);
+        else if constexpr (Q81)
+            MvQ6K::compute(f, 8 * s, x1, lane, acc[0]);
         else
             Mv2Q6K::compute(f, s, x, acc[0]);
         __syncwarp();
@@ -1295,6 +1311,18 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     }
 MMV2_Q6K_KERNEL(, 0)
 MMV2_Q6K_KERNEL(_emu, 1)
+
+// q8_1 x (Q81 above): the mmv2 parameters with q = xq, dy = xds, bsum unused; n_tokens <= 8
+#define MMV2_Q6K_Q81_KERNEL(SUFFIX, EMU)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
+        mmv2_q6_k_q81##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, \
+                              const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate, \
+                              float* kpart, int* kcount, int ks) {                                      \
+        (void)emulate;                                                                                   \
+        mmv2_q6k<1, false, true>(p, xq, xds, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);        \
+    }
+MMV2_Q6K_Q81_KERNEL(, 0)
+MMV2_Q6K_Q81_KERNEL(_emu, 1)
 
 // 9..32 tokens (NT tiles of 8), no K split (ks must be 1): mmv2_q6_k_n{NT}
 #define MMV2_Q6KN_KERNEL1(NT, SUFFIX, EMU)                                                                \

@@ -155,12 +155,42 @@ pub fn supports(ty: GgmlType, n: usize) -> bool {
     stem(ty).is_some() && (1..=MAX_TOKENS).contains(&n)
 }
 
-/// Whether the dispatch sends weight type `ty` here: Q4_K only. The Q6_K kernel (8 columns,
-/// u16 loads: super-blocks are 2-byte aligned) lost to the dp4a matvec at every count below
-/// 8 on the H200 (session 7: 27648x5120 n = 4: 113 vs 81 µs), so Q6_K stays on the matvec.
+/// Whether the dispatch sends weight type `ty` here: Q4_K, and Q6_K unless `REDLINE_MMV_Q6K=0`
+/// ([`q6k_staged_q81`]). The first Q6_K kernel (8 columns, u16 loads: super-blocks are 2-byte
+/// aligned) lost to the dp4a matvec at every count below 8 on the H200 (session 7: 27648x5120
+/// n = 4: 113 vs 81 µs); Q6_K products here now run mmv2's staged kernel on q8_1 x
+/// (`mmv2_q6_k_q81`, session 29), as mmv2_q6_k stages them for q8_K x.
 fn dispatched_format(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4K
+    ty == GgmlType::Q4K || (ty == GgmlType::Q6K && q6k_staged_q81())
 }
+
+/// Whether few-token Q6_K products that must stay on q8_1 x (speculative verify passes, or mmv2
+/// off) take the staged tensor-core kernel `mmv2_q6_k_q81` (2..=8 tokens, sm_80+) instead of
+/// the dp4a matvec: on unless `REDLINE_MMV_Q6K=0` ([`set_q6k_staged_q81`] overrides). Why: the
+/// dp4a matvec costs ~2x its one-token time at 3-4 tokens (H100, session 27: the 27B's Q6_K
+/// down 31.1 / 61.8 / 64.9 µs at 1 / 3 / 4 tokens, its head 335 / 679 / 698), and the staged
+/// kernel on q8_K costs about the same at 1 and 4 (48.0 / 48.9 for 27648 x 5120).
+pub fn q6k_staged_q81() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match Q6K_Q81_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV_Q6K").as_deref() != Ok("0")),
+    }
+}
+
+/// 0: `REDLINE_MMV_Q6K` decides; 1 off, 2 on.
+static Q6K_Q81_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces [`q6k_staged_q81`] on or off (`None`: back to `REDLINE_MMV_Q6K`). For tests and
+/// benchmarks; recorded steps made under the other setting must be dropped by the caller.
+pub fn set_q6k_staged_q81(on: Option<bool>) {
+    Q6K_Q81_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
+}
+
+/// Fewest tokens of a Q6_K product this path takes ([`q6k_staged_q81`]): 2 (the dp4a matvec's
+/// two-token Q6_K products cost 1.2x one token: H100, session 27, 5120 x 17408 31.1 / 36.8 µs).
+const MIN_TOKENS_Q6K: usize = 2;
 
 /// Whether the backend's few-token products use this path: on by default (sm_80+, Q4_K,
 /// 3..=8 tokens; verified and timed on the H200 in session 7); `REDLINE_MMV=0` keeps every
@@ -190,9 +220,14 @@ pub fn dispatch_min_tokens() -> usize {
 /// this path ([`enabled`], sm_80+, a dispatched format, [`dispatch_min_tokens`]..=8 tokens, not
 /// a launch of `rows` rows the direct dp4a kernels take: [`crate::matvec::direct_four`]).
 pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize, rows: usize) -> bool {
+    let min = if ty == GgmlType::Q6K {
+        MIN_TOKENS_Q6K
+    } else {
+        dispatch_min_tokens()
+    };
     enabled()
         && dev.arch() >= 80
-        && n >= dispatch_min_tokens()
+        && n >= min
         && dispatched_format(ty)
         && supports(ty, n)
         && !(n <= 2 && crate::matvec::q8_1_tiled_enabled())
@@ -251,6 +286,10 @@ impl CudaDevice {
             return Ok(());
         };
         let (ty, cols) = (first.w.ty, first.w.n_cols);
+        if ty == GgmlType::Q6K {
+            // (mmv_q6_k, the u16-load kernel, stays in the source for the record; session 29)
+            return self.mmv2_launch(segs, xq, X2::Q81);
+        }
         let (xqd, xds, n_tokens, xcols) = xq.quantized();
         let stem = stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
         // (these kernels read the natural q8_1 layout only: the dispatch keeps tiled x away)
@@ -975,6 +1014,15 @@ pub fn set_mmv2n(on: Option<bool>) {
     MMV2N_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
+/// Where an mmv2 launch reads x.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum X2 {
+    /// The q8_K copy (`MatvecScratch::q8k`).
+    Q8k,
+    /// The q8_1 copy, natural layout (`mmv2_q6_k_q81`).
+    Q81,
+}
+
 impl CudaDevice {
     /// Quantizes x `[n_tokens, cols]` f32 (cols % 256 == 0) to q8_K into `s` (kernels/mmv.cu
     /// `quantize_q8_k`: bit for bit `quant::activation::quantize_row_q8_k`). Asynchronous.
@@ -1093,26 +1141,46 @@ impl CudaDevice {
     /// contract as [`CudaDevice::mmv_segments`]: every `y` holds `n_tokens * w.n_rows` f32,
     /// every `bias` `w.n_rows`.
     pub fn mmv2_segments(&self, segs: &[Segment<'_>], s: &MatvecScratch) -> Result<()> {
+        self.mmv2_launch(segs, s, X2::Q8k)
+    }
+
+    /// An mmv2 launch reading x from `s` in the layout `xf` says (q8_1: Q6_K only, up to
+    /// [`MAX_TOKENS`], the natural layout).
+    fn mmv2_launch(&self, segs: &[Segment<'_>], s: &MatvecScratch, xf: X2) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
         };
         let (ty, cols) = (first.w.ty, first.w.n_cols);
         let stem = stem2(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
         let k = &s.q8k;
-        let (n_tokens, xcols) = k.holds.map_or((0, 0), |(_, n, c)| (n, c));
+        let q81 = xf == X2::Q81;
+        let (n_tokens, xcols) = if q81 {
+            let (xqd, xds, n, c) = s.quantized();
+            // (an x too short for its shape, or tiled, is a shape error below)
+            let fits = xqd.len() >= n * c && xds.len() >= n * c / 16 && !s.tiled();
+            if fits {
+                (n, c)
+            } else {
+                (0, c)
+            }
+        } else {
+            k.holds.map_or((0, 0), |(_, n, c)| (n, c))
+        };
         // 8-token tiles per warp: one up to MAX_TOKENS, else Q4_K / Q6_K only
         let nt = n_tokens.div_ceil(8);
         if segs.len() > MAX_SEGMENTS
             || !(1..=MAX_TOKENS_N).contains(&n_tokens)
             || (nt > 1 && !matches!(ty, GgmlType::Q4K | GgmlType::Q6K))
+            || (q81 && (ty != GgmlType::Q6K || nt > 1))
             || xcols != cols
             || !cols.is_multiple_of(256)
             || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
         {
             return Err(CudaError::Shape(format!(
-                "mmv2: {} segments of {} x {cols} with x in q8_K as {n_tokens}x{xcols}",
+                "mmv2: {} segments of {} x {cols} with x in {} as {n_tokens}x{xcols}",
                 segs.len(),
                 ty.name(),
+                if q81 { "q8_1 (natural layout)" } else { "q8_K" },
             )));
         }
         let (p, blocks) = self.segment_params(segs, ROWS_PER_BLOCK);
@@ -1123,6 +1191,7 @@ impl CudaDevice {
         // (the NT-tile kernels: Q4_K staged in two stages or the register-fragment kernel
         // (stages 0), no K split, x not staged)
         let stages = match ty {
+            _ if q81 => 0,
             GgmlType::Q4K if nt > 1 => stages2().min(2),
             GgmlType::Q4K => stages2(),
             _ => 0,
@@ -1171,7 +1240,8 @@ impl CudaDevice {
             }
             (f, smem)
         } else {
-            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{nsuf}{emu}"))?;
+            let xsuf = if q81 { "_q81" } else { "" };
+            let f = self.function(Program::Mmv, &format!("mmv2_{stem}{nsuf}{xsuf}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
         let ks = if nt > 1 {
@@ -1201,12 +1271,22 @@ impl CudaDevice {
         };
         let mut n_i = n_tokens as i32;
         let mut mode = load_mode2(ty);
-        let (mut p, mut pq, mut pd, mut pb) = (
-            p,
-            self.device_address(&k.q),
-            self.device_address(&k.dy),
-            self.device_address(&k.bsum),
-        );
+        let (mut p, mut pq, mut pd, mut pb) = if q81 {
+            let (xqd, xds, _, _) = s.quantized();
+            (
+                p,
+                self.device_address(xqd),
+                self.device_address(xds),
+                self.device_address(&k.bsum),
+            )
+        } else {
+            (
+                p,
+                self.device_address(&k.q),
+                self.device_address(&k.dy),
+                self.device_address(&k.bsum),
+            )
+        };
         let (mut kp, mut kc) = (
             self.device_address(&k.kpart),
             self.device_address(&k.kcount),
@@ -1228,7 +1308,8 @@ impl CudaDevice {
         // kcount, ks) with n_tokens <= 8, or its `_n{nt}` variant (Q4_K / Q6_K, nt tiles of 8
         // tokens, n_tokens <= MAX_TOKENS_N = 32, ks = 1); the scratch holds x of n_tokens x
         // cols in q8_K, laid out over q8k_layout_tokens(n_tokens) tokens, the most the kernels
-        // read (quantize_q8_k checked its sizes); every segment's matrix is a live DeviceMatrix of
+        // read (quantize_q8_k checked its sizes), or for mmv2_q6_k_q81 (xq, xds, unused bsum)
+        // x of n_tokens <= 8 x cols in natural q8_1 (the lengths checked above); every segment's matrix is a live DeviceMatrix of
         // this format and width (>= 16 bytes of padding, rows of whole super-blocks), outputs
         // hold n_tokens * n_rows f32 and biases n_rows (the caller's contract); Q6_K and the
         // staged Q4_K kernels get their shared memory; with ks > 1 there are fewer than

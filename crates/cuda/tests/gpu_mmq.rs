@@ -467,6 +467,8 @@ fn mmv_matches_cpu_reference() {
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
                     cuda::mmv::set_load_mode_override(Some(2 * (n / 4 % 2) as u32));
+                    // (Q6_K here is mmv2_q6_k_q81: its K split too)
+                    cuda::mmv::set_mmv2_ksplit(Some([1, 2, 3, 4][(n + bd_off as usize) % 4]));
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
