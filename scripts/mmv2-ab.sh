@@ -65,7 +65,8 @@
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s29a:    session 29: Q6_K few-token products on q8_1 x through the staged tensor-core kernel
-#          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites
+#          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites;
+#          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows
 # s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
 #          the 27B's Q6_K shapes; s28b: one-row profiles with Q6_K on mmv2; s28c: issue 4's
 #          table on all six models; s28d: the direct Q4_0 kernels against the staged ones, suites
@@ -418,6 +419,38 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s29b)
+    # session 29: Q6_K's tiled-x variant (mmv2_q6_k_q81t: 2-row verify passes) and Q4_K's 3-8-token
+    # products on q8_1 through the staged kernel (mmv2s_q4_k_s2_q81; REDLINE_MMV_Q4K=0: the
+    # block-diagonal register-fragment kernels as before; REDLINE_MV_DIRECT4=0: the short
+    # launches on it too): checks, the 27B verify cost per variant, the speculative suite, the
+    # Q4_K sweep at the 27B's shapes, the per-op profile of verify passes of 1 and 4 rows, one
+    # row and two streams of the 27B (plain runs: unchanged kernels expected)
+    echo "t_gpu_mmq mmv: $(timeout 150 devbin/t_gpu_mmq --test-threads 1 --nocapture mmv_ 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|checked +Q[46]_K" | head -14 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    wait $SP
+    for v in X=1 REDLINE_MMV_Q4K=0 "REDLINE_MMV_Q4K=0 REDLINE_MMV_Q6K=0" REDLINE_MV_DIRECT4=0 REDLINE_MMV2_MIN_Q6K=1 X=1; do
+        echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+    done
+    echo "== verify $(el)"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== spec $(el)"
+    MMV2_SWEEP_TYPES=Q4_K MMV2_SWEEP_COUNTS=1,2,3,4 MMV2_SWEEP_SHAPES=34816x5120,16384x5120,5120x17408,5120x6144 \
+        timeout 100 devbin/t_gpu_mmq --ignored --test-threads 1 --nocapture mmv2_timing >"$OUT/q4_sweep.txt" 2>&1
+    grep -E "^ *q4_K|type|panicked" "$OUT/q4_sweep.txt" | grep -v " w[0-9]m" | head -20
+    echo "== sweep $(el)"
+    for k in 1 4; do
+        REDLINE_PROFILE_OPS=1 timeout 150 $R verify-bench -m /tmp/m27.gguf --device cuda -k $k -d 256 -r 3 >"$OUT/verify_profile_k$k.txt" 2>&1
+        grep -E '^\| (decode|verify)|op profile' "$OUT/verify_profile_k$k.txt"
+        grep -vE '^\|' "$OUT/verify_profile_k$k.txt" | grep -A24 "^op " | cut -c1-110
+    done
+    echo "== profile $(el)"
+    for v in X=1 "REDLINE_MMV_Q4K=0 REDLINE_MMV_Q6K=0"; do
+        ST=$v b m27 -n 128 -r 2
+        ST=$v b m27 -n 64 -r 2 --parallel 2
+    done
+    echo "== s29b $(el)"
     ;;
 s29a)
     # session 29: Q6_K's few-token products on q8_1 x through mmv2's staged kernel

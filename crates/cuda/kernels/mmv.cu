@@ -275,8 +275,13 @@ struct MvQ6K {
     static __device__ __forceinline__ void compute(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
         MV_EMU_SWITCH(x.emulate, compute_t, f, U0, x, lane, acc);
     }
-    template <bool EMU>
+    // TILED: x.q's token row in the tiled q8_1 layout (common.cuh q8_1_at; mmv2_q6_k_q81t): a
+    // unit's 16-byte pieces at constant offsets from the super-block's place in its 512 values
+    template <bool EMU, bool TILED = false>
     static __device__ __forceinline__ void compute_t(const Frag& f, int U0, const MvX& x, int lane, float (&acc)[4]) {
+        // (tiled: super-block s = U0 / 8 is the low or high half of a 512-value tile)
+        const int8_t* xs = TILED ? x.q - 4 * (lane & 3) + 512 * (U0 >> 4) + 64 * ((U0 >> 3) & 1)
+                                 : x.q - 4 * (lane & 3) + 32 * U0;
         // d / 4: the weights are 4 (q - 32) (q6k_weights4); exact, a power of two
         const float dg = 0.25f * f16_to_f32((uint16_t)(f.d & 0xFFFF)), dg8 = 0.25f * f16_to_f32((uint16_t)(f.d >> 16));
 #pragma unroll
@@ -291,7 +296,11 @@ struct MvQ6K {
                 for (int r = 0; r < 2; r++) {
                     w[r] = q6k_weights4(f.ql[r][n * 4 + (k & 1) * 2 + h], f.qh[r][n * 2 + h], k);
                 }
-                const uint32_t xb = *(const uint32_t*)(x.q - 4 * (lane & 3) + 32 * U + 16 * h);
+                // the piece of values 32 u + 16 h of the super-block (tiled: q8_1_at's map of
+                // it within the half tile, a constant)
+                const int e = 32 * u + 16 * h;
+                const int eo = TILED ? ((e & 48) << 3) | ((e & 192) >> 2) : e;
+                const uint32_t xb = *(const uint32_t*)(xs + eo);
                 c[h] = mv_mma_k16<EMU>(w[0], w[1], xb);
             }
             // scales sc[8n + 2k + h] of both rows: byte (2k + h) % 4 of word 2n + k / 2
@@ -850,6 +859,52 @@ struct Mv2Q4K {
         acc[2] += y0 * (d8 * (float)ai[2] - m8 * (float)mv2_min_dot(b0, k1));
         acc[3] += y1 * (d8 * (float)ai[3] - m8 * (float)mv2_min_dot(b1, k1));
     }
+
+    // The same super-block against q8_1 x (mmv2s_q4_k_s2_q81, session 29: few-token products
+    // that must stay on the q8_1 grid, i.e. speculative verify passes): x's scale changes every
+    // 32 values, so each unit's integer sums meet their token's d in float, but a row's d and
+    // dmin still once per super-block: per (row, token) a = sum_u d_x,u * (16 sc_u q4_u . q_u)
+    // (the 16 x integers as above: |.| <= 63 * 16 * 32 * 15 * 127 < 2^26, exact in f32 as a
+    // power of two times one < 2^22) and mn = sum_u m_u * (d_x sum q)_u; acc += d a / 16 -
+    // dmin mn. x: MvX (token g's row at + 8t, the (d, d * sum) pairs of tokens 2t, 2t + 1).
+    static __device__ __forceinline__ void compute_q81(const F::Frag& f, int s, const MvX& x, float (&acc)[4]) {
+        const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
+        const int8_t* xs = x.q + 256LL * s;
+        const MvF2* d0 = x.d0 + 8LL * s;
+        const MvF2* d1 = x.d1 + 8LL * s;
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
+            const MvV2 xb = *(const MvV2*)(xs + 32 * u);
+            const uint32_t m = (u & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const MmaI4 c = (u & 1) ? mv_mma_k32_u8_rt(MmaI4{0, 0, 0, 0}, wg.x & m, wg8.x & m, wg.y & m, wg8.y & m,
+                                                       xb.x, xb.y, x.emulate)
+                                    : mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, wg.x & m, wg8.x & m, wg.y & m, wg8.y & m,
+                                                    xb.x, xb.y, x.emulate);
+            const uint32_t w0 = u < 4 ? k0.sc_lo : k0.sc_hi, w8 = u < 4 ? k1.sc_lo : k1.sc_hi;
+            const uint32_t n0 = u < 4 ? k0.mn_lo : k0.mn_hi, n8 = u < 4 ? k1.mn_lo : k1.mn_hi;
+            const int j = u & 3;
+            const int sg = (u & 1) ? (int)__byte_perm(w0, 0u, 0x4440u | j) : (int)(((w0 >> (8 * j)) << 4) & 0x3F0u);
+            const int s8 = (u & 1) ? (int)__byte_perm(w8, 0u, 0x4440u | j) : (int)(((w8 >> (8 * j)) << 4) & 0x3F0u);
+            const float mg = (float)__byte_perm(n0, 0u, 0x4440u | j), m8 = (float)__byte_perm(n8, 0u, 0x4440u | j);
+            const MvF2 x0 = d0[u], x1 = d1[u];
+            a[0] = fmaf((float)(sg * c.x), x0.x, a[0]);
+            a[1] = fmaf((float)(sg * c.y), x1.x, a[1]);
+            a[2] = fmaf((float)(s8 * c.z), x0.x, a[2]);
+            a[3] = fmaf((float)(s8 * c.w), x1.x, a[3]);
+            mn[0] = fmaf(mg, x0.y, mn[0]);
+            mn[1] = fmaf(mg, x1.y, mn[1]);
+            mn[2] = fmaf(m8, x0.y, mn[2]);
+            mn[3] = fmaf(m8, x1.y, mn[3]);
+        }
+        const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mgd = f16_to_f32((uint16_t)(f.h[0].x >> 16));
+        const float d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), m8d = f16_to_f32((uint16_t)(f.h[1].x >> 16));
+        acc[0] += fmaf(0.0625f * dg, a[0], -mgd * mn[0]);
+        acc[1] += fmaf(0.0625f * dg, a[1], -mgd * mn[1]);
+        acc[2] += fmaf(0.0625f * d8, a[2], -m8d * mn[2]);
+        acc[3] += fmaf(0.0625f * d8, a[3], -m8d * mn[3]);
+    }
 };
 
 struct Mv2Q6K {
@@ -1189,7 +1244,7 @@ MMV2_KERNEL(iq4_xs, Mv2IQ4XS)
 // 32 activations). For few-token Q6_K products that must stay on the q8_1 grid (speculative
 // verify passes: the one-token steps' dp4a matvec reads q8_1), where the dp4a matvec costs
 // ~2x its one-token time at 3-4 tokens (H100, session 27: 5120 x 17408 31.1 -> 61.8 / 64.9 µs).
-template <int NT = 1, bool EMU = false, bool Q81 = false>
+template <int NT = 1, bool EMU = false, bool Q81 = false, bool TILED = false>
 static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* __restrict__ q,
                                                 const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                 int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,
@@ -1289,8 +1344,12 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
         fragment(s, f);
         if constexpr (NT > 1)
             mv2n_q6k<NT, EMU>(f, s, xn, acc);
-        else if constexpr (Q81)
-            MvQ6K::compute(f, 8 * s, x1, lane, acc[0]);
+        else if constexpr (Q81) {
+            if (x1.emulate)
+                MvQ6K::compute_t<true, TILED>(f, 8 * s, x1, lane, acc[0]);
+            else
+                MvQ6K::compute_t<false, TILED>(f, 8 * s, x1, lane, acc[0]);
+        }
         else
             Mv2Q6K::compute(f, s, x, acc[0]);
         __syncwarp();
@@ -1312,17 +1371,21 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
 MMV2_Q6K_KERNEL(, 0)
 MMV2_Q6K_KERNEL(_emu, 1)
 
-// q8_1 x (Q81 above): the mmv2 parameters with q = xq, dy = xds, bsum unused; n_tokens <= 8
-#define MMV2_Q6K_Q81_KERNEL(SUFFIX, EMU)                                                                  \
+// q8_1 x (Q81 above): the mmv2 parameters with q = xq, dy = xds, bsum unused; n_tokens <= 8;
+// mmv2_q6_k_q81t: xq in the tiled layout (1-2 tokens, rows of a multiple of 512 values)
+#define MMV2_Q6K_Q81_KERNEL(T, TILED, SUFFIX, EMU)                                                       \
     extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                    \
-        mmv2_q6_k_q81##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq, const float* __restrict__ xds, \
-                              const int16_t* __restrict__ bsum, int n_tokens, int load_mode, int emulate, \
-                              float* kpart, int* kcount, int ks) {                                      \
+        mmv2_q6_k_q81##T##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq,                         \
+                                 const float* __restrict__ xds, const int16_t* __restrict__ bsum,       \
+                                 int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,   \
+                                 int ks) {                                                              \
         (void)emulate;                                                                                   \
-        mmv2_q6k<1, false, true>(p, xq, xds, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks);        \
+        mmv2_q6k<1, false, true, TILED>(p, xq, xds, bsum, n_tokens, load_mode, EMU, kpart, kcount, ks); \
     }
-MMV2_Q6K_Q81_KERNEL(, 0)
-MMV2_Q6K_Q81_KERNEL(_emu, 1)
+MMV2_Q6K_Q81_KERNEL(, false, , 0)
+MMV2_Q6K_Q81_KERNEL(, false, _emu, 1)
+MMV2_Q6K_Q81_KERNEL(t, true, , 0)
+MMV2_Q6K_Q81_KERNEL(t, true, _emu, 1)
 
 // 9..32 tokens (NT tiles of 8), no K split (ks must be 1): mmv2_q6_k_n{NT}
 #define MMV2_Q6KN_KERNEL1(NT, SUFFIX, EMU)                                                                \
@@ -1388,7 +1451,9 @@ static __device__ __forceinline__ void mv_cp4(uint32_t dst_s, uint8_t* dst, cons
 #endif
 }
 
-template <int NST, bool XS, int NT = 1>
+// Q81 (session 29): x in q8_1 (q = xq natural layout, dy = xds pairs, bsum unused; n_tokens <= 8,
+// NT = 1, no XS), Mv2Q4K::compute_q81.
+template <int NST, bool XS, int NT = 1, bool Q81 = false>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
@@ -1401,6 +1466,14 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
     const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
+    MvX x1;  // Q81: as mmv's
+    if constexpr (Q81) {
+        const long long ncols = p.ncols, nunits = ncols / 32;
+        x1.q = q + min(g, n_tokens - 1) * ncols + 8 * t;
+        x1.d0 = (const MvF2*)dy + min(2 * t, n_tokens - 1) * nunits;
+        x1.d1 = (const MvF2*)dy + min(2 * t + 1, n_tokens - 1) * nunits;
+        x1.emulate = emulate;
+    }
 
     // this lane's vectors v = lane + 32 k (k < 5, v < 144) of a super-block's 16 rows: row v / 9,
     // piece v % 9, as byte offsets from the tile's first row (rows clamped to the last, as mv_tile)
@@ -1487,6 +1560,8 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
         }
         if constexpr (NT > 1) {
             mv2n_q4k<NT>(f, s, xn, acc);
+        } else if constexpr (Q81) {
+            Mv2Q4K::compute_q81(f, s, x1, acc[0]);
         } else if constexpr (XS) {
             Mv2X xl = x;
             xl.q = (const int8_t*)(st + MV4SX_X) + xg;
@@ -1524,6 +1599,20 @@ MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
 MMV2SX_KERNEL(2)
 MMV2SX_KERNEL(3)
+
+// q8_1 x (Q81 above): the mmv2 parameters with q = xq, dy = xds, bsum unused; n_tokens <= 8
+#define MMV2S_Q81_KERNEL(SUFFIX, EMU)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
+        mmv2s_q4_k_s2_q81##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq,                          \
+                                  const float* __restrict__ xds, const int16_t* __restrict__ bsum,       \
+                                  int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,   \
+                                  int ks) {                                                              \
+        (void)load_mode;                                                                                 \
+        (void)emulate;                                                                                   \
+        mmv2s_q4k<2, false, 1, true>(p, xq, xds, bsum, n_tokens, EMU, kpart, kcount, ks); \
+    }
+MMV2S_Q81_KERNEL(, 0)
+MMV2S_Q81_KERNEL(_emu, 1)
 
 // 9..32 tokens (NT tiles of 8), two stages, no K split (ks must be 1): mmv2s_q4_k_s2_n{NT}
 #define MMV2SN_KERNEL1(NT, SUFFIX, EMU)                                                                   \

@@ -188,6 +188,30 @@ pub fn set_q6k_staged_q81(on: Option<bool>) {
     Q6K_Q81_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
+/// Whether Q4_K products here run mmv2's staged kernel on q8_1 x (`mmv2s_q4_k_s2_q81`: the
+/// weights through shared memory by cp.async, integer sums per unit, a row's d and dmin once per
+/// super-block) instead of the block-diagonal / 8-column register-fragment kernels: on unless
+/// `REDLINE_MMV_Q4K=0` ([`set_q4k_staged_q81`] overrides). Why (session 29): those cost ~1.5x a
+/// one-token product at 3-4 tokens (H100, session 27: gate/up 2 x 17408 x 5120 35.9 -> 53.5 µs
+/// at 3 tokens), the q8_K staged kernel about 1.05x.
+pub fn q4k_staged_q81() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match Q4K_Q81_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV_Q4K").as_deref() != Ok("0")),
+    }
+}
+
+/// 0: `REDLINE_MMV_Q4K` decides; 1 off, 2 on.
+static Q4K_Q81_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces [`q4k_staged_q81`] on or off (`None`: back to `REDLINE_MMV_Q4K`). For tests and
+/// benchmarks; recorded steps made under the other setting must be dropped by the caller.
+pub fn set_q4k_staged_q81(on: Option<bool>) {
+    Q4K_Q81_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
+}
+
 /// Fewest tokens of a Q6_K product this path takes ([`q6k_staged_q81`]): 2 (the dp4a matvec's
 /// two-token Q6_K products cost 1.2x one token: H100, session 27, 5120 x 17408 31.1 / 36.8 µs).
 const MIN_TOKENS_Q6K: usize = 2;
@@ -230,7 +254,8 @@ pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize, rows: usize) -> bool {
         && n >= min
         && dispatched_format(ty)
         && supports(ty, n)
-        && !(n <= 2 && crate::matvec::q8_1_tiled_enabled())
+        // (Q6_K's kernel reads the tiled layout too: mmv2_q6_k_q81t)
+        && !(n <= 2 && crate::matvec::q8_1_tiled_enabled() && ty != GgmlType::Q6K)
         // (K-quant rows are whole super-blocks: any width the direct kernels take)
         && !crate::matvec::direct_applies(ty, 256, n, rows)
 }
@@ -286,7 +311,7 @@ impl CudaDevice {
             return Ok(());
         };
         let (ty, cols) = (first.w.ty, first.w.n_cols);
-        if ty == GgmlType::Q6K {
+        if ty == GgmlType::Q6K || (ty == GgmlType::Q4K && q4k_staged_q81() && !xq.tiled()) {
             // (mmv_q6_k, the u16-load kernel, stays in the source for the record; session 29)
             return self.mmv2_launch(segs, xq, X2::Q81);
         }
@@ -1019,7 +1044,7 @@ pub fn set_mmv2n(on: Option<bool>) {
 enum X2 {
     /// The q8_K copy (`MatvecScratch::q8k`).
     Q8k,
-    /// The q8_1 copy, natural layout (`mmv2_q6_k_q81`).
+    /// The q8_1 copy, natural or tiled (`mmv2_q6_k_q81`, `mmv2_q6_k_q81t`).
     Q81,
 }
 
@@ -1144,8 +1169,8 @@ impl CudaDevice {
         self.mmv2_launch(segs, s, X2::Q8k)
     }
 
-    /// An mmv2 launch reading x from `s` in the layout `xf` says (q8_1: Q6_K only, up to
-    /// [`MAX_TOKENS`], the natural layout).
+    /// An mmv2 launch reading x from `s` in the layout `xf` says (q8_1: up to [`MAX_TOKENS`],
+    /// Q6_K natural or tiled, Q4_K natural, on two stages).
     fn mmv2_launch(&self, segs: &[Segment<'_>], s: &MatvecScratch, xf: X2) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
@@ -1156,8 +1181,8 @@ impl CudaDevice {
         let q81 = xf == X2::Q81;
         let (n_tokens, xcols) = if q81 {
             let (xqd, xds, n, c) = s.quantized();
-            // (an x too short for its shape, or tiled, is a shape error below)
-            let fits = xqd.len() >= n * c && xds.len() >= n * c / 16 && !s.tiled();
+            // (an x too short for its shape is a shape error below)
+            let fits = xqd.len() >= n * c && xds.len() >= n * c / 16;
             if fits {
                 (n, c)
             } else {
@@ -1171,7 +1196,7 @@ impl CudaDevice {
         if segs.len() > MAX_SEGMENTS
             || !(1..=MAX_TOKENS_N).contains(&n_tokens)
             || (nt > 1 && !matches!(ty, GgmlType::Q4K | GgmlType::Q6K))
-            || (q81 && (ty != GgmlType::Q6K || nt > 1))
+            || (q81 && (nt > 1 || !(ty == GgmlType::Q6K || (ty == GgmlType::Q4K && !s.tiled()))))
             || xcols != cols
             || !cols.is_multiple_of(256)
             || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
@@ -1180,7 +1205,7 @@ impl CudaDevice {
                 "mmv2: {} segments of {} x {cols} with x in {} as {n_tokens}x{xcols}",
                 segs.len(),
                 ty.name(),
-                if q81 { "q8_1 (natural layout)" } else { "q8_K" },
+                if q81 { "q8_1" } else { "q8_K" },
             )));
         }
         let (p, blocks) = self.segment_params(segs, ROWS_PER_BLOCK);
@@ -1191,12 +1216,13 @@ impl CudaDevice {
         // (the NT-tile kernels: Q4_K staged in two stages or the register-fragment kernel
         // (stages 0), no K split, x not staged)
         let stages = match ty {
+            GgmlType::Q4K if q81 => 2,
             _ if q81 => 0,
             GgmlType::Q4K if nt > 1 => stages2().min(2),
             GgmlType::Q4K => stages2(),
             _ => 0,
         };
-        let xs = nt == 1 && stages > 0 && stages <= 3 && xs2(cols);
+        let xs = nt == 1 && stages > 0 && stages <= 3 && xs2(cols) && !q81;
         let nsuf = if nt > 1 {
             format!("_n{nt}")
         } else {
@@ -1212,8 +1238,9 @@ impl CudaDevice {
             let f = self.function(
                 Program::Mmv,
                 &format!(
-                    "mmv2s_{stem}_s{stages}{}{nsuf}{emu}",
-                    if xs { "x" } else { "" }
+                    "mmv2s_{stem}_s{stages}{}{nsuf}{}{emu}",
+                    if xs { "x" } else { "" },
+                    if q81 { "_q81" } else { "" }
                 ),
             )?;
             let per_stage = if xs {
@@ -1240,7 +1267,11 @@ impl CudaDevice {
             }
             (f, smem)
         } else {
-            let xsuf = if q81 { "_q81" } else { "" };
+            let xsuf = match (q81, s.tiled()) {
+                (false, _) => "",
+                (true, false) => "_q81",
+                (true, true) => "_q81t",
+            };
             let f = self.function(Program::Mmv, &format!("mmv2_{stem}{nsuf}{xsuf}{emu}"))?;
             (f, shared_bytes2(ty, warps))
         };
@@ -1308,8 +1339,9 @@ impl CudaDevice {
         // kcount, ks) with n_tokens <= 8, or its `_n{nt}` variant (Q4_K / Q6_K, nt tiles of 8
         // tokens, n_tokens <= MAX_TOKENS_N = 32, ks = 1); the scratch holds x of n_tokens x
         // cols in q8_K, laid out over q8k_layout_tokens(n_tokens) tokens, the most the kernels
-        // read (quantize_q8_k checked its sizes), or for mmv2_q6_k_q81 (xq, xds, unused bsum)
-        // x of n_tokens <= 8 x cols in natural q8_1 (the lengths checked above); every segment's matrix is a live DeviceMatrix of
+        // read (quantize_q8_k checked its sizes), or for mmv2_q6_k_q81 / mmv2s_q4_k_s2_q81 (xq,
+        // xds, unused bsum) x of n_tokens <= 8 x cols in q8_1, natural or (_q81t) tiled (the
+        // lengths checked above); every segment's matrix is a live DeviceMatrix of
         // this format and width (>= 16 bytes of padding, rows of whole super-blocks), outputs
         // hold n_tokens * n_rows f32 and biases n_rows (the caller's contract); Q6_K and the
         // staged Q4_K kernels get their shared memory; with ks > 1 there are fewer than

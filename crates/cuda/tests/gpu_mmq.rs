@@ -461,24 +461,36 @@ fn mmv_matches_cpu_reference() {
             } = case(&dev, ty, rows, cols, MAX_N, seed, q8_1_reference);
             let mut worst = 0f64;
             for n in 1..=MAX_N {
-                for (emulate, bd_off) in [(false, false), (true, false), (false, true)] {
+                // staged: Q4_K on mmv2s_q4_k_s2_q81 (else the register-fragment kernels,
+                // block-diagonal or not); Q6_K is always on mmv2_q6_k_q81
+                for (emulate, bd_off, staged) in [
+                    (false, false, true),
+                    (true, false, true),
+                    (false, true, false),
+                    (false, false, false),
+                ] {
                     cuda::mmv::set_block_diagonal_off(bd_off);
+                    cuda::mmv::set_q4k_staged_q81(Some(staged));
                     let warps = [0, 1, 3, 8][(n + emulate as usize + bd_off as usize) % 4];
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
                     cuda::mmv::set_load_mode_override(Some(2 * (n / 4 % 2) as u32));
-                    // (Q6_K here is mmv2_q6_k_q81: its K split too)
+                    // (Q6_K here is mmv2_q6_k_q81: its K split too, and at 1-2 tokens of
+                    // 2560 columns x in the tiled q8_1 layout (mmv2_q6_k_q81t) or not)
                     cuda::mmv::set_mmv2_ksplit(Some([1, 2, 3, 4][(n + bd_off as usize) % 4]));
+                    cuda::matvec::set_q8_1_tiled(Some(ty == GgmlType::Q6K && !bd_off));
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
-                            "{e} ({}, warps {warps}, block-diagonal off {bd_off})",
+                            "{e} ({}, warps {warps}, block-diagonal off {bd_off}, staged {staged})",
                             if emulate { "emulated mma" } else { "mma" }
                         )),
                     }
                 }
             }
             cuda::mmv::set_block_diagonal_off(false);
+            cuda::mmv::set_q4k_staged_q81(None);
+            cuda::matvec::set_q8_1_tiled(Some(false));
             eprintln!(
                 "mmv checked {:>5} {:>4}x{:<5} n=1..{MAX_N}: max rel err {worst:.2e}",
                 ty.name(),
