@@ -66,7 +66,8 @@
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s29a:    session 29: Q6_K few-token products on q8_1 x through the staged tensor-core kernel
 #          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites;
-#          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows
+#          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows;
+#          s29c: x just in time in the 3-4-token direct kernels against devbin/k_base, suites
 # s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
 #          the 27B's Q6_K shapes; s28b: one-row profiles with Q6_K on mmv2; s28c: issue 4's
 #          table on all six models; s28d: the direct Q4_0 kernels against the staged ones, suites
@@ -419,6 +420,39 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s29c)
+    # session 29: x just in time in the direct kernels at 3-4 tokens too (built in; devbin/k_base =
+    # the kernels without it) and 1 or 2 rows a warp by waves there: the matvec suite (the
+    # bit-for-bit check now with Q4_0), the segment timing of the 27B's shapes against k_base,
+    # the 27B verify cost (default and REDLINE_MV_DIRECT4=1, each against k_base), the
+    # speculative suite, one row of both models, the other suites
+    K=REDLINE_KERNEL_DIR=$PWD/devbin/k_base
+    echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | head -6 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    for v in X=1 $K; do
+        echo "timing $v:"
+        env $v timeout 120 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|in-proj|gate/up|head|op) " | grep -vE "r4|xs" | head -24
+    done
+    echo "== timing $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 $K REDLINE_MV_DIRECT4=1 "REDLINE_MV_DIRECT4=1 $K"; do
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+        done
+    done
+    echo "== verify $(el)"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== spec $(el)"
+    b m27 -n 128 -r 2
+    b m32 -n 128 -r 2
+    b m27 -n 64 -r 2 --parallel 4
+    ST=$K b m27 -n 64 -r 2 --parallel 4
+    echo "== bench $(el)"
+    for t in "t_gpu_mmq" "t_gpu_decode" "t_backend_conformance --ignored" "t_backend_models --ignored"; do
+        echo "$t: $(timeout 200 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    done
+    echo "== s29c $(el)"
     ;;
 s29b)
     # session 29: Q6_K's tiled-x variant (mmv2_q6_k_q81t: 2-row verify passes) and Q4_K's 3-8-token

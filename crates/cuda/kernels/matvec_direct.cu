@@ -21,9 +21,10 @@
 // tile a lane's pieces keep their place in every iteration, tiled q8_1 or not. Two iterations
 // are in flight (registers, unrolled by two: the second's loads take immediate offsets), and a
 // row's last 1-3 super-blocks, where its width is not a multiple of 1024, in one partial
-// iteration after them. n_tokens <= NT tokens (1, 2, or 4 at 1-2 rows; 3-4 tokens come here
-// only with REDLINE_MV_DIRECT4=1), the per-row decode shared by the tokens, the per-token
-// arithmetic the same at every count (so a row's result does not depend on the token count).
+// iteration after them. n_tokens <= NT tokens (1, 2, or 4 at 1-2 rows; 3-4 tokens for the
+// launches crate::matvec::direct_applies names), the per-row decode shared by the tokens, the
+// per-token arithmetic the same at every count (so a row's result does not depend on the token
+// count).
 
 // v, passed through an empty asm: the compiler must keep it in a register. Without this it
 // rebuilt every address from the row index and row_bytes, and the lane constants, in every
@@ -383,8 +384,10 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     // x is an L1/L2 hit, and one buffer of two tokens' x instead of two frees 22 registers: 5
     // blocks an SM instead of 4 (H100, session 27: the 27B's two-token down projection 28.1 ->
     // 21.8 µs at 2 rows, the same as one token; its verify pass of 2 rows 9.39 / 9.51 -> 9.29 /
-    // 9.18 ms; two streams +2.7 %). One token keeps x an iteration ahead (not tried the other way).
-    constexpr bool XJ = NT == 2;
+    // 9.18 ms; two streams +2.7 %). One token keeps x an iteration ahead (session 28: just in
+    // time there lost 0.2-1.2 %). Three and four tokens too since session 29 (the 2-row kernel
+    // 167 -> 128 registers, the 1-row one 147 -> 78; host: direct_rows).
+    constexpr bool XJ = NT >= 2;
     if (!XJ && (!TAIL || nit > 0)) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
     for (int it = 0; it < nit; it += 2) {
         const bool second = it + 1 < nit;

@@ -5,8 +5,10 @@
 //! count. The dp4a matvec re-does its dot work per token and costs 2..4x its one-token time at
 //! 3..8 tokens; this path is what speculative verify passes and batched decode streams want.
 //!
-//! Formats: Q4_K and Q6_K kernels; with mmv2 off (below) the dispatch sends Q4_K products of
-//! 3..=8 tokens here (Q6_K's q8_1 kernel loses to the matvec, see [`dispatch_min_tokens`]).
+//! Formats: Q4_K and Q6_K kernels; where the q8_K mmv2 kernels (below) may not take them (mmv2
+//! off, or a speculating run's verify passes, [`set_speculation`]) the dispatch sends Q4_K
+//! products of 3..=8 tokens here, and Q6_K products of 2..=8 to mmv2's staged kernel on q8_1 x
+//! ([`q6k_staged_q81`], session 29; the first Q6_K kernel here, `mmv_q6_k`, lost to the matvec).
 //! For 1..4 tokens the B operand is block-diagonal (columns = tokens x units of a group), so no
 //! C column is spent on padding tokens. sm_80+ only in the dispatch; the kernels compile for
 //! sm_70 with the mma emulated by shuffles + dp4a (tests force that path on any card).
@@ -165,11 +167,13 @@ fn dispatched_format(ty: GgmlType) -> bool {
 }
 
 /// Whether few-token Q6_K products that must stay on q8_1 x (speculative verify passes, or mmv2
-/// off) take the staged tensor-core kernel `mmv2_q6_k_q81` (2..=8 tokens, sm_80+) instead of
-/// the dp4a matvec: on unless `REDLINE_MMV_Q6K=0` ([`set_q6k_staged_q81`] overrides). Why: the
-/// dp4a matvec costs ~2x its one-token time at 3-4 tokens (H100, session 27: the 27B's Q6_K
-/// down 31.1 / 61.8 / 64.9 µs at 1 / 3 / 4 tokens, its head 335 / 679 / 698), and the staged
-/// kernel on q8_K costs about the same at 1 and 4 (48.0 / 48.9 for 27648 x 5120).
+/// off) take the staged tensor-core kernel `mmv2_q6_k_q81` (`_q81t` on tiled x; 2..=8 tokens,
+/// sm_80+) instead of the dp4a matvec: on unless `REDLINE_MMV_Q6K=0` ([`set_q6k_staged_q81`]
+/// overrides). Why: the dp4a matvec costs ~2x its one-token time at 3-4 tokens. H100, session
+/// 29 (µs at 1 / 2 / 3 / 4 tokens, dp4a matvec against this kernel): 5120 x 17408 32.2 / 38.3 /
+/// 63.8 / 66.9 against 34.4 / 34.8 / 35.7 / 37.0; the 27B's head 248320 x 5120 339.7 / 400.2 /
+/// 697.4 / 722.3 against 367.0 / 371.5 / 375.3 / 379.4; the 27B's verify passes of 3 / 4 rows
+/// 12.55 / 13.22 ms -> 11.45 / 12.08 (1.59 / 1.68x a step -> 1.47 / 1.55x).
 pub fn q6k_staged_q81() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match Q6K_Q81_OVERRIDE.load(Ordering::Relaxed) {
@@ -190,16 +194,18 @@ pub fn set_q6k_staged_q81(on: Option<bool>) {
 
 /// Whether Q4_K products here run mmv2's staged kernel on q8_1 x (`mmv2s_q4_k_s2_q81`: the
 /// weights through shared memory by cp.async, integer sums per unit, a row's d and dmin once per
-/// super-block) instead of the block-diagonal / 8-column register-fragment kernels: on unless
-/// `REDLINE_MMV_Q4K=0` ([`set_q4k_staged_q81`] overrides). Why (session 29): those cost ~1.5x a
-/// one-token product at 3-4 tokens (H100, session 27: gate/up 2 x 17408 x 5120 35.9 -> 53.5 µs
-/// at 3 tokens), the q8_K staged kernel about 1.05x.
+/// super-block) instead of the block-diagonal / 8-column register-fragment kernels: off unless
+/// `REDLINE_MMV_Q4K=1` ([`set_q4k_staged_q81`] overrides; the GPU tests check it either way).
+/// Written (session 29) because those cost ~1.5x a one-token product at 3-4 tokens (H100,
+/// session 27: gate/up 2 x 17408 x 5120 35.9 -> 53.5 µs at 3 tokens); measured no better (H100,
+/// session 29: 53.1 / 54.8 µs at 3 / 4 tokens; the 27B's verify passes of 4 rows 11.80-12.14 ms
+/// against 12.08 without it): the staged kernels stream Q4_K at ~2.2 TB/s even on q8_K.
 pub fn q4k_staged_q81() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match Q4K_Q81_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV_Q4K").as_deref() != Ok("0")),
+        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV_Q4K").as_deref() == Ok("1")),
     }
 }
 

@@ -542,12 +542,12 @@ fn one_segment(
 }
 
 /// The rows-per-warp variants of a format's few-token segment kernels: the direct kernels'
-/// (Q4_K, 3-4 tokens too) or the staged ones' (Q6_K, with x staged in shared memory or not),
+/// (Q4_K, Q4_0, 3-4 tokens too) or the staged ones' (Q6_K, with x staged in shared memory or not),
 /// each as a name, a setter and the most tokens it takes.
 #[allow(clippy::type_complexity)]
 fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
     let mut v: Vec<(String, Box<dyn Fn()>, usize)> = Vec::new();
-    if ty == GgmlType::Q4K {
+    if matches!(ty, GgmlType::Q4K | GgmlType::Q4_0) {
         for r in [1u32, 2, 4] {
             v.push((
                 format!("direct r{r}"),
@@ -582,11 +582,13 @@ fn reset_row_variants() {
     cuda::matvec::set_x_in_shared(None);
 }
 
-/// Speculation's contract on the product kernels: a token's outputs in a few-token segment
+/// Speculation's contract on the dp4a product kernels: a token's outputs in a few-token segment
 /// launch are its one-token outputs bit for bit, for every rows-per-warp choice and x staged in
-/// shared memory or not (a verify pass's rows must be the decode steps' rows). Q4_K on the
-/// direct kernels (1-4 tokens), Q6_K on the staged ones; widths where two tokens' x fits shared
-/// memory (5120) and where it does not (17408, the 27B's down projection).
+/// shared memory or not (a verify pass's rows must be the decode steps' rows; the q8_1
+/// tensor-core kernels that take some verify products sum in another order, ~1e-7 apart, which
+/// the speculative suite bounds). Q4_K and Q4_0 on the direct kernels (1-4 tokens), Q6_K on the
+/// staged ones; widths where two tokens' x fits shared memory (5120) and where it does not
+/// (17408, the 27B's down projection).
 #[test]
 fn few_token_rows_are_one_token_rows_bit_for_bit() {
     let Some(dev) = open_or_cpu(&CudaOptions::default()) else {
@@ -600,6 +602,8 @@ fn few_token_rows_are_one_token_rows_bit_for_bit() {
         (GgmlType::Q4K, 130, 17408),
         (GgmlType::Q6K, 333, 5120),
         (GgmlType::Q6K, 130, 17408),
+        (GgmlType::Q4_0, 333, 5120),
+        (GgmlType::Q4_0, 130, 17408),
     ] {
         let w = dev
             .upload_matrix(ty, rows, cols, &random_matrix(ty, rows, cols, 77))
