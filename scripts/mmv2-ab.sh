@@ -444,11 +444,16 @@ s29c)
     echo "== verify $(el)"
     echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
     echo "== spec $(el)"
-    b m27 -n 128 -r 2
-    b m32 -n 128 -r 2
-    b m27 -n 64 -r 2 --parallel 4
-    ST=$K b m27 -n 64 -r 2 --parallel 4
-    echo "== bench $(el)"
+    # the direct kernels' rows asked into L2 before the PDL wait (REDLINE_MV_L2PF=1)
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_L2PF=1; do
+            ST=$v b m32 -n 128 -r 2
+            ST=$v b m27 -n 128 -r 2
+        done
+    done
+    ST=REDLINE_MV_L2PF=1 b m27 -n 64 -r 2 --parallel 2
+    b m27 -n 64 -r 2 --parallel 2
+    echo "== l2pf $(el)"
     for t in "t_gpu_mmq" "t_gpu_decode" "t_backend_conformance --ignored" "t_backend_models --ignored"; do
         echo "$t: $(timeout 200 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
     done

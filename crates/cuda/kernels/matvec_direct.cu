@@ -378,6 +378,20 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
 #pragma unroll
         for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
     }
+    if (load_mode & 512) {
+        // L2PF (REDLINE_MV_L2PF=1, session 29, an experiment): the rest of this warp's rows
+        // asked into L2 before the wait. A block resident while the previous kernel runs (PDL:
+        // the attention chain, the norms, DeltaNet's ops, all latency-bound with the DRAM
+        // mostly idle) then finds its weights in L2; one that starts later has asked for all
+        // of them at once. Headers and quants of 4 super-blocks a row and iteration: ~5 lines.
+        for (int it = 1; it < nit; it++) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(ph[r] + (long long)it * IT));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pq[r] + (long long)it * IT));
+            }
+        }
+    }
     pdl_wait();
     pdl_trigger();
     // XJ (two tokens): x is loaded just before its dot, not an iteration ahead like the weights.
