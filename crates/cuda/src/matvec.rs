@@ -283,8 +283,9 @@ fn env_u32(name: &str) -> u32 {
         .unwrap_or(0)
 }
 
-/// Whether the direct kernels ask the rest of their rows into L2 before the PDL wait
-/// (`REDLINE_MV_L2PF=1`, an experiment; kernels/matvec_direct.cu, load_mode bit 512). Read once.
+/// Whether the segment kernels (direct and staged) ask the rest of their rows into L2 before
+/// the PDL wait (`REDLINE_MV_L2PF=1`, an experiment; kernels/matvec_direct.cu, load_mode bit
+/// 512). Read once.
 fn l2_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("REDLINE_MV_L2PF").as_deref() == Ok("1"))
@@ -779,7 +780,7 @@ impl CudaDevice {
             shared_mem_bytes,
         };
         let mut load_mode =
-            self.matvec_load_mode() | tiled_bit(xq) | if direct && l2_prefetch() { 512 } else { 0 };
+            self.matvec_load_mode() | tiled_bit(xq) | if l2_prefetch() { 512 } else { 0 };
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
