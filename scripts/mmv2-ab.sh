@@ -423,38 +423,44 @@ s26c)
     ;;
 s29c)
     # session 29: x just in time in the direct kernels at 3-4 tokens too (built in; devbin/k_base =
-    # the kernels without it) and 1 or 2 rows a warp by waves there: the matvec suite (the
-    # bit-for-bit check now with Q4_0), the segment timing of the 27B's shapes against k_base,
-    # the 27B verify cost (default and REDLINE_MV_DIRECT4=1, each against k_base), the
-    # speculative suite, one row of both models, the other suites
+    # the kernels without it) and 1 or 2 rows a warp by waves there; REDLINE_MV_L2PF=1 (the
+    # segment kernels' rows asked into L2 before the PDL wait). Short of device time: what
+    # matters first, first (the matvec suite with the bit-for-bit check now with Q4_0, the
+    # down / out timing against k_base, one row against L2PF, the verify cost against k_base,
+    # the speculative suite, then second rounds and the other suites)
     K=REDLINE_KERNEL_DIR=$PWD/devbin/k_base
     echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | head -6 | tr '\n' ' ')"
     echo "== checks $(el)"
     for v in X=1 $K; do
         echo "timing $v:"
-        env $v timeout 120 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|in-proj|gate/up|head|op) " | grep -vE "r4|xs" | head -24
+        env $v TIMING_SHAPES=down,out timeout 120 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|op) " | grep -vE "r4|xs" | head -12
     done
     echo "== timing $(el)"
     wait $SP
-    for r in 1 2; do
-        for v in X=1 $K REDLINE_MV_DIRECT4=1 "REDLINE_MV_DIRECT4=1 $K"; do
-            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
-        done
-    done
-    echo "== verify $(el)"
-    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
-    echo "== spec $(el)"
-    # the direct kernels' rows asked into L2 before the PDL wait (REDLINE_MV_L2PF=1)
-    for r in 1 2; do
+    l2pf() {
         for v in X=1 REDLINE_MV_L2PF=1; do
             ST=$v b m32 -n 128 -r 2
             ST=$v b m27 -n 128 -r 2
         done
-    done
+    }
+    vb() {
+        for v in "$@"; do
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+        done
+    }
+    l2pf
+    echo "== l2pf $(el)"
+    vb X=1 $K
+    echo "== verify $(el)"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== spec $(el)"
+    l2pf
     ST=REDLINE_MV_L2PF=1 b m27 -n 64 -r 2 --parallel 2
     b m27 -n 64 -r 2 --parallel 2
-    echo "== l2pf $(el)"
-    for t in "t_gpu_mmq" "t_gpu_decode" "t_backend_conformance --ignored" "t_backend_models --ignored"; do
+    echo "== l2pf 2 $(el)"
+    vb X=1 $K REDLINE_MV_DIRECT4=1 "REDLINE_MV_DIRECT4=1 $K"
+    echo "== verify 2 $(el)"
+    for t in "t_gpu_decode" "t_gpu_mmq" "t_backend_conformance --ignored" "t_backend_models --ignored"; do
         echo "$t: $(timeout 200 devbin/$t --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
     done
     echo "== s29c $(el)"
