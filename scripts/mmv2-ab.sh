@@ -67,7 +67,8 @@
 # s29a:    session 29: Q6_K few-token products on q8_1 x through the staged tensor-core kernel
 #          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites;
 #          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows;
-#          s29c: x just in time in the 3-4-token direct kernels against devbin/k_base, suites
+#          s29c: x just in time in the 3-4-token direct kernels against devbin/k_base, and
+#          REDLINE_MV_L2PF=1 (both lost and were taken out again), suites; s29d: the final kernels
 # s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
 #          the 27B's Q6_K shapes; s28b: one-row profiles with Q6_K on mmv2; s28c: issue 4's
 #          table on all six models; s28d: the direct Q4_0 kernels against the staged ones, suites
@@ -420,6 +421,21 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s29d)
+    # session 29, the final kernels (x just in time and REDLINE_MV_L2PF taken out again): the
+    # matvec suite (the bit-for-bit check with Q4_0 on these kernels), the speculative suite,
+    # the 27B verify cost twice. Run with NO_SYNTH=1 (only the 27B is written here).
+    [ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1) &
+    S27=$!
+    echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | head -6 | tr '\n' ' ')"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    wait $S27
+    for r in 1 2; do
+        echo "verify: $(timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+    done
+    echo "== s29d $(el)"
     ;;
 s29c)
     # session 29: x just in time in the direct kernels at 3-4 tokens too (built in; devbin/k_base =

@@ -378,20 +378,6 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
 #pragma unroll
         for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
     }
-    if (load_mode & 512) {
-        // L2PF (REDLINE_MV_L2PF=1, session 29, an experiment): the rest of this warp's rows
-        // asked into L2 before the wait. A block resident while the previous kernel runs (PDL:
-        // the attention chain, the norms, DeltaNet's ops, all latency-bound with the DRAM
-        // mostly idle) then finds its weights in L2; one that starts later has asked for all
-        // of them at once. Headers and quants of 4 super-blocks a row and iteration: ~5 lines.
-        for (int it = 1; it < nit; it++) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(ph[r] + (long long)it * IT));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pq[r] + (long long)it * IT));
-            }
-        }
-    }
     pdl_wait();
     pdl_trigger();
     // XJ (two tokens): x is loaded just before its dot, not an iteration ahead like the weights.
@@ -399,9 +385,10 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     // blocks an SM instead of 4 (H100, session 27: the 27B's two-token down projection 28.1 ->
     // 21.8 µs at 2 rows, the same as one token; its verify pass of 2 rows 9.39 / 9.51 -> 9.29 /
     // 9.18 ms; two streams +2.7 %). One token keeps x an iteration ahead (session 28: just in
-    // time there lost 0.2-1.2 %). Three and four tokens too since session 29 (the 2-row kernel
-    // 167 -> 128 registers, the 1-row one 147 -> 78; host: direct_rows).
-    constexpr bool XJ = NT >= 2;
+    // time there lost 0.2-1.2 %), and so do three and four (session 29: just in time there took
+    // the 2-row kernel from 167 registers to 128 and lost, 5120 x 17408 at 3 tokens 30.2 -> 35.7
+    // µs: four tokens' x loads in the dependent chain before each dot).
+    constexpr bool XJ = NT == 2;
     if (!XJ && (!TAIL || nit > 0)) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
     for (int it = 0; it < nit; it += 2) {
         const bool second = it + 1 < nit;

@@ -261,8 +261,6 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
     using Ge = MvGeom<F>;
     // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at)
     const bool tiled = (load_mode & 256) != 0;
-    // bit 9: the rows asked into L2 before the PDL wait (REDLINE_MV_L2PF=1; matvec_direct.cu L2PF)
-    const bool l2pf = (load_mode & 512) != 0;
     load_mode &= 255;
     constexpr int G = Ge::G, L = Ge::L, SV = Ge::SV;
     __shared__ u32x4 stage[MV_WARPS][R * SV];
@@ -288,12 +286,6 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
         for (int r = 0; r < R; r++) mv_load_group(W, row_start[r] + gofs, group_len(g_first), lane, st[r], load_mode);
     }
     if constexpr (PDL) {
-        if (l2pf) {
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                for (long long o = 128LL * lane; o < row_bytes; o += 4096)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(W + row_start[r] + o));
-        }
         // the first group's weights are in flight; x comes from the previous kernel
         pdl_wait();
         pdl_trigger();

@@ -283,14 +283,6 @@ fn env_u32(name: &str) -> u32 {
         .unwrap_or(0)
 }
 
-/// Whether the segment kernels (direct and staged) ask the rest of their rows into L2 before
-/// the PDL wait (`REDLINE_MV_L2PF=1`, an experiment; kernels/matvec_direct.cu, load_mode bit
-/// 512). Read once.
-fn l2_prefetch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("REDLINE_MV_L2PF").as_deref() == Ok("1"))
-}
-
 /// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
 fn tiled_bit(xq: &MatvecScratch) -> i32 {
     if xq.tiled {
@@ -779,8 +771,7 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes,
         };
-        let mut load_mode =
-            self.matvec_load_mode() | tiled_bit(xq) | if l2_prefetch() { 512 } else { 0 };
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
@@ -824,26 +815,22 @@ impl CudaDevice {
     /// 27B's two-token 5120-row products from 27.6 to 21.9 µs and 12.5 to 10.6. With x loaded
     /// just in time the 2-row kernel holds 5 blocks again (640 blocks in 660 places: 21.8 and
     /// 9.7 µs), and the rule picks 2 rows there; it still guards cards and kernels where the
-    /// places fall the other way. Three and four tokens (session 29, x just in time there too:
-    /// the 2-row kernel 167 -> 128 registers, the 1-row one 147 -> 78) choose between 2 rows
-    /// and 1 the same way (a 5120-row product on an H100: 640 blocks in 528 places at 2 rows,
-    /// 1280 in 792 at 1).
+    /// places fall the other way. Three and four tokens keep 2 rows (session 29: x just in time
+    /// there too, with 1 or 2 rows by this rule, lost: the 27B's 4-row verify passes 11.81-12.00
+    /// -> 12.49-12.56 ms on an H100).
     fn direct_rows(&self, stem: &str, cols: usize, segs: &[Segment<'_>], nt: usize) -> Result<u32> {
         let forced = direct_rows_forced(nt);
         if forced != 0 {
             return Ok(forced);
         }
-        // the other choice: 4 rows for two tokens, 1 for three or four (only 1 and 2 compiled)
-        let alt = match nt {
-            2 => 4usize,
-            4 => 1,
-            _ => return Ok(2),
-        };
+        if nt != 2 {
+            return Ok(2);
+        }
         let t = if cols.is_multiple_of(1024) { "" } else { "_t" };
         let sms = self.info().sm_count.max(1) as usize;
         // the share of the resident places the launch's waves keep busy
         let mut fill = [0f64; 2];
-        for (k, r) in [2usize, alt].into_iter().enumerate() {
+        for (k, r) in [2usize, 4].into_iter().enumerate() {
             let name = format!("mvd_{stem}_n{nt}_r{r}{t}");
             let per_sm = self.resident_blocks(&name, Program::MatvecDirect)?;
             let places = per_sm.max(1) * sms;
@@ -853,11 +840,7 @@ impl CudaDevice {
                 .sum();
             fill[k] = blocks as f64 / (blocks.div_ceil(places) * places) as f64;
         }
-        Ok(if fill[1] > fill[0] * 1.05 {
-            alt as u32
-        } else {
-            2
-        })
+        Ok(if fill[1] > fill[0] * 1.05 { 4 } else { 2 })
     }
 
     /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared
