@@ -68,7 +68,8 @@
 #          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites;
 #          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows;
 #          s29c: x just in time in the 3-4-token direct kernels against devbin/k_base, and
-#          REDLINE_MV_L2PF=1 (both lost and were taken out again), suites; s29d: the final kernels
+#          REDLINE_MV_L2PF=1 (both lost and were taken out again), suites; s29d: the final kernels;
+#          s29e: three-token direct kernels (REDLINE_MV_DIRECT_N3=1) against the four-token ones
 # s28a:    session 28: session 27's final default on the card, xj1, Q6_K mmv2 against dp4a at
 #          the 27B's Q6_K shapes; s28b: one-row profiles with Q6_K on mmv2; s28c: issue 4's
 #          table on all six models; s28d: the direct Q4_0 kernels against the staged ones, suites
@@ -421,6 +422,25 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s29e)
+    # session 29: three-token direct kernels (mvd_*_n3_*, REDLINE_MV_DIRECT_N3=1) against the
+    # four-token ones at three tokens: the matvec suite (bit for bit, n3 variants), the down /
+    # out timing, the 27B verify cost, rounds alternating. NO_SYNTH=1 (only the 27B is written).
+    [ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1) &
+    S27=$!
+    echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | head -6 | tr '\n' ' ')"
+    echo "== checks $(el)"
+    TIMING_SHAPES=down,out timeout 120 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|op) " | grep -vE "r4|xs|staged" | head -12
+    echo "== timing $(el)"
+    wait $S27
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_DIRECT_N3=1; do
+            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+        done
+    done
+    echo "t_gpu_speculative N3: $(REDLINE_MV_DIRECT_N3=1 timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== s29e $(el)"
     ;;
 s29d)
     # session 29, the final kernels (x just in time and REDLINE_MV_L2PF taken out again): the

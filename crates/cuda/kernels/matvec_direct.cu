@@ -481,6 +481,7 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 #define MVD_FORMAT(name, F)                                                                             \
     MVD_KERNEL(name, F, 1, 1) MVD_KERNEL(name, F, 1, 2) MVD_KERNEL(name, F, 1, 4)                       \
     MVD_KERNEL(name, F, 2, 1) MVD_KERNEL(name, F, 2, 2) MVD_KERNEL(name, F, 2, 4)                       \
+    MVD_KERNEL(name, F, 3, 1) MVD_KERNEL(name, F, 3, 2)                                               \
     MVD_KERNEL(name, F, 4, 1) MVD_KERNEL(name, F, 4, 2)
 MVD_FORMAT(q4_k, MvdQ4K)
 MVD_FORMAT(iq4_xs, MvdIQ4XS)

@@ -283,6 +283,28 @@ fn env_u32(name: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// Whether three-token direct products take the three-token kernels (`mvd_*_n3_r*`) instead of
+/// the four-token ones with the third token's x read twice: `REDLINE_MV_DIRECT_N3=1` (session
+/// 29, an experiment until measured: the per-token dots are 3/4 of the four-token kernel's).
+/// Read once.
+fn direct_three() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match DIRECT3_OVERRIDE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ON.get_or_init(|| std::env::var("REDLINE_MV_DIRECT_N3").as_deref() == Ok("1")),
+    }
+}
+
+/// 0: `REDLINE_MV_DIRECT_N3` decides; 1 off, 2 on.
+static DIRECT3_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the three-token direct kernels on or off (`None`: back to `REDLINE_MV_DIRECT_N3`).
+/// For tests and benchmarks.
+pub fn set_direct_three(on: Option<bool>) {
+    DIRECT3_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
+}
+
 /// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
 fn tiled_bit(xq: &MatvecScratch) -> i32 {
     if xq.tiled {
@@ -723,8 +745,13 @@ impl CudaDevice {
         }
         let total_rows: usize = segs.iter().map(|s| s.w.n_rows).sum();
         let n_tokens = xq.n_tokens;
-        let nt = n_tokens.next_power_of_two();
         let direct = direct_applies(ty, cols, n_tokens, total_rows);
+        // (the direct kernels have a three-token variant: no fourth token's dots for nothing)
+        let nt = if direct && n_tokens == 3 && direct_three() {
+            3
+        } else {
+            n_tokens.next_power_of_two()
+        };
         let r = if direct {
             self.direct_rows(stem, cols, segs, nt)?
         } else {

@@ -554,8 +554,21 @@ fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
                 Box::new(move || {
                     cuda::matvec::set_direct_kernels(Some(true), r);
                     cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
+                    cuda::matvec::set_direct_three(Some(false));
                 }),
                 if r == 4 { 2 } else { 4 },
+            ));
+        }
+        // three tokens on the three-token kernels (REDLINE_MV_DIRECT_N3)
+        for r in [1u32, 2] {
+            v.push((
+                format!("direct r{r} n3"),
+                Box::new(move || {
+                    cuda::matvec::set_direct_kernels(Some(true), r);
+                    cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
+                    cuda::matvec::set_direct_three(Some(true));
+                }),
+                3,
             ));
         }
     } else {
@@ -578,6 +591,7 @@ fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
 fn reset_row_variants() {
     cuda::matvec::set_direct_kernels(None, 0);
     cuda::matvec::set_direct_four(None);
+    cuda::matvec::set_direct_three(None);
     cuda::matvec::set_rows_per_warp_override(0);
     cuda::matvec::set_x_in_shared(None);
 }
