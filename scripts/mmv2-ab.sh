@@ -503,7 +503,7 @@ s29c)
     ;;
 s29b)
     # session 29: Q6_K's tiled-x variant (mmv2_q6_k_q81t: 2-row verify passes) and Q4_K's 3-8-token
-    # products on q8_1 through the staged kernel (mmv2s_q4_k_s2_q81; REDLINE_MMV_Q4K=0: the
+    # products on q8_1 through the staged kernel (mmv2s_q4_k_s2_q81, removed since; REDLINE_MMV_Q4K=0: the
     # block-diagonal register-fragment kernels as before; REDLINE_MV_DIRECT4=0: the short
     # launches on it too): checks, the 27B verify cost per variant, the speculative suite, the
     # Q4_K sweep at the 27B's shapes, the per-op profile of verify passes of 1 and 4 rows, one

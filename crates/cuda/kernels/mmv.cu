@@ -454,19 +454,29 @@ static __device__ __forceinline__ void mv_finish8_ks(const MvTile& tl, float (&a
     mv_store8(tl, sum, n_tokens);
 }
 
-// 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
-template <typename F>
-static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
-                                           const float* __restrict__ xds_f, int n_tokens, int load_mode, int emulate) {
-    const MvTile tl = mv_tile(p);
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    const int ncols = p.ncols, nsb = ncols / 256, nunits = ncols / 32;
-    // (pointers only: x is read after the wait in mv_stream)
+// This thread's q8_1 x of a launch of n_tokens tokens (columns past n_tokens read the last
+// token's): token g's row at + 8t, the (d, d * sum) pairs of tokens 2t and 2t + 1.
+static __device__ __forceinline__ MvX mv_x(const int8_t* __restrict__ xq, const float* __restrict__ xds_f, int ncols,
+                                           int n_tokens, int emulate) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nunits = ncols / 32;
     MvX x;
     x.q = xq + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
     x.d0 = (const MvF2*)xds_f + (long long)min(2 * t, n_tokens - 1) * nunits;
     x.d1 = (const MvF2*)xds_f + (long long)min(2 * t + 1, n_tokens - 1) * nunits;
     x.emulate = emulate;
+    return x;
+}
+
+// 8 token columns: C holds rows g, g + 8 x tokens 2t, 2t + 1 per unit.
+template <typename F>
+static __device__ __forceinline__ void mmv(const MvSegs& p, const int8_t* __restrict__ xq,
+                                           const float* __restrict__ xds_f, int n_tokens, int load_mode, int emulate) {
+    const MvTile tl = mv_tile(p);
+    const int lane = threadIdx.x;
+    const int ncols = p.ncols, nsb = ncols / 256;
+    // (pointers only: x is read after the wait in mv_stream)
+    const MvX x = mv_x(xq, xds_f, ncols, n_tokens, emulate);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mv_stream<F>(tl, nsb, load_mode, [&](const typename F::Frag& f, int U0) { F::compute(f, U0, x, lane, acc); });
     mv_finish8(tl, acc, n_tokens);
@@ -859,52 +869,6 @@ struct Mv2Q4K {
         acc[2] += y0 * (d8 * (float)ai[2] - m8 * (float)mv2_min_dot(b0, k1));
         acc[3] += y1 * (d8 * (float)ai[3] - m8 * (float)mv2_min_dot(b1, k1));
     }
-
-    // The same super-block against q8_1 x (mmv2s_q4_k_s2_q81, session 29: few-token products
-    // that must stay on the q8_1 grid, i.e. speculative verify passes): x's scale changes every
-    // 32 values, so each unit's integer sums meet their token's d in float, but a row's d and
-    // dmin still once per super-block: per (row, token) a = sum_u d_x,u * (16 sc_u q4_u . q_u)
-    // (the 16 x integers as above: |.| <= 63 * 16 * 32 * 15 * 127 < 2^26, exact in f32 as a
-    // power of two times one < 2^22) and mn = sum_u m_u * (d_x sum q)_u; acc += d a / 16 -
-    // dmin mn. x: MvX (token g's row at + 8t, the (d, d * sum) pairs of tokens 2t, 2t + 1).
-    static __device__ __forceinline__ void compute_q81(const F::Frag& f, int s, const MvX& x, float (&acc)[4]) {
-        const MvK4Scales k0 = mv_k4_scales(f.h[0]), k1 = mv_k4_scales(f.h[1]);
-        const int8_t* xs = x.q + 256LL * s;
-        const MvF2* d0 = x.d0 + 8LL * s;
-        const MvF2* d1 = x.d1 + 8LL * s;
-        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const MvV2 wg = f.q[0][u >> 1], wg8 = f.q[1][u >> 1];
-            const MvV2 xb = *(const MvV2*)(xs + 32 * u);
-            const uint32_t m = (u & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
-            const MmaI4 c = (u & 1) ? mv_mma_k32_u8_rt(MmaI4{0, 0, 0, 0}, wg.x & m, wg8.x & m, wg.y & m, wg8.y & m,
-                                                       xb.x, xb.y, x.emulate)
-                                    : mv_mma_k32_rt(MmaI4{0, 0, 0, 0}, wg.x & m, wg8.x & m, wg.y & m, wg8.y & m,
-                                                    xb.x, xb.y, x.emulate);
-            const uint32_t w0 = u < 4 ? k0.sc_lo : k0.sc_hi, w8 = u < 4 ? k1.sc_lo : k1.sc_hi;
-            const uint32_t n0 = u < 4 ? k0.mn_lo : k0.mn_hi, n8 = u < 4 ? k1.mn_lo : k1.mn_hi;
-            const int j = u & 3;
-            const int sg = (u & 1) ? (int)__byte_perm(w0, 0u, 0x4440u | j) : (int)(((w0 >> (8 * j)) << 4) & 0x3F0u);
-            const int s8 = (u & 1) ? (int)__byte_perm(w8, 0u, 0x4440u | j) : (int)(((w8 >> (8 * j)) << 4) & 0x3F0u);
-            const float mg = (float)__byte_perm(n0, 0u, 0x4440u | j), m8 = (float)__byte_perm(n8, 0u, 0x4440u | j);
-            const MvF2 x0 = d0[u], x1 = d1[u];
-            a[0] = fmaf((float)(sg * c.x), x0.x, a[0]);
-            a[1] = fmaf((float)(sg * c.y), x1.x, a[1]);
-            a[2] = fmaf((float)(s8 * c.z), x0.x, a[2]);
-            a[3] = fmaf((float)(s8 * c.w), x1.x, a[3]);
-            mn[0] = fmaf(mg, x0.y, mn[0]);
-            mn[1] = fmaf(mg, x1.y, mn[1]);
-            mn[2] = fmaf(m8, x0.y, mn[2]);
-            mn[3] = fmaf(m8, x1.y, mn[3]);
-        }
-        const float dg = f16_to_f32((uint16_t)(f.h[0].x & 0xFFFF)), mgd = f16_to_f32((uint16_t)(f.h[0].x >> 16));
-        const float d8 = f16_to_f32((uint16_t)(f.h[1].x & 0xFFFF)), m8d = f16_to_f32((uint16_t)(f.h[1].x >> 16));
-        acc[0] += fmaf(0.0625f * dg, a[0], -mgd * mn[0]);
-        acc[1] += fmaf(0.0625f * dg, a[1], -mgd * mn[1]);
-        acc[2] += fmaf(0.0625f * d8, a[2], -m8d * mn[2]);
-        acc[3] += fmaf(0.0625f * d8, a[3], -m8d * mn[3]);
-    }
 };
 
 struct Mv2Q6K {
@@ -1258,14 +1222,7 @@ static __device__ __forceinline__ void mmv2_q6k(const MvSegs& p, const int8_t* _
     // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
     const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
-    MvX x1;  // Q81: as mmv's
-    if constexpr (Q81) {
-        const int nunits = ncols / 32;
-        x1.q = q + (long long)min(g, n_tokens - 1) * ncols + 8 * t;
-        x1.d0 = (const MvF2*)dy + (long long)min(2 * t, n_tokens - 1) * nunits;
-        x1.d1 = (const MvF2*)dy + (long long)min(2 * t + 1, n_tokens - 1) * nunits;
-        x1.emulate = emulate;
-    }
+    const MvX x1 = mv_x(q, dy, ncols, n_tokens, emulate);  // Q81: q = xq, dy = xds
 
     // staging: this lane's vector vi of tile rows 2k + hf (clamped to the last row, as mv_tile).
     // Lanes 14 and 15 load vector 13 again and store into slot 14, which nothing reads: the 14
@@ -1451,9 +1408,7 @@ static __device__ __forceinline__ void mv_cp4(uint32_t dst_s, uint8_t* dst, cons
 #endif
 }
 
-// Q81 (session 29): x in q8_1 (q = xq natural layout, dy = xds pairs, bsum unused; n_tokens <= 8,
-// NT = 1, no XS), Mv2Q4K::compute_q81.
-template <int NST, bool XS, int NT = 1, bool Q81 = false>
+template <int NST, bool XS, int NT = 1>
 static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* __restrict__ q,
                                                  const float* __restrict__ dy, const int16_t* __restrict__ bsum,
                                                  int n_tokens, int emulate, float* kpart, int* kcount, int ks) {
@@ -1466,14 +1421,6 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
     // (pointers only: x is read after the wait; xn for NT tiles)
     const Mv2X x = mv2_x(q, dy, bsum, n_tokens, emulate);
     const Mv2XN xn = mv2n_x(q, dy, bsum, n_tokens, emulate);
-    MvX x1;  // Q81: as mmv's
-    if constexpr (Q81) {
-        const long long ncols = p.ncols, nunits = ncols / 32;
-        x1.q = q + min(g, n_tokens - 1) * ncols + 8 * t;
-        x1.d0 = (const MvF2*)dy + min(2 * t, n_tokens - 1) * nunits;
-        x1.d1 = (const MvF2*)dy + min(2 * t + 1, n_tokens - 1) * nunits;
-        x1.emulate = emulate;
-    }
 
     // this lane's vectors v = lane + 32 k (k < 5, v < 144) of a super-block's 16 rows: row v / 9,
     // piece v % 9, as byte offsets from the tile's first row (rows clamped to the last, as mv_tile)
@@ -1560,8 +1507,6 @@ static __device__ __forceinline__ void mmv2s_q4k(const MvSegs& p, const int8_t* 
         }
         if constexpr (NT > 1) {
             mv2n_q4k<NT>(f, s, xn, acc);
-        } else if constexpr (Q81) {
-            Mv2Q4K::compute_q81(f, s, x1, acc[0]);
         } else if constexpr (XS) {
             Mv2X xl = x;
             xl.q = (const int8_t*)(st + MV4SX_X) + xg;
@@ -1599,20 +1544,6 @@ MMV2S_KERNEL(3)
 MMV2S_KERNEL(4)
 MMV2SX_KERNEL(2)
 MMV2SX_KERNEL(3)
-
-// q8_1 x (Q81 above): the mmv2 parameters with q = xq, dy = xds, bsum unused; n_tokens <= 8
-#define MMV2S_Q81_KERNEL(SUFFIX, EMU)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * MMV_MAX_WARPS)                                     \
-        mmv2s_q4_k_s2_q81##SUFFIX(const MvSegs p, const int8_t* __restrict__ xq,                          \
-                                  const float* __restrict__ xds, const int16_t* __restrict__ bsum,       \
-                                  int n_tokens, int load_mode, int emulate, float* kpart, int* kcount,   \
-                                  int ks) {                                                              \
-        (void)load_mode;                                                                                 \
-        (void)emulate;                                                                                   \
-        mmv2s_q4k<2, false, 1, true>(p, xq, xds, bsum, n_tokens, EMU, kpart, kcount, ks); \
-    }
-MMV2S_Q81_KERNEL(, 0)
-MMV2S_Q81_KERNEL(_emu, 1)
 
 // 9..32 tokens (NT tiles of 8), two stages, no K split (ks must be 1): mmv2s_q4_k_s2_n{NT}
 #define MMV2SN_KERNEL1(NT, SUFFIX, EMU)                                                                   \

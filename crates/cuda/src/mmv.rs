@@ -192,32 +192,6 @@ pub fn set_q6k_staged_q81(on: Option<bool>) {
     Q6K_Q81_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
-/// Whether Q4_K products here run mmv2's staged kernel on q8_1 x (`mmv2s_q4_k_s2_q81`: the
-/// weights through shared memory by cp.async, integer sums per unit, a row's d and dmin once per
-/// super-block) instead of the block-diagonal / 8-column register-fragment kernels: off unless
-/// `REDLINE_MMV_Q4K=1` ([`set_q4k_staged_q81`] overrides; the GPU tests check it either way).
-/// Written (session 29) because those cost ~1.5x a one-token product at 3-4 tokens (H100,
-/// session 27: gate/up 2 x 17408 x 5120 35.9 -> 53.5 µs at 3 tokens); measured no better (H100,
-/// session 29: 53.1 / 54.8 µs at 3 / 4 tokens; the 27B's verify passes of 4 rows 11.80-12.14 ms
-/// against 12.08 without it): the staged kernels stream Q4_K at ~2.2 TB/s even on q8_K.
-pub fn q4k_staged_q81() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match Q4K_Q81_OVERRIDE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ENV.get_or_init(|| std::env::var("REDLINE_MMV_Q4K").as_deref() == Ok("1")),
-    }
-}
-
-/// 0: `REDLINE_MMV_Q4K` decides; 1 off, 2 on.
-static Q4K_Q81_OVERRIDE: AtomicU32 = AtomicU32::new(0);
-
-/// Forces [`q4k_staged_q81`] on or off (`None`: back to `REDLINE_MMV_Q4K`). For tests and
-/// benchmarks; recorded steps made under the other setting must be dropped by the caller.
-pub fn set_q4k_staged_q81(on: Option<bool>) {
-    Q4K_Q81_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
-}
-
 /// Fewest tokens of a Q6_K product this path takes ([`q6k_staged_q81`]): 2 (the dp4a matvec's
 /// two-token Q6_K products cost 1.2x one token: H100, session 27, 5120 x 17408 31.1 / 36.8 µs).
 const MIN_TOKENS_Q6K: usize = 2;
@@ -317,7 +291,7 @@ impl CudaDevice {
             return Ok(());
         };
         let (ty, cols) = (first.w.ty, first.w.n_cols);
-        if ty == GgmlType::Q6K || (ty == GgmlType::Q4K && q4k_staged_q81() && !xq.tiled()) {
+        if ty == GgmlType::Q6K {
             // (mmv_q6_k, the u16-load kernel, stays in the source for the record; session 29)
             return self.mmv2_launch(segs, xq, X2::Q81);
         }
@@ -1175,8 +1149,8 @@ impl CudaDevice {
         self.mmv2_launch(segs, s, X2::Q8k)
     }
 
-    /// An mmv2 launch reading x from `s` in the layout `xf` says (q8_1: up to [`MAX_TOKENS`],
-    /// Q6_K natural or tiled, Q4_K natural, on two stages).
+    /// An mmv2 launch reading x from `s` in the layout `xf` says (q8_1: Q6_K only, up to
+    /// [`MAX_TOKENS`], natural or tiled).
     fn mmv2_launch(&self, segs: &[Segment<'_>], s: &MatvecScratch, xf: X2) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
@@ -1202,7 +1176,7 @@ impl CudaDevice {
         if segs.len() > MAX_SEGMENTS
             || !(1..=MAX_TOKENS_N).contains(&n_tokens)
             || (nt > 1 && !matches!(ty, GgmlType::Q4K | GgmlType::Q6K))
-            || (q81 && (nt > 1 || !(ty == GgmlType::Q6K || (ty == GgmlType::Q4K && !s.tiled()))))
+            || (q81 && (nt > 1 || ty != GgmlType::Q6K))
             || xcols != cols
             || !cols.is_multiple_of(256)
             || segs.iter().any(|s| s.w.ty != ty || s.w.n_cols != cols)
@@ -1222,13 +1196,12 @@ impl CudaDevice {
         // (the NT-tile kernels: Q4_K staged in two stages or the register-fragment kernel
         // (stages 0), no K split, x not staged)
         let stages = match ty {
-            GgmlType::Q4K if q81 => 2,
             _ if q81 => 0,
             GgmlType::Q4K if nt > 1 => stages2().min(2),
             GgmlType::Q4K => stages2(),
             _ => 0,
         };
-        let xs = nt == 1 && stages > 0 && stages <= 3 && xs2(cols) && !q81;
+        let xs = nt == 1 && stages > 0 && stages <= 3 && xs2(cols);
         let nsuf = if nt > 1 {
             format!("_n{nt}")
         } else {
@@ -1244,9 +1217,8 @@ impl CudaDevice {
             let f = self.function(
                 Program::Mmv,
                 &format!(
-                    "mmv2s_{stem}_s{stages}{}{nsuf}{}{emu}",
-                    if xs { "x" } else { "" },
-                    if q81 { "_q81" } else { "" }
+                    "mmv2s_{stem}_s{stages}{}{nsuf}{emu}",
+                    if xs { "x" } else { "" }
                 ),
             )?;
             let per_stage = if xs {
@@ -1345,9 +1317,9 @@ impl CudaDevice {
         // kcount, ks) with n_tokens <= 8, or its `_n{nt}` variant (Q4_K / Q6_K, nt tiles of 8
         // tokens, n_tokens <= MAX_TOKENS_N = 32, ks = 1); the scratch holds x of n_tokens x
         // cols in q8_K, laid out over q8k_layout_tokens(n_tokens) tokens, the most the kernels
-        // read (quantize_q8_k checked its sizes), or for mmv2_q6_k_q81 / mmv2s_q4_k_s2_q81 (xq,
-        // xds, unused bsum) x of n_tokens <= 8 x cols in q8_1, natural or (_q81t) tiled (the
-        // lengths checked above); every segment's matrix is a live DeviceMatrix of
+        // read (quantize_q8_k checked its sizes), or for mmv2_q6_k_q81 (xq, xds, unused bsum)
+        // x of n_tokens <= 8 x cols in q8_1, natural or (_q81t) tiled (the lengths checked
+        // above); every segment's matrix is a live DeviceMatrix of
         // this format and width (>= 16 bytes of padding, rows of whole super-blocks), outputs
         // hold n_tokens * n_rows f32 and biases n_rows (the caller's contract); Q6_K and the
         // staged Q4_K kernels get their shared memory; with ks > 1 there are fewer than

@@ -461,16 +461,8 @@ fn mmv_matches_cpu_reference() {
             } = case(&dev, ty, rows, cols, MAX_N, seed, q8_1_reference);
             let mut worst = 0f64;
             for n in 1..=MAX_N {
-                // staged: Q4_K on mmv2s_q4_k_s2_q81 (else the register-fragment kernels,
-                // block-diagonal or not); Q6_K is always on mmv2_q6_k_q81
-                for (emulate, bd_off, staged) in [
-                    (false, false, true),
-                    (true, false, true),
-                    (false, true, false),
-                    (false, false, false),
-                ] {
+                for (emulate, bd_off) in [(false, false), (true, false), (false, true)] {
                     cuda::mmv::set_block_diagonal_off(bd_off);
-                    cuda::mmv::set_q4k_staged_q81(Some(staged));
                     let warps = [0, 1, 3, 8][(n + emulate as usize + bd_off as usize) % 4];
                     cuda::mmv::set_force_emulation(emulate);
                     cuda::mmv::set_warps_override(warps);
@@ -482,14 +474,13 @@ fn mmv_matches_cpu_reference() {
                     match check(&dev, &w, &xd, &rf, n, &mut scratch, Path::Mmv) {
                         Ok(e) => worst = worst.max(e),
                         Err(e) => failures.push(format!(
-                            "{e} ({}, warps {warps}, block-diagonal off {bd_off}, staged {staged})",
+                            "{e} ({}, warps {warps}, block-diagonal off {bd_off})",
                             if emulate { "emulated mma" } else { "mma" }
                         )),
                     }
                 }
             }
             cuda::mmv::set_block_diagonal_off(false);
-            cuda::mmv::set_q4k_staged_q81(None);
             cuda::matvec::set_q8_1_tiled(Some(false));
             eprintln!(
                 "mmv checked {:>5} {:>4}x{:<5} n=1..{MAX_N}: max rel err {worst:.2e}",
