@@ -64,6 +64,8 @@
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
+# s30a:    session 30: the review commit's product and speculative suites; s30b: ncu, the direct
+#          Q4_K kernel against the staged mmv2 kernel at one token (27B)
 # s29a:    session 29: Q6_K few-token products on q8_1 x through the staged tensor-core kernel
 #          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites;
 #          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows;
@@ -422,6 +424,59 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s30b)
+    # session 30: why the tensor-core Q4_K kernels stream slower than the direct dp4a kernel at
+    # one token (27B gate/up 44.8 against 36.5 us), and what bounds the 4-row verify products
+    # (mmv_q4_k_t4: gate/up, in-projections; mvd_q4_k_n4_r2: down, out): ncu on eager 27B
+    # steps (REDLINE_MMV2_MIN=1: the staged mmv2 kernel at one token) and verify passes
+    [ -e /tmp/m27.gguf ] || $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1
+    NCU=/usr/local/cuda/bin/ncu
+    # (session 27's s27c has the direct kernel at one token: mvd_q4_k_n1_r2 gate/up 40.5 us under
+    # ncu, DRAM 75.6 %, 0.63 eligible warps a scheduler)
+    for kv in "mmv2s_q4_k_s2 REDLINE_MMV2_MIN=1 bench" "(mmv_q4_k_t4|mvd_q4_k_n4_r2) X=1 verify"; do
+        read -r k v c <<<"$kv"
+        f=$(echo "$k" | tr -dc 'a-z0-9_')
+        if [ "$c" = bench ]; then c="bench -p 0 -n 4 -r 1"; else c="verify-bench -k 4 -d 16 -r 1"; fi
+        env $v REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^$k\$" --launch-skip 8 --launch-count 6 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables -o "$OUT/$f" -f \
+            $R $c --device cuda -m /tmp/m27.gguf >"$OUT/ncu_$f.log" 2>&1
+        $NCU -i "$OUT/$f.ncu-rep" --page details >"$OUT/det_$f.txt" 2>&1
+        $NCU -i "$OUT/$f.ncu-rep" --page raw --csv >"$OUT/raw_$f.csv" 2>&1
+        rm -f "$OUT/$f.ncu-rep"
+        echo "$k:"
+        grep -E "^  [a-z]|Duration|Grid Size|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Memory Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Warp Cycles Per Issued|Eligible Warps|No Eligible|Block Limit|Dynamic Shared|Static Shared" "$OUT/det_$f.txt" | head -80 | cut -c1-150
+        python3 - "$OUT/raw_$f.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hi = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+h = rows[hi]
+keep = [i for i, n in enumerate(h) if ("issue_stalled" in n and "per_issue_active" in n and "not_issued" not in n) or n in (
+    "launch__grid_size", "gpu__time_duration.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum", "smsp__inst_executed.sum", "dram__bytes_read.sum")]
+for r in rows[hi + 2:]:
+    if len(r) < len(h):
+        continue
+    vals = [(h[i].replace("smsp__average_warps_issue_stalled_", "st_").replace("_per_issue_active.ratio", ""), r[i]) for i in keep]
+    def num(x):
+        try:
+            return float(x.replace(",", ""))
+        except ValueError:
+            return 0.0
+    vals = [(n, x) for n, x in vals if not n.startswith("st_") or num(x) >= 0.25]
+    print("  " + " ".join(f"{n}={x}" for n, x in vals))
+PY
+    done
+    echo "== s30b $(el)"
+    ;;
+s30a)
+    # session 30: the review commit d08edee (mv_x helper, staged q8_1 Q4_K kernel removed) on the
+    # card: the product suite (q8_1 Q6_K kernels, K split, tiled x), the speculative suite
+    echo "t_gpu_mmq: $(timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
+    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "== s30a $(el)"
     ;;
 s29e)
     # session 29: three-token direct kernels (mvd_*_n3_*, REDLINE_MV_DIRECT_N3=1) against the
