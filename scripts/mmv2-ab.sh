@@ -486,7 +486,7 @@ s29e)
     S27=$!
     echo "t_gpu_matvec: $(timeout 200 devbin/t_gpu_matvec --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|failures so far" | head -6 | tr '\n' ' ')"
     echo "== checks $(el)"
-    TIMING_SHAPES=down,out timeout 120 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|op) " | grep -vE "r4|xs|staged" | head -12
+    TIMING_SHAPES=down,out,gate/up,in-proj timeout 150 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|gate/up|in-proj|op) " | grep -vE "r4|xs|staged" | head -24
     echo "== timing $(el)"
     wait $S27
     for r in 1 2; do
