@@ -490,7 +490,8 @@ s29e)
     echo "== timing $(el)"
     wait $S27
     for r in 1 2; do
-        for v in X=1 REDLINE_MV_DIRECT_N3=1; do
+        for v in X=1 REDLINE_MV_DIRECT_N3=1 "REDLINE_MV_DIRECT_N3=1 REDLINE_MV_DIRECT4=1"; do
+            [ $r = 2 ] && [ "$v" != "${v#*DIRECT4}" ] && continue
             echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
         done
     done
