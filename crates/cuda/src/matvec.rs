@@ -177,8 +177,12 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
         1 | 2 => true,
         3 | 4 => match direct_four() {
             DirectFour::Off => false,
-            // (IQ4_XS's 3-4-token direct kernels have not been measured on a card)
-            DirectFour::Short => rows < DIRECT4_MAX_ROWS && ty == GgmlType::Q4K,
+            // (IQ4_XS's 3-4-token direct kernels have not been measured on a card; at three
+            // tokens the three-token kernels beat the tensor-core ones at every Q4_K size)
+            DirectFour::Short => {
+                ty == GgmlType::Q4K
+                    && (rows < DIRECT4_MAX_ROWS || (n_tokens == 3 && direct_three()))
+            }
             DirectFour::All => true,
         },
         _ => false,
@@ -210,7 +214,8 @@ pub enum DirectFour {
 
 /// Rows below which a 3-4-token launch takes the direct kernels by default. H100 (session 27,
 /// µs at 3 tokens, direct 2 rows a warp / tensor cores): 5120 x 17408 30.0 / 36.1, 5120 x 6144
-/// 14.3 / 15.2, 16384 x 5120 29.7 / 29.7, 2 x 17408 x 5120 57.3 / 53.5.
+/// 14.3 / 15.2, 16384 x 5120 29.7 / 29.7, 2 x 17408 x 5120 57.3 / 53.5. Three-token Q4_K
+/// launches of any size take the three-token kernels ([`direct_three`], session 30).
 pub const DIRECT4_MAX_ROWS: usize = 12288;
 
 /// 0: `REDLINE_MV_DIRECT4` decides; 1: off; 2: short launches; 3: all.
@@ -284,15 +289,18 @@ fn env_u32(name: &str) -> u32 {
 }
 
 /// Whether three-token direct products take the three-token kernels (`mvd_*_n3_r*`) instead of
-/// the four-token ones with the third token's x read twice: `REDLINE_MV_DIRECT_N3=1` (session
-/// 29, an experiment until measured: the per-token dots are 3/4 of the four-token kernel's).
-/// Read once.
+/// the four-token ones with the third token's x read twice, and three-token Q4_K launches of
+/// every size take the direct kernels (under [`DirectFour::Short`]): on unless
+/// `REDLINE_MV_DIRECT_N3=0` (read once). H100, session 30 (µs at 3 tokens, 2 rows a warp,
+/// three-token kernel / four-token kernel / the q8_1 tensor-core kernel): 5120 x 17408 27.1 /
+/// 30.2, 5120 x 6144 12.9 / 14.4, 16384 x 5120 27.6 / 30.0 / 29.8, 2 x 17408 x 5120 51.4 / 57.6
+/// / 53.6; the 27B's verify pass of 3 rows 1.42-1.44x a step -> 1.37-1.39x.
 fn direct_three() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match DIRECT3_OVERRIDE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => *ON.get_or_init(|| std::env::var("REDLINE_MV_DIRECT_N3").as_deref() == Ok("1")),
+        _ => *ON.get_or_init(|| std::env::var("REDLINE_MV_DIRECT_N3").as_deref() != Ok("0")),
     }
 }
 
