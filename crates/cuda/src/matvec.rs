@@ -294,7 +294,8 @@ fn env_u32(name: &str) -> u32 {
 /// `REDLINE_MV_DIRECT_N3=0` (read once). H100, session 30 (µs at 3 tokens, 2 rows a warp,
 /// three-token kernel / four-token kernel / the q8_1 tensor-core kernel): 5120 x 17408 27.1 /
 /// 30.2, 5120 x 6144 12.9 / 14.4, 16384 x 5120 27.6 / 30.0 / 29.8, 2 x 17408 x 5120 51.4 / 57.6
-/// / 53.6; the 27B's verify pass of 3 rows 1.42-1.44x a step -> 1.37-1.39x.
+/// / 53.6; the 27B's verify pass of 3 rows 1.41-1.44x a step (mean 1.43, nine runs) -> 1.37-1.44x
+/// (mean 1.40, eight runs).
 fn direct_three() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match DIRECT3_OVERRIDE.load(Ordering::Relaxed) {
