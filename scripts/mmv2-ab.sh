@@ -65,7 +65,8 @@
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s30a:    session 30: the review commit's product and speculative suites; s30b: ncu, the direct
-#          Q4_K kernel against the staged mmv2 kernel at one token (27B)
+#          Q4_K kernel against the staged mmv2 kernel at one token (27B); s30c (not run): the
+#          three-token switch against 2-row verify passes
 # s29a:    session 29: Q6_K few-token products on q8_1 x through the staged tensor-core kernel
 #          (mmv2_q6_k_q81): checks, the 27B verify cost against REDLINE_MMV_Q6K=0, suites;
 #          s29b: its tiled-x variant, verify costs, verify-pass profiles at 1 and 4 rows;
@@ -424,6 +425,18 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s30c)
+    # session 30 (written, not run: no device time left): does the three-token switch move a
+    # 2-row verify pass? (it has no 3-token launch; session 30 saw 1.16-1.18x with it on against
+    # 1.12-1.16x off). Four alternating rounds of k = 1, 2, 3 with more repetitions. NO_SYNTH=1.
+    [ -e /tmp/m27.gguf ] || $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1
+    for r in 1 2 3 4; do
+        for v in X=1 REDLINE_MV_DIRECT_N3=0; do
+            echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3 -d 256 -r 6 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+        done
+    done
+    echo "== s30c $(el)"
     ;;
 s30b)
     # session 30: why the tensor-core Q4_K kernels stream slower than the direct dp4a kernel at
