@@ -94,6 +94,16 @@ b() { # model, bench args...; variant env in ST
     echo "== $m ${ST:-default} $*" >>"$OUT/err.txt"
     echo "$m ${ST:-default} $*: $(env ${ST:-X=1} timeout 100 $R bench --device cuda -m /tmp/$m.gguf -p 0 "$@" 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-)"
 }
+# suite BIN [args...]: a GPU test binary's summary on one line (failures, the result line)
+suite() {
+    local bin=$1
+    shift
+    echo "$bin: $(timeout 200 devbin/$bin --test-threads 1 "$@" 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+}
+# vb "VAR=value ..." K R: the 27B's verify cost (ms and x a step per pass) under that environment
+vb() {
+    echo "verify $1: $(env $1 timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k "$2" -d 256 -r "$3" 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+}
 for stage in $STAGE; do
 case $stage in
 kernels)
@@ -433,7 +443,7 @@ s30c)
     [ -e /tmp/m27.gguf ] || $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1
     for r in 1 2 3 4; do
         for v in X=1 REDLINE_MV_DIRECT_N3=0; do
-            echo "verify $v: $(env $v timeout 60 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3 -d 256 -r 6 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+            vb "$v" 1,2,3 6
         done
     done
     echo "== s30c $(el)"
@@ -487,8 +497,8 @@ PY
 s30a)
     # session 30: the review commit d08edee (mv_x helper, staged q8_1 Q4_K kernel removed) on the
     # card: the product suite (q8_1 Q6_K kernels, K split, tiled x), the speculative suite
-    echo "t_gpu_mmq: $(timeout 150 devbin/t_gpu_mmq --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked" | head -4 | tr '\n' ' ')"
-    echo "t_gpu_speculative: $(timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    suite t_gpu_mmq
+    suite t_gpu_speculative --ignored
     echo "== s30a $(el)"
     ;;
 s29e)
@@ -505,10 +515,10 @@ s29e)
     for r in 1 2; do
         for v in X=1 REDLINE_MV_DIRECT_N3=1 "REDLINE_MV_DIRECT_N3=1 REDLINE_MV_DIRECT4=1"; do
             [ $r = 2 ] && [ "$v" != "${v#*DIRECT4}" ] && continue
-            echo "verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k 1,2,3,4 -d 256 -r 3 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+            vb "$v" 1,2,3,4 3
         done
     done
-    echo "t_gpu_speculative N3: $(REDLINE_MV_DIRECT_N3=1 timeout 200 devbin/t_gpu_speculative --ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
+    echo "N3: $(REDLINE_MV_DIRECT_N3=1 suite t_gpu_speculative --ignored)"
     echo "== s29e $(el)"
     ;;
 s29d)
