@@ -5,6 +5,9 @@ set -euo pipefail
 : "${REDLINE_URL:?}" "${REDLINE_KEY:?}"
 AUTH=(-H "Authorization: Bearer $REDLINE_KEY")
 JSON=(-H "Content-Type: application/json")
+# Matches read here-strings, not `echo | grep -q`: under pipefail, grep -q exits at its first
+# match and a writer still holding more than a pipe write of text dies of SIGPIPE, failing the
+# check at random (CI, stop 37: "metric redline_prompt_tokens_total missing").
 fail() { echo "curl_test: FAIL: $*" >&2; exit 1; }
 status() { curl -s -o /dev/null -w '%{http_code}' --max-time 60 "$@"; }
 field() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval('v'+sys.argv[1]))" "$1"; }
@@ -24,7 +27,7 @@ sse=$(curl -sfN --max-time 60 "${AUTH[@]}" "${JSON[@]}" "$REDLINE_URL/v1/complet
   -d '{"prompt":"Once upon a time","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}')
 [ "$(echo "$sse" | grep -c '^data: ')" -ge 8 ] || fail "too few SSE events: $sse"
 [ "$(echo "$sse" | grep '^data: ' | tail -1)" = "data: [DONE]" ] || fail "stream must end with [DONE]"
-echo "$sse" | grep -q '"completion_tokens":6' || fail "stream usage missing"
+grep -q '"completion_tokens":6' <<< "$sse" || fail "stream usage missing"
 
 ids=$(curl -sf "${AUTH[@]}" "${JSON[@]}" "$REDLINE_URL/tokenize" -d '{"content":"Once upon a time"}' | field '["tokens"]')
 text=$(curl -sf "${AUTH[@]}" "${JSON[@]}" "$REDLINE_URL/detokenize" -d "{\"tokens\":$ids}" | field '["content"]')
@@ -39,8 +42,8 @@ rm -f "$big"
 metrics=$(curl -sf "${AUTH[@]}" "$REDLINE_URL/metrics")
 for m in redline_requests_total redline_prompt_tokens_total redline_generated_tokens_total redline_decode_tokens_per_second \
          redline_prefill_tokens_per_second redline_queue_depth redline_slots_busy redline_kv_cache_usage_ratio; do
-  echo "$metrics" | grep -q "^$m " || fail "metric $m missing"
+  grep -q "^$m " <<< "$metrics" || fail "metric $m missing"
 done
 page=$(curl -sf "$REDLINE_URL/")
-echo "$page" | grep -qi '<html' || fail "chat page missing"
+grep -qi '<html' <<< "$page" || fail "chat page missing"
 echo "curl_test: all passed"
