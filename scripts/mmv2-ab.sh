@@ -64,6 +64,8 @@
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
+# s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
+#          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B
 # s30a:    session 30: the review commit's product and speculative suites; s30b: ncu, the direct
 #          Q4_K kernel against the staged mmv2 kernel at one token (27B); s30c (not run): the
 #          three-token switch against 2-row verify passes
@@ -435,6 +437,29 @@ s26c)
         echo "$t: $(timeout 150 devbin/$t --include-ignored --test-threads 1 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differ by" | head -4 | tr '\n' ' ')"
     done
     echo "== checks $(el)"
+    ;;
+s31a)
+    # session 31 (written, not run: no device time that session): the 3-4-token Q4_K direct
+    # kernels with x held a group of tokens at a time (REDLINE_MV_DIRECT_XG=1|2; 128 registers at
+    # 2 rows a warp instead of 167). The matvec suite (bit for bit against the all-tokens kernels
+    # and one-token rows), the four 27B shapes timed per variant (the g rows), then the verify
+    # cost: rounds alternating default / XG=1 / XG=2, each also with every 4-token launch direct
+    # (REDLINE_MV_DIRECT4=1); the speculative suite with XG=2. NO_SYNTH=1.
+    [ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1) &
+    S27=$!
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    TIMING_SHAPES=down,out,gate/up,in-proj timeout 150 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|gate/up|in-proj|op) " | grep -E "op|dispatch|r2 n3|r[12] g[12]|Q6_K" | head -32
+    echo "== timing $(el)"
+    wait $S27
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_MV_DIRECT_XG=1 REDLINE_MV_DIRECT_XG=2 REDLINE_MV_DIRECT4=1 \
+            "REDLINE_MV_DIRECT_XG=1 REDLINE_MV_DIRECT4=1" "REDLINE_MV_DIRECT_XG=2 REDLINE_MV_DIRECT4=1"; do
+            vb "$v" 1,3,4 3
+        done
+    done
+    echo "XG=2: $(REDLINE_MV_DIRECT_XG=2 suite t_gpu_speculative --ignored)"
+    echo "== s31a $(el)"
     ;;
 s30c)
     # session 30 (written, not run: no device time left): does the three-token switch move a

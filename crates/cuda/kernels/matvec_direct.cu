@@ -443,6 +443,144 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     }
 }
 
+// ---- 3-4 tokens with x held a group of G tokens at a time (session 31; REDLINE_MV_DIRECT_XG) ------
+//
+// Why: mvd_rows holds x of all NT tokens for two iterations (11 registers a token for Q4_K: 88 at
+// four tokens), which is most of the 167 registers of mvd_q4_k_n4_r2 (ncu, session 30: 18.75 %
+// occupancy, 0.50 eligible warps a scheduler, long scoreboard the main stall). Here an
+// iteration decodes its R rows' weights once (13 registers a row for Q4_K) and then runs the
+// tokens in groups of G, each group's x loaded while the group before it computes, the next
+// iteration's first group while the last one does: x of 2 G tokens live instead of 2 NT, the
+// weights still an iteration ahead. Session 29's x "just in time" (every token's x loaded
+// right before its dots: 128 registers, and slower) had no x in flight during any dot; here one
+// group always is. Same dots in the same order per (row, token) as mvd_rows: bit-identical
+// results.
+
+// x of tokens [t0, t0 + G) within NT (token t at + t * ncols values, + t * ncols / 16 floats;
+// clamped to n_tokens - 1), zeros where not `live`.
+template <typename F, int NT, int G>
+static __device__ __forceinline__ void mvd_load_xg(const int8_t* pa, const int8_t* pb, const float* pd, int ncols,
+                                                   int n_tokens, int t0, bool live, const typename F::C& c,
+                                                   typename F::X (&x)[G]) {
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        x[g] = typename F::X{};
+        if (t0 + g < NT && live) {
+            const long long tt = min(t0 + g, n_tokens - 1);
+            F::load_x(pa + tt * ncols, pb + tt * ncols, pd + tt * (ncols / 16), c, x[g]);
+        }
+    }
+}
+
+// One iteration: the R rows of w decoded once, then the tokens by groups. x: group 0's x (of the
+// iteration at pa / pb / pd) on entry; on exit, if `next`, group 0 of the iteration after it
+// (1024 values on). `live`: whether this lane's x exists (false for the idle lanes of a partial
+// last iteration: its later groups stay zeros).
+template <typename F, int NT, int R, int G>
+static __device__ __forceinline__ void mvd_dot_xg(const typename F::W (&w)[R], typename F::X (&x)[G],
+                                                  const int8_t* pa, const int8_t* pb, const float* pd, int ncols,
+                                                  int n_tokens, bool next, bool live, const typename F::C& c,
+                                                  float (&acc)[R][NT]) {
+    typename F::D d[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) d[r] = F::decode(w[r], c);
+#pragma unroll
+    for (int t0 = 0; t0 < NT; t0 += G) {
+        typename F::X xn[G];
+        if (t0 + G < NT)
+            mvd_load_xg<F, NT, G>(pa, pb, pd, ncols, n_tokens, t0 + G, live, c, xn);
+        else
+            mvd_load_xg<F, NT, G>(pa + 1024, pb + 1024, pd + 64, ncols, n_tokens, 0, next && live, c, xn);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (t0 + g < NT) {
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][t0 + g] = F::dot(d[r], x[g], acc[r][t0 + g]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) x[g] = xn[g];
+    }
+}
+
+// As mvd_rows (same contract, results bit for bit), x held G tokens at a time.
+template <typename F, int NT, int R, int G, bool TAIL>
+static __device__ __forceinline__ void mvd_rows_xg(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
+                                                   const float* __restrict__ xds, int nrows, int ncols,
+                                                   long long row_bytes, int n_tokens, int load_mode, int row0,
+                                                   float (&acc)[R][NT]) {
+    constexpr int IT = 4 * F::SB;
+    const bool tiled = (load_mode & 256) != 0;
+    const int lane = threadIdx.x, nit = ncols / 1024, tail = (ncols % 1024) / 256;
+    const typename F::C c = F::consts(lane);
+    const uint8_t* ph[R];
+    const uint8_t* pq[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        ph[r] = mvd_pin(W + (long long)min(row0 + r, nrows - 1) * row_bytes + (lane >> 3) * F::SB);
+        pq[r] = mvd_pin(ph[r] + F::qofs(lane));
+    }
+    const int8_t* pa = mvd_pin(xq + q8_1_at(F::xe0(lane), tiled));
+    const int8_t* pb = mvd_pin(xq + q8_1_at(F::xe1(lane), tiled));
+    const float* pd = mvd_pin(xds + F::xd(lane));
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    typename F::W wa[R], wb[R];
+    typename F::X x[G];
+    if (!TAIL || nit > 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+    }
+    pdl_wait();
+    pdl_trigger();
+    if (!TAIL || nit > 0) mvd_load_xg<F, NT, G>(pa, pb, pd, ncols, n_tokens, 0, true, c, x);
+    for (int it = 0; it < nit; it += 2) {
+        const bool second = it + 1 < nit;
+        if (second) {
+#pragma unroll
+            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, wb[r]);
+        }
+        mvd_dot_xg<F, NT, R, G>(wa, x, pa, pb, pd, ncols, n_tokens, second, true, c, acc);
+        if (!second) break;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            ph[r] += 2 * IT;
+            pq[r] += 2 * IT;
+        }
+        pa += 2048;
+        pb += 2048;
+        pd += 128;
+        const bool third = it + 2 < nit;
+        if (third) {
+#pragma unroll
+            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+        }
+        mvd_dot_xg<F, NT, R, G>(wb, x, pa - 1024, pb - 1024, pd - 64, ncols, n_tokens, third, true, c, acc);
+    }
+    if (TAIL && tail > 0) {
+        // as mvd_rows: addresses from scratch, zeros for the idle lanes
+        const bool live = (lane >> 3) < tail;
+#pragma unroll
+        for (int r = 0; r < R; r++) wa[r] = typename F::W{};
+        if (live) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t* h = W + (long long)min(row0 + r, nrows - 1) * row_bytes + (long long)nit * IT +
+                                   (lane >> 3) * F::SB;
+                F::load_w(h, h + F::qofs(lane), wa[r]);
+            }
+        }
+        const long long x0 = 1024LL * nit;
+        const int8_t* ta = xq + x0 + q8_1_at(F::xe0(lane), tiled);
+        const int8_t* tb = xq + x0 + q8_1_at(F::xe1(lane), tiled);
+        const float* td = xds + x0 / 16 + F::xd(lane);
+        mvd_load_xg<F, NT, G>(ta, tb, td, ncols, n_tokens, 0, live, c, x);
+        mvd_dot_xg<F, NT, R, G>(wa, x, ta, tb, td, ncols, n_tokens, false, live, c, acc);
+    }
+}
+
 // Resident blocks per SM a kernel is compiled for (a register cap; 0: the compiler's choice).
 // Two tokens at 2 rows a warp: 94 registers with x loaded just before each dot (XJ below),
 // capped so the compiler keeps it there: 5 blocks an SM, as at one token (125 registers and 4
@@ -450,7 +588,8 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
 template <typename F, int NT, int R> struct MvdMinBlocks { static constexpr int value = 0; };
 template <> struct MvdMinBlocks<MvdQ4K, 2, 2> { static constexpr int value = 5; };
 // Segment kernel (as mvm_quant): MV_WARPS warps of R rows each per block.
-template <typename F, int NT, int R, bool TAIL>
+// G: 0, x of every token held (mvd_rows), else G tokens at a time (mvd_rows_xg).
+template <typename F, int NT, int R, bool TAIL, int G = 0>
 static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_t* __restrict__ xq,
                                                     const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
@@ -459,7 +598,11 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     if (row0 >= sel.nrows) return;
     if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
     float acc[R][NT];
-    mvd_rows<F, NT, R, TAIL>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
+    if constexpr (G == 0)
+        mvd_rows<F, NT, R, TAIL>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
+    else
+        mvd_rows_xg<F, NT, R, G, TAIL>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0,
+                                       acc);
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
 
@@ -486,3 +629,28 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 MVD_FORMAT(q4_k, MvdQ4K)
 MVD_FORMAT(iq4_xs, MvdIQ4XS)
 MVD_FORMAT(q4_0, MvdQ4_0)
+
+// mvd_q4_k_n<NT>_r<R>_g<G>[_t]: the 3-4-token Q4_K kernels with x held G tokens at a time
+// (mvd_rows_xg; the host's REDLINE_MV_DIRECT_XG). 2 rows a warp are held to 4 blocks an SM (128
+// registers; ptxas, sm_90, NVRTC 13.0): uncapped they took 128-140, so the 4-token ones 3 blocks
+// as mvd_q4_k_n4_r2's 167, the loads of later groups hoisted; the live state is ~100 (2 rows'
+// decoded weights 26, the next iteration's 16, two tokens' x 22, the sums 8, addresses 14), and
+// held to 5 blocks (96) they spilled 128-280 bytes. One row a warp: 72-94 uncapped, 6-7 blocks.
+template <int R> struct MvdMinBlocksXG { static constexpr int value = R == 2 ? 4 : 0; };
+#define MVD_KERNEL_XG(name, F, NT, R, G)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MvdMinBlocksXG<R>::value)             \
+        mvd_##name##_n##NT##_r##R##_g##G(const MvSegs p, const int8_t* __restrict__ xq,               \
+                                         const float* __restrict__ xds, int n_tokens, int load_mode) { \
+        mvd_segments<F, NT, R, false, G>(p, xq, xds, n_tokens, load_mode);                             \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MvdMinBlocksXG<R>::value)             \
+        mvd_##name##_n##NT##_r##R##_g##G##_t(const MvSegs p, const int8_t* __restrict__ xq,           \
+                                             const float* __restrict__ xds, int n_tokens,             \
+                                             int load_mode) {                                          \
+        mvd_segments<F, NT, R, true, G>(p, xq, xds, n_tokens, load_mode);                              \
+    }
+#define MVD_XG(name, F, G)                                                                              \
+    MVD_KERNEL_XG(name, F, 3, 1, G) MVD_KERNEL_XG(name, F, 3, 2, G)                                     \
+    MVD_KERNEL_XG(name, F, 4, 1, G) MVD_KERNEL_XG(name, F, 4, 2, G)
+MVD_XG(q4_k, MvdQ4K, 1)
+MVD_XG(q4_k, MvdQ4K, 2)

@@ -314,6 +314,32 @@ pub fn set_direct_three(on: Option<bool>) {
     DIRECT3_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
+/// Tokens whose x a 3-4-token direct Q4_K kernel holds at once: 0, all of them for two
+/// iterations (`mvd_q4_k_n<NT>_r<R>`, the default); 1 or 2, a group at a time, the next group in
+/// flight (`mvd_q4_k_n<NT>_r<R>_g<G>`, session 31: 128 registers at 2 rows a warp instead of
+/// 167, 4 blocks an SM instead of 3; 72-94 at one row; bit-identical results). From
+/// `REDLINE_MV_DIRECT_XG` (read once; [`set_direct_xgroup`] overrides). Not yet measured on a
+/// card, so off by default.
+pub fn direct_xgroup() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    match DIRECT_XG_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| match env_u32("REDLINE_MV_DIRECT_XG") {
+            g @ (1 | 2) => g,
+            _ => 0,
+        }),
+        g => g - 1,
+    }
+}
+
+/// 0: `REDLINE_MV_DIRECT_XG` decides; else the group plus one.
+static DIRECT_XG_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the x group of the 3-4-token direct Q4_K kernels (`Some(0)`, `Some(1)`, `Some(2)`;
+/// `None`: back to `REDLINE_MV_DIRECT_XG`). For tests and benchmarks.
+pub fn set_direct_xgroup(g: Option<u32>) {
+    DIRECT_XG_OVERRIDE.store(g.map_or(0, |g| g.min(2) + 1), Ordering::Relaxed);
+}
+
 /// The dp4a matvec kernels' load_mode bit for x in the tiled q8_1 layout.
 fn tiled_bit(xq: &MatvecScratch) -> i32 {
     if xq.tiled {
@@ -774,7 +800,11 @@ impl CudaDevice {
         let base = if direct {
             // `_t`: a partial last iteration of 1-3 super-blocks
             let t = if cols.is_multiple_of(1024) { "" } else { "_t" };
-            format!("mvd_{stem}_n{nt}_r{r}{t}")
+            let g = match direct_xgroup() {
+                g @ (1 | 2) if nt > 2 && ty == GgmlType::Q4K => format!("_g{g}"),
+                _ => String::new(),
+            };
+            format!("mvd_{stem}_n{nt}_r{r}{g}{t}")
         } else if nt == 1 {
             format!("mvm_{stem}_r{r}")
         } else {
@@ -833,7 +863,7 @@ impl CudaDevice {
         b.arg(&load_mode);
         // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
         // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT, and
-        // mvd_<fmt>_n<NT>_r<R>[_t](MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows
+        // mvd_<fmt>_n<NT>_r<R>[_g<G>][_t](MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows
         // of a multiple of 1024 values, or of 256 with _t, whose loads stay inside every row);
         // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
         // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized

@@ -448,6 +448,7 @@ fn direct_segments_match_cpu_reference() {
                     let mut want = Vec::new();
                     let mut ys = Vec::new();
                     let mut biases = Vec::new();
+                    let mut y_inits = Vec::new();
                     for (i, &r) in rows.iter().enumerate() {
                         let wb = random_matrix(ty, r, cols, seed + 7 * i as u64);
                         let rb = wb.len() / r;
@@ -475,7 +476,9 @@ fn direct_segments_match_cpu_reference() {
                             }
                         }
                         want.push(expect);
-                        ys.push(up(&if acc { y0 } else { vec![f32::NAN; nt * r] }));
+                        let y_init = if acc { y0 } else { vec![f32::NAN; nt * r] };
+                        ys.push(up(&y_init));
+                        y_inits.push(y_init);
                         biases.push(bias.map(|b| up(&b)));
                         mats.push(dev.upload_matrix(ty, r, cols, &wb).unwrap());
                     }
@@ -489,8 +492,10 @@ fn direct_segments_match_cpu_reference() {
                         failures.push(format!("{what}: launch: {e}"));
                         continue;
                     }
+                    let mut got_all = Vec::new();
                     for (i, y) in ys.iter().enumerate() {
                         let got = dev.stream().clone_dtoh(y).unwrap();
+                        got_all.push(got.clone());
                         if let Some((j, (g, (w, mag)))) =
                             got.iter()
                                 .zip(&want[i])
@@ -503,6 +508,36 @@ fn direct_segments_match_cpu_reference() {
                             failures.push(format!(
                                 "{what}: segment {i} value {j}: {g} vs {w} (magnitude {mag:.3e})"
                             ));
+                        }
+                    }
+                    // the x-group kernels (REDLINE_MV_DIRECT_XG): the same dots in the same
+                    // order, so bit for bit the results above
+                    if ty == GgmlType::Q4K && nt > 2 {
+                        for g in [1u32, 2] {
+                            cuda::matvec::set_direct_xgroup(Some(g));
+                            for (y, init) in ys.iter_mut().zip(&y_inits) {
+                                dev.stream().memcpy_htod(init, y).unwrap();
+                            }
+                            let segs = seg_list(&dev, &mats, &ys, &biases, &accs);
+                            let res = dev.matvec_segments(&segs, &scratch);
+                            cuda::matvec::set_direct_xgroup(None);
+                            if let Err(e) = res {
+                                failures.push(format!("{what}, x group {g}: launch: {e}"));
+                                continue;
+                            }
+                            for (i, y) in ys.iter().enumerate() {
+                                let got = dev.stream().clone_dtoh(y).unwrap();
+                                let same = got
+                                    .iter()
+                                    .zip(&got_all[i])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                                if !same {
+                                    failures.push(format!(
+                                        "{what}, x group {g}: segment {i} differs from the \
+                                         all-tokens kernel"
+                                    ));
+                                }
+                            }
                         }
                     }
                 }
@@ -571,6 +606,23 @@ fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
                 3,
             ));
         }
+        // 3-4 tokens with x held a group of tokens at a time (REDLINE_MV_DIRECT_XG; Q4_K only)
+        if ty == GgmlType::Q4K {
+            for r in [1u32, 2] {
+                for g in [1u32, 2] {
+                    v.push((
+                        format!("direct r{r} g{g}"),
+                        Box::new(move || {
+                            cuda::matvec::set_direct_kernels(Some(true), r);
+                            cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
+                            cuda::matvec::set_direct_three(Some(true));
+                            cuda::matvec::set_direct_xgroup(Some(g));
+                        }),
+                        4,
+                    ));
+                }
+            }
+        }
     } else {
         for r in [2u32, 4] {
             for xs in [true, false] {
@@ -592,6 +644,7 @@ fn reset_row_variants() {
     cuda::matvec::set_direct_kernels(None, 0);
     cuda::matvec::set_direct_four(None);
     cuda::matvec::set_direct_three(None);
+    cuda::matvec::set_direct_xgroup(None);
     cuda::matvec::set_rows_per_warp_override(0);
     cuda::matvec::set_x_in_shared(None);
 }
