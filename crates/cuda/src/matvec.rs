@@ -273,6 +273,11 @@ fn direct_rows_forced(n_tokens: usize) -> u32 {
     if forced == 0 && n_tokens == 2 {
         forced = *ENV2.get_or_init(|| env_u32("REDLINE_MV_DIRECT_R2"));
     }
+    if forced == 0 && n_tokens > 2 {
+        // (the x-group kernels at one row a warp: 72-94 registers, [`direct_xgroup`])
+        static ENV34: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        forced = *ENV34.get_or_init(|| env_u32("REDLINE_MV_DIRECT_R34"));
+    }
     match forced {
         4 if n_tokens > 2 => 2,
         1 | 2 | 4 => forced,
