@@ -65,7 +65,8 @@
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
-#          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B
+#          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
+#          s31b (not run): ncu of the 4-token one in a verify pass
 # s30a:    session 30: the review commit's product and speculative suites; s30b: ncu, the direct
 #          Q4_K kernel against the staged mmv2 kernel at one token (27B); s30c (not run): the
 #          three-token switch against 2-row verify passes
@@ -461,6 +462,21 @@ s31a)
     done
     echo "XG=2: $(REDLINE_MV_DIRECT_XG=2 suite t_gpu_speculative --ignored)"
     echo "== s31a $(el)"
+    ;;
+s31b)
+    # session 31 (written, not run): ncu on the x-group kernels in a 4-row verify pass, every
+    # 4-token Q4_K launch on them (REDLINE_MV_DIRECT_XG=2 REDLINE_MV_DIRECT4=1; session 30's s30b
+    # has mvd_q4_k_n4_r2 and mmv_q4_k_t4 in the same pass for comparison)
+    [ -e /tmp/m27.gguf ] || $R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1
+    NCU=/usr/local/cuda/bin/ncu
+    env REDLINE_MV_DIRECT_XG=2 REDLINE_MV_DIRECT4=1 REDLINE_CUDA_GRAPHS=0 timeout 200 $NCU -k "regex:^mvd_q4_k_n4_r2_g2\$" \
+        --launch-skip 8 --launch-count 8 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats -o "$OUT/g2" -f \
+        $R verify-bench -k 4 -d 16 -r 1 --device cuda -m /tmp/m27.gguf >"$OUT/ncu_g2.log" 2>&1
+    $NCU -i "$OUT/g2.ncu-rep" --page details >"$OUT/det_g2.txt" 2>&1
+    rm -f "$OUT/g2.ncu-rep"
+    grep -E "^  [a-z]|Duration|Grid Size|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|Eligible Warps|No Eligible|Block Limit" "$OUT/det_g2.txt" | head -80 | cut -c1-150
+    echo "== s31b $(el)"
     ;;
 s30c)
     # session 30 (written, not run: no device time left): does the three-token switch move a
