@@ -583,45 +583,35 @@ fn one_segment(
 fn row_variants(ty: GgmlType) -> Vec<(String, Box<dyn Fn()>, usize)> {
     let mut v: Vec<(String, Box<dyn Fn()>, usize)> = Vec::new();
     if matches!(ty, GgmlType::Q4K | GgmlType::Q4_0) {
-        for r in [1u32, 2, 4] {
-            v.push((
-                format!("direct r{r}"),
-                Box::new(move || {
-                    cuda::matvec::set_direct_kernels(Some(true), r);
-                    cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
-                    cuda::matvec::set_direct_three(Some(false));
-                }),
-                if r == 4 { 2 } else { 4 },
-            ));
-        }
-        // three tokens on the three-token kernels (REDLINE_MV_DIRECT_N3)
-        for r in [1u32, 2] {
-            v.push((
-                format!("direct r{r} n3"),
-                Box::new(move || {
-                    cuda::matvec::set_direct_kernels(Some(true), r);
-                    cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
-                    cuda::matvec::set_direct_three(Some(true));
-                }),
-                3,
-            ));
-        }
-        // 3-4 tokens with x held a group of tokens at a time (REDLINE_MV_DIRECT_XG; Q4_K only)
+        // (rows a warp, three tokens on the three-token kernels (REDLINE_MV_DIRECT_N3), x group
+        // of the 3-4-token Q4_K kernels (REDLINE_MV_DIRECT_XG, 0: all tokens), most tokens)
+        let mut direct = vec![
+            (1u32, false, 0u32, 4usize),
+            (2, false, 0, 4),
+            (4, false, 0, 2),
+        ];
+        direct.extend([(1, true, 0, 3), (2, true, 0, 3)]);
         if ty == GgmlType::Q4K {
-            for r in [1u32, 2] {
-                for g in [1u32, 2] {
-                    v.push((
-                        format!("direct r{r} g{g}"),
-                        Box::new(move || {
-                            cuda::matvec::set_direct_kernels(Some(true), r);
-                            cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
-                            cuda::matvec::set_direct_three(Some(true));
-                            cuda::matvec::set_direct_xgroup(Some(g));
-                        }),
-                        4,
-                    ));
-                }
-            }
+            direct.extend([
+                (1, true, 1, 4),
+                (1, true, 2, 4),
+                (2, true, 1, 4),
+                (2, true, 2, 4),
+            ]);
+        }
+        for (r, n3, g, most) in direct {
+            let name = match (n3, g) {
+                (false, _) => format!("direct r{r}"),
+                (true, 0) => format!("direct r{r} n3"),
+                (true, g) => format!("direct r{r} g{g}"),
+            };
+            let set = move || {
+                cuda::matvec::set_direct_kernels(Some(true), r);
+                cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
+                cuda::matvec::set_direct_three(Some(n3));
+                cuda::matvec::set_direct_xgroup(Some(g));
+            };
+            v.push((name, Box::new(set), most));
         }
     } else {
         for r in [2u32, 4] {
