@@ -64,6 +64,8 @@
 #          (default and exact mode), the 27B at 8 streams
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
+# s32a:    session 32: s31a cut down (suite, verify A/B default / XG=1 / XG=2 / XG=2+DIRECT4)
+# s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
 #          s31b (not run): ncu of the 4-token one in a verify pass
@@ -462,6 +464,45 @@ s31a)
     done
     echo "XG=2: $(REDLINE_MV_DIRECT_XG=2 suite t_gpu_speculative --ignored)"
     echo "== s31a $(el)"
+    ;;
+s32a)
+    # session 32: s31a cut to fit a short device budget (failed starts cost 3 min each): the
+    # matvec suite (the x-group kernels bit for bit), then verify cost rounds alternating
+    # default / XG=1 / XG=2 / XG=2 with every 4-token launch direct; the speculative suite with
+    # XG=2 last. NO_SYNTH=1.
+    [ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1) &
+    S27=$!
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $S27
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_MV_DIRECT_XG=1 REDLINE_MV_DIRECT_XG=2 "REDLINE_MV_DIRECT_XG=2 REDLINE_MV_DIRECT4=1"; do
+            vb "$v" 1,3,4 3
+        done
+        echo "round $r $(el)"
+    done
+    echo "XG=2: $(REDLINE_MV_DIRECT_XG=2 suite t_gpu_speculative --ignored)"
+    echo "== s32a $(el)"
+    ;;
+s32b)
+    # session 32: the x-group kernels by size (G = 2 from 12288 rows, 4-token direct up to 24576
+    # rows) as the default: the suites, the four 27B shapes' dispatch, the verify cost against
+    # REDLINE_MV_DIRECT_XG=0 (rounds alternating). NO_SYNTH=1.
+    [ -e /tmp/m27.gguf ] || ($R synth --shape qwen3.5-27b --type Q4_K_M -o /tmp/m27.gguf >/tmp/s27.log 2>&1) &
+    S27=$!
+    suite t_gpu_matvec
+    TIMING_SHAPES=down,out,gate/up,in-proj timeout 150 devbin/t_gpu_matvec --ignored --test-threads 1 --nocapture few_token_segment_timing 2>&1 | grep -E "^ +(down|out|gate/up|in-proj|op) " | grep -E " op |dispatch" | head -12
+    echo "== checks $(el)"
+    wait $S27
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_MV_DIRECT_XG=0; do
+            vb "$v" 1,2,3,4 4
+        done
+        echo "round $r $(el)"
+    done
+    echo "default: $(suite t_gpu_speculative --ignored)"
+    for v in X=1 REDLINE_MV_DIRECT_XG=0; do ST=$v b m27 -n 64 -r 2 --parallel 4; done
+    echo "== s32b $(el)"
     ;;
 s31b)
     # session 31 (written, not run): ncu on the x-group kernels in a 4-row verify pass, every

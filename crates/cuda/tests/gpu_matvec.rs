@@ -437,6 +437,7 @@ fn direct_segments_match_cpu_reference() {
                     cuda::matvec::set_q8_1_tiled(Some(tiled));
                     cuda::matvec::set_direct_kernels(Some(true), rpw);
                     cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
+                    cuda::matvec::set_direct_xgroup(Some(0));
                     let x = random_activations(nt * cols, seed);
                     let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
                     dev.quantize_for_matvec(&up(&x), nt, cols, &mut scratch)
@@ -520,7 +521,7 @@ fn direct_segments_match_cpu_reference() {
                             }
                             let segs = seg_list(&dev, &mats, &ys, &biases, &accs);
                             let res = dev.matvec_segments(&segs, &scratch);
-                            cuda::matvec::set_direct_xgroup(None);
+                            cuda::matvec::set_direct_xgroup(Some(0));
                             if let Err(e) = res {
                                 failures.push(format!("{what}, x group {g}: launch: {e}"));
                                 continue;
@@ -551,6 +552,7 @@ fn direct_segments_match_cpu_reference() {
     }
     cuda::matvec::set_direct_kernels(None, 0);
     cuda::matvec::set_direct_four(None);
+    cuda::matvec::set_direct_xgroup(None);
     cuda::matvec::set_q8_1_tiled(None);
     assert!(
         failures.is_empty(),
