@@ -215,18 +215,23 @@ pub enum DirectFour {
 /// Rows below which a 3-4-token launch takes the direct kernels by default. H100 (session 27,
 /// µs at 3 tokens, direct 2 rows a warp / tensor cores): 5120 x 17408 30.0 / 36.1, 5120 x 6144
 /// 14.3 / 15.2, 16384 x 5120 29.7 / 29.7, 2 x 17408 x 5120 57.3 / 53.5. Three-token Q4_K
-/// launches of any size take the three-token kernels ([`direct_three`], session 30). From
-/// [`XGROUP_MIN_ROWS`] rows up they take the x-group kernels, which at four tokens beat the
-/// tensor-core kernel at 16384 x 5120 (28.5 against 30.5 µs) and lose to it at 2 x 17408 x 5120
-/// (56.3 against 54.6; session 32, H100).
+/// launches of any size take the three-token kernels ([`direct_three`], session 30). Session
+/// 32 (H100) moved the line from 12288 to 24576 rows, which puts the 27B's 4-token
+/// in-projections (16384 x 5120) on the direct kernel: alone 30.6 µs against the tensor cores'
+/// 30.5, and the 27B's verify pass of 4 rows 1.47 / 1.47 / 1.47x a step with it (three rounds),
+/// 1.47-1.54x before in the same session's other window. Gate/up (2 x 17408 x 5120) stays on the
+/// tensor cores: 54.6 µs against 58.4 direct.
 pub const DIRECT4_MAX_ROWS: usize = 24576;
 
-/// Rows from which a 3-4-token Q4_K launch takes the x-group kernels (G = 2) by default
+/// Rows from which a three-token Q4_K launch takes the x-group kernels (G = 2) by default
 /// ([`direct_xgroup`]). H100, session 32 (µs at 3 / 4 tokens, 2 rows a warp, all-tokens kernel
 /// / x-group kernel): 5120 x 17408 27.0 / 30.8 and 30.3 / 37.5, 5120 x 6144 12.9 / 14.0 and
 /// 14.5 / 16.7, 16384 x 5120 27.5 / 25.0 and 30.6 / 28.5, 2 x 17408 x 5120 51.2 / 50.1 and
 /// 58.4 / 56.3. At 5120 rows a launch is 640 blocks of 8 rows; at the x-group kernels' 4 blocks
 /// an SM (128 registers) that is 1.2 waves on 132 SMs, and ncu shows 20 % occupancy achieved.
+/// Four-token launches stay on the all-tokens kernels: with the in-projections on `n4_r2_g2`
+/// the 27B's 4-row verify pass took 11.99 ms against 11.85 (means of three rounds), though the
+/// kernel alone is the faster.
 pub const XGROUP_MIN_ROWS: usize = 12288;
 
 /// 0: `REDLINE_MV_DIRECT4` decides; 1: off; 2: short launches; 3: all.
@@ -330,15 +335,16 @@ pub fn set_direct_three(on: Option<bool>) {
     DIRECT3_OVERRIDE.store(on.map_or(0, |o| if o { 2 } else { 1 }), Ordering::Relaxed);
 }
 
-/// Tokens whose x a 3-4-token direct Q4_K launch of `rows` rows holds at once: 0, all of them
-/// for two iterations (`mvd_q4_k_n<NT>_r<R>`); 1 or 2, a group at a time, the next group in
-/// flight (`mvd_q4_k_n<NT>_r<R>_g<G>`, session 31: 128 registers at 2 rows a warp instead of
-/// 167, 4 blocks an SM instead of 3; 72-94 at one row; bit-identical results). By default 2
-/// from [`XGROUP_MIN_ROWS`] rows, else 0; `REDLINE_MV_DIRECT_XG=0|1|2` sets it for every size
-/// (read once; [`set_direct_xgroup`] overrides). The 27B's verify passes (H100, session 32,
-/// three rounds, x a step): every launch at G = 2 1.35-1.36 at 3 rows (all-tokens kernels
-/// 1.37-1.41), 1.55-1.60 at 4 rows (1.47-1.54); G = 1 1.50-1.67 / 1.56-1.63.
-pub fn direct_xgroup(rows: usize) -> u32 {
+/// Tokens whose x a direct Q4_K launch of `n_tokens` (3 or 4) tokens and `rows` rows holds at
+/// once: 0, all of them for two iterations (`mvd_q4_k_n<NT>_r<R>`); 1 or 2, a group at a time,
+/// the next group in flight (`mvd_q4_k_n<NT>_r<R>_g<G>`, session 31: 128 registers at 2 rows a
+/// warp instead of 167, 4 blocks an SM instead of 3; 72-94 at one row; bit-identical results).
+/// By default 2 for three tokens from [`XGROUP_MIN_ROWS`] rows, else 0;
+/// `REDLINE_MV_DIRECT_XG=0|1|2` sets it for every launch (read once; [`set_direct_xgroup`]
+/// overrides). The 27B's verify passes (H100, session 32, three rounds each, x a step): every
+/// launch at G = 2 1.35-1.36 at 3 rows (all-tokens kernels 1.37-1.41), 1.55-1.60 at 4 rows
+/// (1.47-1.54); G = 1 1.50-1.67 / 1.56-1.63; by size 10.86 ms a 3-row pass against 10.97.
+pub fn direct_xgroup(n_tokens: usize, rows: usize) -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let code = match DIRECT_XG_OVERRIDE.load(Ordering::Relaxed) {
         0 => *ENV.get_or_init(|| match std::env::var("REDLINE_MV_DIRECT_XG").as_deref() {
@@ -350,7 +356,7 @@ pub fn direct_xgroup(rows: usize) -> u32 {
         c => c,
     };
     match code {
-        0 if rows >= XGROUP_MIN_ROWS => 2,
+        0 if n_tokens == 3 && rows >= XGROUP_MIN_ROWS => 2,
         0 => 0,
         c => c - 1,
     }
@@ -826,7 +832,7 @@ impl CudaDevice {
         let base = if direct {
             // `_t`: a partial last iteration of 1-3 super-blocks
             let t = if cols.is_multiple_of(1024) { "" } else { "_t" };
-            let g = match direct_xgroup(total_rows) {
+            let g = match direct_xgroup(nt, total_rows) {
                 g @ (1 | 2) if nt > 2 && ty == GgmlType::Q4K => format!("_g{g}"),
                 _ => String::new(),
             };
