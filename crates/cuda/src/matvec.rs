@@ -1065,3 +1065,43 @@ impl CudaDevice {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 27B's verify-pass launches take the kernels session 32 measured fastest in a pass:
+    /// three-token launches of 12288+ rows the x-group kernels, four-token ones the all-tokens
+    /// kernels, direct up to 24576 rows (the in-projections) and on the tensor cores beyond
+    /// (gate/up). The only test in this binary that touches these switches.
+    #[test]
+    fn few_token_q4_k_launches_take_the_measured_kernels() {
+        let env_set = [
+            "REDLINE_MV_DIRECT",
+            "REDLINE_MV_DIRECT4",
+            "REDLINE_MV_DIRECT_XG",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+        if env_set {
+            eprintln!("skipped: a REDLINE_MV_DIRECT* switch is set");
+            return;
+        }
+        let q4k = |n, rows| direct_applies(GgmlType::Q4K, 5120, n, rows);
+        // in-projections, gate/up, out, down
+        assert!(q4k(3, 16384) && q4k(3, 34816) && q4k(3, 5120));
+        assert!(q4k(4, 16384) && !q4k(4, 34816) && q4k(4, 5120));
+        assert!(direct_applies(GgmlType::Q4K, 17408, 4, 5120));
+        assert!(!direct_applies(GgmlType::IQ4XS, 5120, 4, 5120));
+        assert_eq!(direct_xgroup(3, 16384), 2);
+        assert_eq!(direct_xgroup(3, 34816), 2);
+        assert_eq!(direct_xgroup(3, 5120), 0);
+        assert_eq!(direct_xgroup(4, 16384), 0);
+        set_direct_xgroup(Some(1));
+        assert_eq!(direct_xgroup(4, 5120), 1);
+        set_direct_xgroup(Some(0));
+        assert_eq!(direct_xgroup(3, 16384), 0);
+        set_direct_xgroup(None);
+        assert_eq!(direct_xgroup(3, 16384), 2);
+    }
+}
