@@ -65,6 +65,7 @@
 # skip8:   the graph-mode cost of each op kind in an 8-row 32B step (REDLINE_SKIP_OPS)
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s32a:    session 32: s31a cut down (suite, verify A/B default / XG=1 / XG=2 / XG=2+DIRECT4)
+# s33a:    written in session 32 (not run): the final rule as one binary, 27B and 32B verify A/B
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -483,6 +484,24 @@ s32a)
     done
     echo "XG=2: $(REDLINE_MV_DIRECT_XG=2 suite t_gpu_speculative --ignored)"
     echo "== s32a $(el)"
+    ;;
+s33a)
+    # written in session 32 for the next window (~2 min): the final rule as one binary (G = 2
+    # for 3-token launches of 12288+ rows only) against REDLINE_MV_DIRECT_XG=0 on the 27B's
+    # verify cost, and the 32B's 3-row verify pass (its gate/up, 55296 rows, the one 32B launch
+    # the rule moves); the suites. Synthesizes both files (no NO_SYNTH).
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_MV_DIRECT_XG=0; do
+            vb "$v" 1,2,3,4 4
+            echo "32B verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m32.gguf --device cuda -k 1,3 -d 256 -r 4 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+        done
+        echo "round $r $(el)"
+    done
+    echo "default: $(suite t_gpu_speculative --ignored)"
+    echo "== s33a $(el)"
     ;;
 s32b)
     # session 32: the x-group kernels by size (G = 2 from 12288 rows, 4-token direct up to 24576
