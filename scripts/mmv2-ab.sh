@@ -107,8 +107,9 @@ suite() {
     echo "$bin: $(timeout 200 devbin/$bin --test-threads 1 "$@" 2>&1 | grep -E "^test .*(FAIL|panic)|test result|panicked|differs" | head -4 | tr '\n' ' ')"
 }
 # vb "VAR=value ..." K R: the 27B's verify cost (ms and x a step per pass) under that environment
+# (VB_M=m32: the 32B's)
 vb() {
-    echo "verify $1: $(env $1 timeout 100 $R verify-bench -m /tmp/m27.gguf --device cuda -k "$2" -d 256 -r "$3" 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+    echo "${VB_M:+$VB_M }verify $1: $(env $1 timeout 100 $R verify-bench -m "/tmp/${VB_M:-m27}.gguf" --device cuda -k "$2" -d 256 -r "$3" 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
 }
 for stage in $STAGE; do
 case $stage in
@@ -496,7 +497,7 @@ s33a)
     for r in 1 2 3; do
         for v in X=1 REDLINE_MV_DIRECT_XG=0; do
             vb "$v" 1,2,3,4 4
-            echo "32B verify $v: $(env $v timeout 100 $R verify-bench -m /tmp/m32.gguf --device cuda -k 1,3 -d 256 -r 4 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
+            VB_M=m32 vb "$v" 1,3 4
         done
         echo "round $r $(el)"
     done
