@@ -66,6 +66,7 @@
 # xj1:     (written, not run) x just in time in the direct kernels at one token too
 # s32a:    session 32: s31a cut down (suite, verify A/B default / XG=1 / XG=2 / XG=2+DIRECT4)
 # s33a:    written in session 32 (not run): the final rule as one binary, 27B and 32B verify A/B
+# s33b:    session 33: a one-row 27B step op by op (profile and REDLINE_SKIP_OPS, groups of kinds)
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -503,6 +504,19 @@ s33a)
     done
     echo "default: $(suite t_gpu_speculative --ignored)"
     echo "== s33a $(el)"
+    ;;
+s33b)
+    # session 33: where a one-row 27B step goes now (issue 4's gap; session 19 did the 32B):
+    # eager device time per op (REDLINE_PROFILE_OPS=1), then the graph-mode cost of each op
+    # kind and of groups of them (REDLINE_SKIP_OPS: the step without them; outputs wrong)
+    wait $SP
+    REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 >"$OUT/profile1_m27.txt" 2>&1
+    grep -vE "^\s*$" "$OUT/profile1_m27.txt" | tail -32
+    for k in X matmul_many matmul_add matmul_many,matmul_add rms_norm conv1d_qkv delta_rule_gated gated_rms_norm swiglu \
+        attention_block rms_norm,conv1d_qkv,delta_rule_gated,gated_rms_norm,swiglu,attention_block X; do
+        ST="REDLINE_SKIP_OPS=$k" b m27 -n 64 -r 2
+    done
+    echo "== s33b $(el)"
     ;;
 s32b)
     # session 32: the x-group kernels by size (G = 2 from 12288 rows, 4-token direct up to 24576
