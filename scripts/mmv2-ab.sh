@@ -67,6 +67,7 @@
 # s32a:    session 32: s31a cut down (suite, verify A/B default / XG=1 / XG=2 / XG=2+DIRECT4)
 # s33a:    written in session 32 (not run): the final rule as one binary, 27B and 32B verify A/B
 # s33b:    session 33: a one-row 27B step op by op (profile and REDLINE_SKIP_OPS, groups of kinds)
+# s33c:    session 33: the direct Q6_K kernels: suites, one row A/B, 27B profiles
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -504,6 +505,28 @@ s33a)
     done
     echo "default: $(suite t_gpu_speculative --ignored)"
     echo "== s33a $(el)"
+    ;;
+s33c)
+    # session 33: the direct Q6_K kernels (mvd_q6_k_*, one-token launches below the heads' size
+    # by default): the matvec suite (Q6_K rows at 1-4 tokens on them against the CPU
+    # reference), the speculative suite, one row of both models against REDLINE_MV_DIRECT_Q6K=0,
+    # one row a warp (REDLINE_MV_DIRECT_R_Q6K=1) and the heads on them too (rounds alternating),
+    # the 27B's eager per-op profile with and without
+    suite t_gpu_matvec
+    echo "default: $(suite t_gpu_speculative --ignored)"
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_DIRECT_Q6K=0 REDLINE_MV_DIRECT_R_Q6K=1 REDLINE_MV_DIRECT_Q6K=heads; do
+            for m in m27 m32; do ST=$v b $m -n 128 -r 2; done
+        done
+        echo "round $r $(el)"
+    done
+    for v in X=1 REDLINE_MV_DIRECT_Q6K=0; do
+        echo "profile 27B $v:"
+        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 2>&1 | grep -E "Q6_K|op profile" | head -10
+    done
+    echo "== s33c $(el)"
     ;;
 s33b)
     # session 33: where a one-row 27B step goes now (issue 4's gap; session 19 did the 32B):

@@ -115,7 +115,7 @@ struct MvdQ4K {
     }
     static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 32; }
     static __device__ __forceinline__ int xd(int lane) { return 2 * (8 * (lane >> 3) + 2 * ((lane & 7) >> 1)); }
-    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, W& w) {
+    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, const C&, W& w) {
         w.hd = mvd_ld_w16(ph);
         w.q = mvd_ld_w16(pq);
     }
@@ -204,7 +204,7 @@ struct MvdIQ4XS {
     static __device__ __forceinline__ int xe0(int lane) { return 256 * (lane >> 3) + 32 * (lane & 7); }
     static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 16; }
     static __device__ __forceinline__ int xd(int lane) { return 2 * (8 * (lane >> 3) + (lane & 7)); }
-    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, W& w) {
+    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, const C&, W& w) {
         w.hd = mvd_ld_w8(ph);
         w.q0 = mvd_ld_w8(pq);
         w.q1 = mvd_ld_w8(pq + 8);
@@ -287,7 +287,7 @@ struct MvdQ4_0 {
     static __device__ __forceinline__ int xe0(int lane) { return 256 * (lane >> 3) + 32 * (lane & 7); }
     static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 16; }
     static __device__ __forceinline__ int xd(int lane) { return 2 * (8 * (lane >> 3) + (lane & 7)); }
-    static __device__ __forceinline__ void load_w(const uint8_t*, const uint8_t* pq, W& w) {
+    static __device__ __forceinline__ void load_w(const uint8_t*, const uint8_t* pq, const C&, W& w) {
 #pragma unroll
         for (int i = 0; i < 5; i++)
             asm("ld.global.nc.u32 %0, [%1];" : "=r"(w.w[i]) : "l"(pq + 4 * i));
@@ -317,6 +317,121 @@ struct MvdQ4_0 {
         int s0, s1;
         mvd_nibble_dots(r.lo, r.hi, x.a, x.b, s0, s1);
         return fmaf(r.d, fmaf(x.d16, (float)(16 * s0 + s1), -8.0f * x.s), acc);
+    }
+};
+
+// Q6_K (session 33): super-blocks of 210 bytes (ql[128] the low 4 bits, qh[64] the high 2,
+// scales[16] int8, d f16; x = d sc (q - 32), ggml dequantize_row_q6_K). Rows of whole
+// 1024-value iterations only (4 super-blocks, 840 = 8 x 105 bytes: every row and iteration starts
+// 8-byte aligned; no _t kernels), so super-block s of an iteration starts 2 (s odd) or 0 bytes
+// past a 4-byte boundary. Lane v = lane % 8 of a super-block (half n = v / 4, A = (v / 2) % 2,
+// h = v % 2) takes ql bytes [64 n + 32 A + 16 h, + 16): the low nibbles are elements 16 h ..
+// 16 h + 15 of the half's group A, the high ones those of group A + 2 (a group: 32 values of one
+// q8_1 unit); qh bytes [32 n + 16 h, + 16) carry both groups' top bits (bits 2 A and 4 + 2 A;
+// the lanes of A = 0 and 1 share them). Each 16-byte run as five aligned word loads (L1-cached,
+// the lanes' words share sectors) funnel-shifted by 16 bits in odd super-blocks, as Q4_0; the
+// two scales (sc[8 n + 2 A + h] and + 4) as sign-extending byte loads, d as a 16-bit load. The
+// 6-bit values dot unsigned (dp4a.u32.s32) with x; the - 32 comes off with the sums of the
+// lane's 16 x values of each unit (per token, shared by the R rows): exact integers, as every
+// product here ((q - 32) x sums of 16 times the scale stay below 2^24).
+struct MvdQ6K {
+    static constexpr int SB = 210;
+    struct W {
+        uint32_t ql[5], qh[5];
+        int sc0, sc1;
+        uint32_t d;
+    };
+    struct X {
+        u32x4 a, b;       // the lane's 16 x values of the low group's unit and of the high one's
+        float da, db;     // their units' q8_1 d
+        int sa32, sb32;   // 32 x the sums of those 16 values
+    };
+    struct D {
+        float d;
+        int sc0, sc1;
+        uint32_t lo[4], hi[4];
+    };
+    struct C {
+        uint32_t sh;          // funnel shift of the quants (16 in odd super-blocks)
+        uint32_t shl, shr;    // qh bits of the low group to bits 4-5 (<<), of the high group (>>)
+        int dqh, jsc;         // qh past the lane's ql pointer; its first scale past the super-block
+    };
+    static __device__ __forceinline__ C consts(int lane) {
+        const int v = lane & 7, n = v >> 2, A = (v >> 1) & 1, h = v & 1;
+        C c;
+        c.sh = 16 * ((lane >> 3) & 1);
+        c.shl = 4 - 2 * A;
+        c.shr = 2 * A;
+        c.dqh = 128 - 32 * n - 32 * A;
+        c.jsc = 192 + 8 * n + 2 * A + h;
+        mvd_pin(c.sh);
+        mvd_pin(c.shl);
+        mvd_pin(c.shr);
+        return c;
+    }
+    // the lane's ql bytes, from the 4-byte boundary at or before them
+    static __device__ __forceinline__ int qofs(int lane) {
+        const int v = lane & 7;
+        return 64 * (v >> 2) + 32 * ((v >> 1) & 1) + 16 * (v & 1) - 2 * ((lane >> 3) & 1);
+    }
+    static __device__ __forceinline__ int xe0(int lane) {
+        const int v = lane & 7;
+        return 256 * (lane >> 3) + 128 * (v >> 2) + 32 * ((v >> 1) & 1) + 16 * (v & 1);
+    }
+    static __device__ __forceinline__ int xe1(int lane) { return xe0(lane) + 64; }
+    static __device__ __forceinline__ int xd(int lane) {
+        const int v = lane & 7;
+        return 2 * (8 * (lane >> 3) + 4 * (v >> 2) + ((v >> 1) & 1));
+    }
+    static __device__ __forceinline__ void load_w(const uint8_t* ph, const uint8_t* pq, const C& c, W& w) {
+        const uint8_t* ph2 = pq + c.dqh;
+#pragma unroll
+        for (int i = 0; i < 5; i++) {
+            asm("ld.global.nc.u32 %0, [%1];" : "=r"(w.ql[i]) : "l"(pq + 4 * i));
+            asm("ld.global.nc.u32 %0, [%1];" : "=r"(w.qh[i]) : "l"(ph2 + 4 * i));
+        }
+        const uint8_t* ps = ph + c.jsc;
+        asm("ld.global.nc.s8 %0, [%1];" : "=r"(w.sc0) : "l"(ps));
+        asm("ld.global.nc.s8 %0, [%1];" : "=r"(w.sc1) : "l"(ps + 4));
+        asm("ld.global.nc.u16 %0, [%1];" : "=r"(w.d) : "l"(ph + 208));
+    }
+    static __device__ __forceinline__ void load_x(const int8_t* pa, const int8_t* pb, const float* pd, const C&,
+                                                  X& x) {
+        x.a = mvd_ld_x(pa);
+        x.b = mvd_ld_x(pb);
+        x.da = mvd_ld_xf(pd);
+        x.db = mvd_ld_xf(pd + 4);
+        int sa = dp4a((int)x.a.x, 0x01010101, 0);
+        sa = dp4a((int)x.a.y, 0x01010101, sa);
+        sa = dp4a((int)x.a.z, 0x01010101, sa);
+        sa = dp4a((int)x.a.w, 0x01010101, sa);
+        int sb = dp4a((int)x.b.x, 0x01010101, 0);
+        sb = dp4a((int)x.b.y, 0x01010101, sb);
+        sb = dp4a((int)x.b.z, 0x01010101, sb);
+        sb = dp4a((int)x.b.w, 0x01010101, sb);
+        x.sa32 = 32 * sa;
+        x.sb32 = 32 * sb;
+    }
+    static __device__ __forceinline__ D decode(const W& w, const C& c) {
+        D r;
+        r.d = f16_to_f32((uint16_t)w.d);
+        r.sc0 = w.sc0;
+        r.sc1 = w.sc1;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t ql, qh;
+            asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(ql) : "r"(w.ql[i]), "r"(w.ql[i + 1]), "r"(c.sh));
+            asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(qh) : "r"(w.qh[i]), "r"(w.qh[i + 1]), "r"(c.sh));
+            r.lo[i] = (ql & 0x0F0F0F0Fu) | ((qh << c.shl) & 0x30303030u);
+            r.hi[i] = ((ql >> 4) & 0x0F0F0F0Fu) | ((qh >> c.shr) & 0x30303030u);
+        }
+        return r;
+    }
+    static __device__ __forceinline__ float dot(const D& r, const X& x, float acc) {
+        int s0, s1;
+        mvd_nibble_dots(r.lo, r.hi, x.a, x.b, s0, s1);
+        const float f = fmaf(x.db, (float)((s1 - x.sb32) * r.sc1), x.da * (float)((s0 - x.sa32) * r.sc0));
+        return fmaf(r.d, f, acc);
     }
 };
 
@@ -376,7 +491,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     typename F::X xa[NT], xb[NT];
     if (!TAIL || nit > 0) {
 #pragma unroll
-        for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+        for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
     }
     pdl_wait();
     pdl_trigger();
@@ -394,7 +509,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         const bool second = it + 1 < nit;
         if (second) {
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, wb[r]);
+            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, c, wb[r]);
             if (!XJ) mvd_load_x<F, NT, 1024, 64>(pa, pb, pd, ncols, n_tokens, c, xb);
         }
         if (XJ) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
@@ -410,7 +525,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         pd += 128;
         if (it + 2 < nit) {
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
             if (!XJ) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
         }
         if (XJ) {
@@ -433,7 +548,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
             for (int r = 0; r < R; r++) {
                 const uint8_t* h = W + (long long)min(row0 + r, nrows - 1) * row_bytes + (long long)nit * IT +
                                    (lane >> 3) * F::SB;
-                F::load_w(h, h + F::qofs(lane), wa[r]);
+                F::load_w(h, h + F::qofs(lane), c, wa[r]);
             }
             const long long x0 = 1024LL * nit;
             mvd_load_x<F, NT, 0, 0>(xq + x0 + q8_1_at(F::xe0(lane), tiled), xq + x0 + q8_1_at(F::xe1(lane), tiled),
@@ -531,7 +646,7 @@ static __device__ __forceinline__ void mvd_rows_xg(const uint8_t* __restrict__ W
     typename F::X x[G];
     if (!TAIL || nit > 0) {
 #pragma unroll
-        for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+        for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
     }
     pdl_wait();
     pdl_trigger();
@@ -540,7 +655,7 @@ static __device__ __forceinline__ void mvd_rows_xg(const uint8_t* __restrict__ W
         const bool second = it + 1 < nit;
         if (second) {
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, wb[r]);
+            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, c, wb[r]);
         }
         mvd_dot_xg<F, NT, R, G>(wa, x, pa, pb, pd, ncols, n_tokens, second, true, c, acc);
         if (!second) break;
@@ -555,7 +670,7 @@ static __device__ __forceinline__ void mvd_rows_xg(const uint8_t* __restrict__ W
         const bool third = it + 2 < nit;
         if (third) {
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], wa[r]);
+            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
         }
         mvd_dot_xg<F, NT, R, G>(wb, x, pa - 1024, pb - 1024, pd - 64, ncols, n_tokens, third, true, c, acc);
     }
@@ -569,7 +684,7 @@ static __device__ __forceinline__ void mvd_rows_xg(const uint8_t* __restrict__ W
             for (int r = 0; r < R; r++) {
                 const uint8_t* h = W + (long long)min(row0 + r, nrows - 1) * row_bytes + (long long)nit * IT +
                                    (lane >> 3) * F::SB;
-                F::load_w(h, h + F::qofs(lane), wa[r]);
+                F::load_w(h, h + F::qofs(lane), c, wa[r]);
             }
         }
         const long long x0 = 1024LL * nit;
@@ -629,6 +744,18 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 MVD_FORMAT(q4_k, MvdQ4K)
 MVD_FORMAT(iq4_xs, MvdIQ4XS)
 MVD_FORMAT(q4_0, MvdQ4_0)
+
+// Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
+#define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, (MvdMinBlocks<F, NT, R>::value))      \
+        mvd_##name##_n##NT##_r##R(const MvSegs p, const int8_t* __restrict__ xq,                      \
+                                  const float* __restrict__ xds, int n_tokens, int load_mode) {        \
+        mvd_segments<F, NT, R, false>(p, xq, xds, n_tokens, load_mode);                                \
+    }
+MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 1, 1) MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 1, 2) MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 1, 4)
+MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 2, 1) MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 2, 2) MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 2, 4)
+MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 3, 1) MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 3, 2)
+MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 4, 1) MVD_KERNEL_WHOLE(q6_k, MvdQ6K, 4, 2)
 
 // mvd_q4_k_n<NT>_r<R>_g<G>[_t]: the 3-4-token Q4_K kernels with x held G tokens at a time
 // (mvd_rows_xg; the host's REDLINE_MV_DIRECT_XG). 2 rows a warp are held to 4 blocks an SM (128

@@ -190,9 +190,88 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
     let format_ok = match ty {
         GgmlType::Q4K | GgmlType::IQ4XS => true,
         GgmlType::Q4_0 => direct_q4_0(),
+        // (whole 1024-value iterations only: `mvd_q6_k_*` have no `_t` kernels)
+        GgmlType::Q6K => cols.is_multiple_of(1024) && direct_q6k().takes(n_tokens, rows),
         _ => false,
     };
     tokens_ok && format_ok && cols.is_multiple_of(256) && direct_kernels()
+}
+
+/// Which Q6_K products take the direct kernels (`mvd_q6_k_*`, session 33: the weights straight
+/// into registers from aligned word loads, as Q4_0's; the staged `mvm_q6_k_*` hold 96-168
+/// registers and shared-memory staging for the same work).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DirectQ6K {
+    Off,
+    /// One-token launches of fewer than [`DIRECT_Q6K_MAX_ROWS`] rows (the default): the
+    /// per-layer products; the output heads (152064-248320 rows) keep the staged kernel, which
+    /// streams them at ~97 % of the card's read bandwidth already.
+    OneToken,
+    /// One-token launches of any size.
+    OneTokenHeads,
+    /// One- and two-token launches of fewer than [`DIRECT_Q6K_MAX_ROWS`] rows (two-token ones
+    /// otherwise go to the q8_1 tensor-core kernels, crate::mmv).
+    TwoTokens,
+    /// Every launch the direct kernels can take (1-4 tokens, any size; tests).
+    All,
+}
+
+impl DirectQ6K {
+    fn takes(self, n_tokens: usize, rows: usize) -> bool {
+        let short = rows < DIRECT_Q6K_MAX_ROWS;
+        match self {
+            DirectQ6K::Off => false,
+            DirectQ6K::OneToken => n_tokens == 1 && short,
+            DirectQ6K::OneTokenHeads => n_tokens == 1,
+            DirectQ6K::TwoTokens => n_tokens <= 2 && short,
+            DirectQ6K::All => true,
+        }
+    }
+}
+
+/// Rows from which a Q6_K launch is an output head and stays on the staged kernels by default
+/// ([`DirectQ6K::OneToken`]).
+pub const DIRECT_Q6K_MAX_ROWS: usize = 100_000;
+
+/// 0: `REDLINE_MV_DIRECT_Q6K` decides; else the [`DirectQ6K`] variant plus one.
+static DIRECT_Q6K_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Which Q6_K products take the direct kernels: `REDLINE_MV_DIRECT_Q6K=0` none, `=heads` one-token
+/// launches of any size, `=2` one and two tokens, `=all` every launch they can take; unset, one-
+/// token launches under [`DIRECT_Q6K_MAX_ROWS`] rows (read once; [`set_direct_q6k`] overrides).
+pub fn direct_q6k() -> DirectQ6K {
+    static ENV: std::sync::OnceLock<DirectQ6K> = std::sync::OnceLock::new();
+    const ALL: [DirectQ6K; 5] = [
+        DirectQ6K::Off,
+        DirectQ6K::OneToken,
+        DirectQ6K::OneTokenHeads,
+        DirectQ6K::TwoTokens,
+        DirectQ6K::All,
+    ];
+    match DIRECT_Q6K_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| match std::env::var("REDLINE_MV_DIRECT_Q6K").as_deref() {
+            Ok("0") => DirectQ6K::Off,
+            Ok("heads") => DirectQ6K::OneTokenHeads,
+            Ok("2") => DirectQ6K::TwoTokens,
+            Ok("all") => DirectQ6K::All,
+            _ => DirectQ6K::OneToken,
+        }),
+        c => ALL[(c as usize - 1).min(ALL.len() - 1)],
+    }
+}
+
+/// Forces which Q6_K products take the direct kernels (`None`: back to `REDLINE_MV_DIRECT_Q6K`).
+/// For tests and benchmarks.
+pub fn set_direct_q6k(v: Option<DirectQ6K>) {
+    let code = match v {
+        None => 0,
+        Some(DirectQ6K::Off) => 1,
+        Some(DirectQ6K::OneToken) => 2,
+        Some(DirectQ6K::OneTokenHeads) => 3,
+        Some(DirectQ6K::TwoTokens) => 4,
+        Some(DirectQ6K::All) => 5,
+    };
+    DIRECT_Q6K_OVERRIDE.store(code, Ordering::Relaxed);
 }
 
 /// Whether Q4_0 products take the direct kernels too (`mvd_q4_0_*`, session 28): on unless
@@ -921,6 +1000,15 @@ impl CudaDevice {
         if forced != 0 {
             return Ok(forced);
         }
+        if stem == "q6_k" {
+            // (ptxas, sm_90: one token 128 registers at 2 rows a warp, 4 blocks an SM; 79 at
+            // one row, 6 blocks; held to 5 blocks the 2-row one spills)
+            static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+            let r = *ENV.get_or_init(|| env_u32("REDLINE_MV_DIRECT_R_Q6K"));
+            if r == 1 || r == 2 || (r == 4 && nt <= 2) {
+                return Ok(r);
+            }
+        }
         if nt != 2 {
             return Ok(2);
         }
@@ -1073,13 +1161,14 @@ mod tests {
     /// The 27B's verify-pass launches take the kernels session 32 measured fastest in a pass:
     /// three-token launches of 12288+ rows the x-group kernels, four-token ones the all-tokens
     /// kernels, direct up to 24576 rows (the in-projections) and on the tensor cores beyond
-    /// (gate/up). The only test in this binary that touches these switches.
+    /// (gate/up); one-token Q6_K launches below the heads' size the direct kernels. The only test in this binary that touches these switches.
     #[test]
     fn few_token_q4_k_launches_take_the_measured_kernels() {
         let env_set = [
             "REDLINE_MV_DIRECT",
             "REDLINE_MV_DIRECT4",
             "REDLINE_MV_DIRECT_XG",
+            "REDLINE_MV_DIRECT_Q6K",
         ]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
@@ -1103,5 +1192,14 @@ mod tests {
         assert_eq!(direct_xgroup(3, 16384), 0);
         set_direct_xgroup(None);
         assert_eq!(direct_xgroup(3, 16384), 2);
+        // Q6_K (session 33): one-token launches of the per-layer products direct; not the
+        // output heads, not two tokens (the q8_1 tensor-core kernels), not widths off the
+        // 1024-value grid (no `_t` kernels)
+        let q6k = |cols, n, rows| direct_applies(GgmlType::Q6K, cols, n, rows);
+        assert!(q6k(17408, 1, 5120) && q6k(5120, 1, 10240) && q6k(27648, 1, 5120));
+        assert!(!q6k(5120, 1, 248320) && !q6k(5120, 2, 10240) && !q6k(2304, 1, 5120));
+        set_direct_q6k(Some(DirectQ6K::Off));
+        assert!(!q6k(17408, 1, 5120));
+        set_direct_q6k(None);
     }
 }

@@ -236,8 +236,9 @@ pub fn dispatch(dev: &CudaDevice, ty: GgmlType, n: usize, rows: usize) -> bool {
         && supports(ty, n)
         // (Q6_K's kernel reads the tiled layout too: mmv2_q6_k_q81t)
         && !(n <= 2 && crate::matvec::q8_1_tiled_enabled() && ty != GgmlType::Q6K)
-        // (K-quant rows are whole super-blocks: any width the direct kernels take)
-        && !crate::matvec::direct_applies(ty, 256, n, rows)
+        // (K-quant rows are whole super-blocks: any width the direct kernels take, for Q6_K
+        // those of whole 1024-value iterations)
+        && !crate::matvec::direct_applies(ty, 1024, n, rows)
 }
 
 /// Warps per block for `tiles` 16-row tiles of `n_cols` columns and `n` tokens: the warps

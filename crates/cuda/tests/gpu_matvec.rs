@@ -422,9 +422,16 @@ fn direct_segments_match_cpu_reference() {
     let up = |v: &[f32]| dev.stream().clone_htod(v).unwrap();
     let mut failures = Vec::new();
     let mut seed = 5000u64;
-    for (ty, cols) in [GgmlType::Q4K, GgmlType::IQ4XS, GgmlType::Q4_0]
-        .into_iter()
-        .flat_map(|ty| [1024usize, 5120, 256, 768, 1536, 2304, 3584].map(|c| (ty, c)))
+    // (Q6_K: the direct kernels take rows of whole 1024-value iterations; its other widths
+    // check the staged kernels here)
+    for (ty, cols) in [
+        GgmlType::Q4K,
+        GgmlType::IQ4XS,
+        GgmlType::Q4_0,
+        GgmlType::Q6K,
+    ]
+    .into_iter()
+    .flat_map(|ty| [1024usize, 5120, 256, 768, 1536, 2304, 3584].map(|c| (ty, c)))
     {
         for rows in SEGMENT_ROW_SETS {
             for nt in [1usize, 2, 3, 4] {
@@ -437,6 +444,7 @@ fn direct_segments_match_cpu_reference() {
                     cuda::matvec::set_q8_1_tiled(Some(tiled));
                     cuda::matvec::set_direct_kernels(Some(true), rpw);
                     cuda::matvec::set_direct_four(Some(cuda::matvec::DirectFour::All));
+                    cuda::matvec::set_direct_q6k(Some(cuda::matvec::DirectQ6K::All));
                     cuda::matvec::set_direct_xgroup(Some(0));
                     let x = random_activations(nt * cols, seed);
                     let mut scratch = dev.matvec_scratch(nt, cols).unwrap();
@@ -552,6 +560,7 @@ fn direct_segments_match_cpu_reference() {
     }
     cuda::matvec::set_direct_kernels(None, 0);
     cuda::matvec::set_direct_four(None);
+    cuda::matvec::set_direct_q6k(None);
     cuda::matvec::set_direct_xgroup(None);
     cuda::matvec::set_q8_1_tiled(None);
     assert!(
