@@ -522,6 +522,11 @@ s33c)
         done
         echo "round $r $(el)"
     done
+    # two tokens on them too (REDLINE_MV_DIRECT_Q6K=2; by default the q8_1 tensor-core kernels)
+    for v in X=1 REDLINE_MV_DIRECT_Q6K=2; do
+        ST=$v b m27 -n 64 -r 2 --parallel 2
+        vb "$v" 1,2 3
+    done
     for v in X=1 REDLINE_MV_DIRECT_Q6K=0; do
         echo "profile 27B $v:"
         env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 2>&1 | grep -E "Q6_K|op profile" | head -10
