@@ -527,6 +527,8 @@ s33c)
         ST=$v b m27 -n 64 -r 2 --parallel 2
         vb "$v" 1,2 3
     done
+    # and 3-4 tokens (=all: 167-224 registers there, 2-3 blocks an SM; the heads too)
+    for v in X=1 REDLINE_MV_DIRECT_Q6K=all; do vb "$v" 1,3,4 3; done
     for v in X=1 REDLINE_MV_DIRECT_Q6K=0; do
         echo "profile 27B $v:"
         env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 2>&1 | grep -E "Q6_K|op profile" | head -10
