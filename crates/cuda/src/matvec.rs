@@ -180,8 +180,9 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
             // (IQ4_XS's 3-4-token direct kernels have not been measured on a card; at three
             // tokens the three-token kernels beat the tensor-core ones at every Q4_K size)
             DirectFour::Short => {
-                ty == GgmlType::Q4K
-                    && (rows < DIRECT4_MAX_ROWS || (n_tokens == 3 && direct_three()))
+                (ty == GgmlType::Q4K
+                    && (rows < DIRECT4_MAX_ROWS || (n_tokens == 3 && direct_three())))
+                    || (ty == GgmlType::Q6K && direct_q6k() == DirectQ6K::All)
             }
             DirectFour::All => true,
         },
@@ -212,7 +213,7 @@ pub enum DirectQ6K {
     /// One- and two-token launches of fewer than [`DIRECT_Q6K_MAX_ROWS`] rows (two-token ones
     /// otherwise go to the q8_1 tensor-core kernels, crate::mmv).
     TwoTokens,
-    /// Every launch the direct kernels can take (1-4 tokens, any size; tests).
+    /// Every launch the direct kernels can take (1-4 tokens, any size; an experiment).
     All,
 }
 
