@@ -68,6 +68,7 @@
 # s33a:    written in session 32 (not run): the final rule as one binary, 27B and 32B verify A/B
 # s33b:    session 33: a one-row 27B step op by op (profile and REDLINE_SKIP_OPS, groups of kinds)
 # s33c:    session 33: the direct Q6_K kernels: suites, one row A/B, 27B profiles
+# s33d:    session 33: the conv window before the PDL wait against devbin/k_conv0
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -534,6 +535,18 @@ s33c)
         env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 2>&1 | grep -E "Q6_K|op profile" | head -10
     done
     echo "== s33c $(el)"
+    ;;
+s33d)
+    # session 33: the conv window loaded before the PDL wait (mo_conv1d_qkv[_rows]) against the
+    # kernels before (devbin/k_conv0: the old model_ops.cu), the 27B one row and its verify
+    # passes of 1 and 3 rows, rounds alternating
+    wait $SP
+    OLD="REDLINE_KERNEL_DIR=$PWD/devbin/k_conv0"
+    for r in 1 2 3; do
+        for v in X=1 "$OLD"; do ST=$v b m27 -n 128 -r 2; done
+    done
+    for v in X=1 "$OLD"; do vb "$v" 1,3 3; done
+    echo "== s33d $(el)"
     ;;
 s33b)
     # session 33: where a one-row 27B step goes now (issue 4's gap; session 19 did the 32B):
