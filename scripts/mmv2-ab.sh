@@ -69,6 +69,7 @@
 # s33b:    session 33: a one-row 27B step op by op (profile and REDLINE_SKIP_OPS, groups of kinds)
 # s33c:    session 33: the direct Q6_K kernels: suites, one row A/B, 27B profiles
 # s33d:    session 33: the conv window before the PDL wait against devbin/k_conv0
+# s33e:    session 33: s33c and s33d cut short
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -547,6 +548,23 @@ s33d)
     done
     for v in X=1 "$OLD"; do vb "$v" 1,3 3; done
     echo "== s33d $(el)"
+    ;;
+s33e)
+    # session 33: s33c and s33d cut to fit a small device budget (four failed starts): the
+    # matvec suite, one row of the 27B (default / no direct Q6_K / the old conv kernels / Q6_K
+    # at one row a warp) and of the 32B (default / no direct Q6_K), two rounds alternating, the
+    # speculative suite
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $SP
+    OLD="REDLINE_KERNEL_DIR=$PWD/devbin/k_conv0"
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_DIRECT_Q6K=0 "$OLD" REDLINE_MV_DIRECT_R_Q6K=1; do ST=$v b m27 -n 128 -r 2; done
+        for v in X=1 REDLINE_MV_DIRECT_Q6K=0; do ST=$v b m32 -n 128 -r 2; done
+        echo "round $r $(el)"
+    done
+    echo "default: $(suite t_gpu_speculative --ignored)"
+    echo "== s33e $(el)"
     ;;
 s33b)
     # session 33: where a one-row 27B step goes now (issue 4's gap; session 19 did the 32B):
