@@ -550,20 +550,25 @@ s33d)
     echo "== s33d $(el)"
     ;;
 s33e)
-    # session 33: s33c and s33d cut to fit a small device budget (four failed starts): the
-    # matvec suite, one row of the 27B (default / no direct Q6_K / the old conv kernels / Q6_K
-    # at one row a warp) and of the 32B (default / no direct Q6_K), two rounds alternating, the
-    # speculative suite
+    # session 33: s33c and s33d cut to fit a small device budget (six failed starts), both
+    # changes opt-in since (the direct Q6_K kernels by REDLINE_MV_DIRECT_Q6K=1, the conv window
+    # before the PDL wait through devbin/k_conv1): the matvec suite (Q6_K on the direct kernels
+    # against the CPU reference), the conv checks with k_conv1, one row of the 27B (default /
+    # Q6_K direct / Q6_K direct at one row a warp / k_conv1) and of the 32B (default / Q6_K
+    # direct), two rounds alternating, the speculative suite with both
+    NEW="REDLINE_KERNEL_DIR=$PWD/devbin/k_conv1"
     suite t_gpu_matvec
+    echo "k_conv1: $(env $NEW timeout 100 devbin/t_backend_conformance --ignored --test-threads 1 conv1d 2>&1 | grep -E "FAIL|panicked|test result" | head -3 | tr '\n' ' ')"
     echo "== checks $(el)"
     wait $SP
-    OLD="REDLINE_KERNEL_DIR=$PWD/devbin/k_conv0"
     for r in 1 2; do
-        for v in X=1 REDLINE_MV_DIRECT_Q6K=0 "$OLD" REDLINE_MV_DIRECT_R_Q6K=1; do ST=$v b m27 -n 128 -r 2; done
-        for v in X=1 REDLINE_MV_DIRECT_Q6K=0; do ST=$v b m32 -n 128 -r 2; done
+        for v in X=1 REDLINE_MV_DIRECT_Q6K=1 "REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1" "$NEW"; do
+            ST=$v b m27 -n 128 -r 2
+        done
+        for v in X=1 REDLINE_MV_DIRECT_Q6K=1; do ST=$v b m32 -n 128 -r 2; done
         echo "round $r $(el)"
     done
-    echo "default: $(suite t_gpu_speculative --ignored)"
+    echo "Q6_K direct + k_conv1: $(REDLINE_MV_DIRECT_Q6K=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_conv1 suite t_gpu_speculative --ignored)"
     echo "== s33e $(el)"
     ;;
 s33b)
