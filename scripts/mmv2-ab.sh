@@ -70,6 +70,7 @@
 # s33c:    session 33: the direct Q6_K kernels: suites, one row A/B, 27B profiles
 # s33d:    session 33: the conv window before the PDL wait against devbin/k_conv0
 # s33e:    session 33: s33c and s33d cut short
+# s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -570,6 +571,19 @@ s33e)
     done
     echo "Q6_K direct + k_conv1: $(REDLINE_MV_DIRECT_Q6K=1 REDLINE_KERNEL_DIR=$PWD/devbin/k_conv1 suite t_gpu_speculative --ignored)"
     echo "== s33e $(el)"
+    ;;
+s33f)
+    # session 33, last window: the direct Q6_K kernels on the 32B at one row a warp and with
+    # the head (s33e: 2 rows a warp lost 4.3 % there), and the 27B's issue-4 rows with the conv
+    # window before the PDL wait (devbin/k_conv1, the next commit's default)
+    NEW="REDLINE_KERNEL_DIR=$PWD/devbin/k_conv1"
+    wait $SP
+    for v in X=1 "REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1" REDLINE_MV_DIRECT_Q6K=heads X=1; do
+        ST=$v b m32 -n 128 -r 2
+    done
+    echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
+    ST="$NEW" b m27 -n 128 -r 2 -d 4096
+    echo "== s33f $(el)"
     ;;
 s33b)
     # session 33: where a one-row 27B step goes now (issue 4's gap; session 19 did the 32B):
