@@ -458,8 +458,9 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
     for (int j = 0; j <= nw; j++) wt[j] = w[(long long)c * d_conv + j];
-    pdl_wait();
-    pdl_trigger();
+    // the window before the wait too (as dn_recurrent's state): only this layer's conv writes
+    // it, in an earlier step, and rows / runs / tab come from the host, so its DRAM round trip
+    // (the weight stream evicts it) overlaps the in-projections' tail
     if (tab) {
         const int z = blockIdx.y;
         rows += runs[z];
@@ -467,6 +468,8 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     }
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
+    pdl_wait();
+    pdl_trigger();
     const long long r = rows[0];
     const float xv = x[r * ch + c];
     float s = wt[nw] * xv;
@@ -485,7 +488,8 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
 // (conv1d_qkv_each): a sequence of one row sums the conv as mo_conv1d (the newest tap first),
 // one of several as dn_conv1d_out (Conv1dForm::Auto's parallel form: taps in order from 0),
 // then silu_f and, per row, one element per thread into block_sum (mo_l2_norm's order when the
-// group is at most 256, its block size): the same bits. Taps loaded before the wait.
+// group is at most 256, its block size): the same bits. Taps and the window loaded before the
+// wait.
 extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const float* __restrict__ w,
                                               const int* __restrict__ rows, int n_rows, float* state, int ch,
                                               int d_conv, const int* __restrict__ runs,
@@ -496,8 +500,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
     for (int j = 0; j <= nw; j++) wt[j] = w[(long long)c * d_conv + j];
-    pdl_wait();
-    pdl_trigger();
+    // the window before the wait (as mo_conv1d_qkv)
     if (tab) {
         const int z = blockIdx.y;
         rows += runs[z];
@@ -506,6 +509,8 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     }
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
+    pdl_wait();
+    pdl_trigger();
     const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
     for (int t = 0; t < n_rows; t++) {
         const long long r = rows[t];

@@ -626,7 +626,9 @@ impl CudaBackend {
         // [d_conv - 1, ch] (one sequence: rows / state; several: runs / tab), w [ch, d_conv]
         // with d_conv <= MO_CONV_MAX, the block (the norm group, a multiple of 32) divides ch,
         // norm_cols and each output's range, outputs contiguous over [0, ch) with their rows
-        // indexed like x's (conv1d_qkv_takes). The kernel reads only the taps before its wait.
+        // indexed like x's (conv1d_qkv_takes). Before its wait the kernel reads only the taps,
+        // the host's rows / runs / tab and the window, which only this layer's conv writes (in
+        // earlier steps: kernels two launches back have finished when it starts).
         unsafe { p.launch(stream, &f, cfg, pdl::enabled(self.dev.arch())) }.map_err(dev_err)?;
         Ok(())
     }
