@@ -238,9 +238,11 @@ static DIRECT_Q6K_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
 /// Which Q6_K products take the direct kernels: `REDLINE_MV_DIRECT_Q6K=1` one-token launches under
 /// [`DIRECT_Q6K_MAX_ROWS`] rows, `=heads` one-token launches of any size, `=2` one and two tokens,
-/// `=all` every launch they can take; unset (or `0`), none: the kernels have passed no check on a
-/// card yet (session 33 got no device window), so they are opt-in until they have (read once;
-/// [`set_direct_q6k`] overrides).
+/// `=all` every launch they can take; unset (or `0`), none (read once; [`set_direct_q6k`]
+/// overrides). Why off: on an H100 (session 33) they gave the staged kernels' results (the matvec
+/// suite against the CPU reference, 1-4 tokens) but lost one row of the 32B 4.3 % at 2 rows a
+/// warp and 3.2 % at one (its 5120 x 27648 down projections), and moved the 27B within noise
+/// (-0.6 / +0.4 %).
 pub fn direct_q6k() -> DirectQ6K {
     static ENV: std::sync::OnceLock<DirectQ6K> = std::sync::OnceLock::new();
     const ALL: [DirectQ6K; 5] = [
@@ -1195,7 +1197,7 @@ mod tests {
         assert_eq!(direct_xgroup(3, 16384), 0);
         set_direct_xgroup(None);
         assert_eq!(direct_xgroup(3, 16384), 2);
-        // Q6_K (session 33): off by default (not yet checked on a card); opted in, one-token
+        // Q6_K (session 33): off by default (slower on an H100); opted in, one-token
         // launches of the per-layer products direct; not the output heads, not two tokens (the
         // q8_1 tensor-core kernels), not widths off the 1024-value grid (no `_t` kernels)
         let q6k = |cols, n, rows| direct_applies(GgmlType::Q6K, cols, n, rows);
