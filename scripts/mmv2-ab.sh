@@ -67,8 +67,9 @@
 # s32a:    session 32: s31a cut down (suite, verify A/B default / XG=1 / XG=2 / XG=2+DIRECT4)
 # s33a:    written in session 32 (not run): the final rule as one binary, 27B and 32B verify A/B
 # s33b:    session 33: a one-row 27B step op by op (profile and REDLINE_SKIP_OPS, groups of kinds)
-# s33c:    session 33: the direct Q6_K kernels: suites, one row A/B, 27B profiles
-# s33d:    session 33: the conv window before the PDL wait against devbin/k_conv0
+# s33c:    session 33 (not run: its defaults changed, s33e ran instead): the direct Q6_K
+#          kernels: suites, one row A/B, 27B profiles
+# s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
