@@ -1,8 +1,8 @@
 // matvec_direct.cu — one- to four-token Q4_K / IQ4_XS / Q4_0 (and, opt-in, Q6_K) segment products
 // y (+)= W x (+ bias) with the weights loaded straight into registers (REDLINE_MV_DIRECT; host:
-// crates/cuda/src/matvec.rs matvec_segments). Same launch, parameters and results contract as matvec_quant.cu's mvm_
-// segment kernels (x: q8_1 from quantize_q8_1, natural or tiled; W: segments in GGUF block
-// layout; y: [n_tokens, nrows] f32 per segment, bias, accumulate).
+// crates/cuda/src/matvec.rs matvec_segments). Same launch, parameters and results contract as
+// matvec_quant.cu's mvm_ segment kernels (x: q8_1 from quantize_q8_1, natural or tiled; W:
+// segments in GGUF block layout; y: [n_tokens, nrows] f32 per segment, bias, accumulate).
 #include "matvec_common.cuh"
 #include "quant_formats.cuh"
 
