@@ -300,7 +300,8 @@ FA_DECODE(fa_decode_q8_0, FA_Q8_0)
 FA_DECODE(fa_decode_q4_0, FA_Q4_0)
 
 // Decode for head sizes D = dk = dv in {64, 128, 256} and up to FD_MAX_G query heads per block
-// (a KV head's group of G heads is cut into ceil(G / FD_MAX_G) blocks along grid.y): the same
+// (a KV head's group of G heads is cut into n_sub blocks along grid.y, ceil(G / FD_MAX_G) unless
+// the host asks for more): the same
 // grid, partials and merge as flash_decode, but no tiles and no block barrier per tile. A
 // split takes an even share of the row's positions (ceil(len / S), so at depth 4096 every one
 // of 64 splits has ~65 positions instead of 43 splits of three 32-position tiles), cut into
@@ -919,9 +920,13 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
                                                           float* __restrict__ part, int n_head, int n_kv_head,
                                                           long long kpb, long long vpb, float scale, int min_per,
                                                           const FdFuse& fz) {
-    const int G = n_head / n_kv_head, n_sub = (G + FD_MAX_G - 1) / FD_MAX_G;
+    // grid.y = n_kv_head * n_sub, n_sub from the host (by default ceil(G / FD_MAX_G); fewer heads
+    // a block with REDLINE_FA_HEADS_PER_BLOCK): a block takes ceil(G / n_sub) <= FD_MAX_G heads.
+    // Each head's arithmetic is the same in every body, so the split does not change the bits.
+    const int G = n_head / n_kv_head, n_sub = gridDim.y / n_kv_head, gmax = (G + n_sub - 1) / n_sub;
     const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
-    const int h0 = kvh * G + sub * FD_MAX_G, gb = min(FD_MAX_G, G - sub * FD_MAX_G);
+    const int h0 = kvh * G + sub * gmax, gb = min(gmax, G - sub * gmax);
+    if (gb <= 0) return;
 #define FD_BODY(GM) \
     flash_decode_d<D, TYPE, GM, FUSE>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kvh, h0, gb, kpb, vpb, scale, \
                                       min_per, fz)

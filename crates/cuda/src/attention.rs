@@ -111,6 +111,23 @@ pub fn set_generic_decode(on: bool) {
 /// Most query heads of one decode block of the head-size kernels (FD_MAX_G).
 const DECODE_MAX_G: usize = 8;
 
+/// Blocks per KV head (along grid.y) of the head-size decode kernels: its group of query heads
+/// in blocks of at most `REDLINE_FA_HEADS_PER_BLOCK` (1..=8, read once; default and otherwise
+/// [`DECODE_MAX_G`]) heads. Fewer heads a block put a short context's decode chain on more SMs
+/// (Qwen3.5-27B: 4 KV heads of 6 query heads each, so 4 blocks at one split); each head's
+/// arithmetic is the same in every block shape.
+fn decode_sub_blocks(p: &AttentionParams) -> usize {
+    static HPB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let hpb = *HPB.get_or_init(|| {
+        std::env::var("REDLINE_FA_HEADS_PER_BLOCK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|h| (1..=DECODE_MAX_G).contains(h))
+            .unwrap_or(DECODE_MAX_G)
+    });
+    group(p).div_ceil(hpb).max(1)
+}
+
 /// The head-size decode kernel for this shape and cache type, if there is one: K and V heads
 /// of 64, 128 or 256, an f16/q8_0/q4_0 cache.
 fn decode_d_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'static str> {
@@ -373,7 +390,7 @@ fn launch_decode_d(
     p: &AttentionParams,
 ) -> Result<()> {
     let f = dev.function(Program::FlashAttn, name)?;
-    let n_sub = group(p).div_ceil(DECODE_MAX_G);
+    let n_sub = decode_sub_blocks(p);
     let cfg = LaunchConfig {
         grid_dim: (splits as u32, (p.n_kv_head * n_sub) as u32, n_rows as u32),
         block_dim: (DECODE_THREADS as u32, 1, 1),
@@ -490,7 +507,7 @@ pub fn launch_decode_fused(
     let cfg = LaunchConfig {
         grid_dim: (
             splits as u32,
-            (p.n_kv_head * group(p).div_ceil(DECODE_MAX_G)) as u32,
+            (p.n_kv_head * decode_sub_blocks(p)) as u32,
             n_rows as u32,
         ),
         block_dim: (DECODE_THREADS as u32, 1, 1),
