@@ -72,6 +72,7 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s33g:    session 33: decode blocks of fewer query heads (REDLINE_FA_HEADS_PER_BLOCK)
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
 #          at a time (REDLINE_MV_DIRECT_XG): suites, the four 27B shapes, verify cost A/B;
@@ -585,6 +586,24 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s33g)
+    # session 33: decode blocks of fewer query heads (REDLINE_FA_HEADS_PER_BLOCK: the 27B's 4 KV
+    # heads of 6 query heads each are 4 blocks at one split; 2 heads a block make 12, 3 make 8;
+    # the 32B's 8 of 5: 8 -> 24 / 16): the attention checks with 2 and 3, then one row of both
+    # models, rounds alternating
+    for h in 2 3; do
+        echo "hpb $h: $(REDLINE_FA_HEADS_PER_BLOCK=$h suite t_backend_conformance --ignored attention)"
+        echo "hpb $h: $(REDLINE_FA_HEADS_PER_BLOCK=$h suite t_gpu_decode fused_matches_unfused_and_cpu_on_fixtures)"
+    done
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do
+        for v in X=1 REDLINE_FA_HEADS_PER_BLOCK=2 REDLINE_FA_HEADS_PER_BLOCK=3 X=1 REDLINE_FA_HEADS_PER_BLOCK=2; do
+            ST=$v b $m -n 128 -r 2
+        done
+    done
+    echo "== s33g $(el)"
     ;;
 s33b)
     # session 33: where a one-row 27B step goes now (issue 4's gap; session 19 did the 32B):
