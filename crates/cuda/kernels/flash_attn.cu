@@ -553,9 +553,9 @@ static __device__ __forceinline__ void fa_merge_head(const float* base, int S, i
     }
 }
 
-// grid (S, n_kv_head * ceil(G / FD_MAX_G), n_rows), block FD_THREADS, dynamic shared memory
-// FdShape<D>::HOST_BYTES. Block (s, kvh * n_sub + sub, i): row i, heads h0..h0+gb-1 of KV head
-// kvh (gb <= GM), positions [s * per, (s + 1) * per) of 0..pos[i] with per = ceil(len / S).
+// grid (S, n_kv_head * n_sub, n_rows) (n_sub: flash_decode_heads), block FD_THREADS, dynamic
+// shared memory FdShape<D>::HOST_BYTES. Block (s, kvh * n_sub + sub, i): row i, heads h0..h0+gb-1
+// of KV head kvh (gb <= GM), positions [s * per, (s + 1) * per) of 0..pos[i] with per = ceil(len / S).
 // S == 1: the normalized result to out; else (max, sum, acc[D]) to part as flash_decode.
 //
 // Splits take at least min_per positions (per = max(ceil(len / S), min_per)), so a short
