@@ -180,9 +180,10 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
             // (IQ4_XS's 3-4-token direct kernels have not been measured on a card; at three
             // tokens the three-token kernels beat the tensor-core ones at every Q4_K size)
             DirectFour::Short => {
+                // (Q6_K: `direct_q6k` decides below, 3-4 tokens only under `All`)
                 (ty == GgmlType::Q4K
                     && (rows < DIRECT4_MAX_ROWS || (n_tokens == 3 && direct_three())))
-                    || (ty == GgmlType::Q6K && direct_q6k() == DirectQ6K::All)
+                    || ty == GgmlType::Q6K
             }
             DirectFour::All => true,
         },
@@ -202,10 +203,12 @@ pub(crate) fn direct_applies(ty: GgmlType, cols: usize, n_tokens: usize, rows: u
 /// into registers from aligned word loads, as Q4_0's; the staged `mvm_q6_k_*` hold 96-168
 /// registers and shared-memory staging for the same work).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
 pub enum DirectQ6K {
     Off,
-    /// One-token launches of fewer than [`DIRECT_Q6K_MAX_ROWS`] rows: the per-layer products; the output heads (152064-248320 rows) keep the staged kernel, which
-    /// streams them at ~97 % of the card's read bandwidth already.
+    /// One-token launches of fewer than [`DIRECT_Q6K_MAX_ROWS`] rows: the per-layer products;
+    /// the output heads (152064-248320 rows) keep the staged kernel, which streams them at
+    /// ~97 % of the card's read bandwidth already.
     OneToken,
     /// One-token launches of any size.
     OneTokenHeads,
@@ -217,6 +220,15 @@ pub enum DirectQ6K {
 }
 
 impl DirectQ6K {
+    /// Every variant, in declaration order (the override's code is the index plus one).
+    const ALL: [DirectQ6K; 5] = [
+        DirectQ6K::Off,
+        DirectQ6K::OneToken,
+        DirectQ6K::OneTokenHeads,
+        DirectQ6K::TwoTokens,
+        DirectQ6K::All,
+    ];
+
     fn takes(self, n_tokens: usize, rows: usize) -> bool {
         let short = rows < DIRECT_Q6K_MAX_ROWS;
         match self {
@@ -245,13 +257,6 @@ static DIRECT_Q6K_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// (-0.6 / +0.4 %).
 pub fn direct_q6k() -> DirectQ6K {
     static ENV: std::sync::OnceLock<DirectQ6K> = std::sync::OnceLock::new();
-    const ALL: [DirectQ6K; 5] = [
-        DirectQ6K::Off,
-        DirectQ6K::OneToken,
-        DirectQ6K::OneTokenHeads,
-        DirectQ6K::TwoTokens,
-        DirectQ6K::All,
-    ];
     match DIRECT_Q6K_OVERRIDE.load(Ordering::Relaxed) {
         0 => *ENV.get_or_init(|| match std::env::var("REDLINE_MV_DIRECT_Q6K").as_deref() {
             Ok("1") => DirectQ6K::OneToken,
@@ -260,22 +265,14 @@ pub fn direct_q6k() -> DirectQ6K {
             Ok("all") => DirectQ6K::All,
             _ => DirectQ6K::Off,
         }),
-        c => ALL[(c as usize - 1).min(ALL.len() - 1)],
+        c => DirectQ6K::ALL[(c as usize - 1).min(DirectQ6K::ALL.len() - 1)],
     }
 }
 
 /// Forces which Q6_K products take the direct kernels (`None`: back to `REDLINE_MV_DIRECT_Q6K`).
 /// For tests and benchmarks.
 pub fn set_direct_q6k(v: Option<DirectQ6K>) {
-    let code = match v {
-        None => 0,
-        Some(DirectQ6K::Off) => 1,
-        Some(DirectQ6K::OneToken) => 2,
-        Some(DirectQ6K::OneTokenHeads) => 3,
-        Some(DirectQ6K::TwoTokens) => 4,
-        Some(DirectQ6K::All) => 5,
-    };
-    DIRECT_Q6K_OVERRIDE.store(code, Ordering::Relaxed);
+    DIRECT_Q6K_OVERRIDE.store(v.map_or(0, |v| v as u32 + 1), Ordering::Relaxed);
 }
 
 /// Whether Q4_0 products take the direct kernels too (`mvd_q4_0_*`, session 28): on unless
@@ -1207,5 +1204,11 @@ mod tests {
         assert!(!q6k(5120, 1, 248320) && !q6k(5120, 2, 10240) && !q6k(2304, 1, 5120));
         set_direct_q6k(None);
         assert!(!q6k(17408, 1, 5120));
+        for v in DirectQ6K::ALL {
+            set_direct_q6k(Some(v));
+            assert_eq!(direct_q6k(), v);
+        }
+        set_direct_q6k(None);
+        assert_eq!(direct_q6k(), DirectQ6K::Off);
     }
 }
