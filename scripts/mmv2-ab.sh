@@ -72,6 +72,9 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s34b:    session 34: REDLINE_L2_PREFETCH (the next products' weights toward L2): greedy
+#          text off / on, one row of both models at 0 / 16 / 24 / 32 MiB
+# s34a:    session 34: the 27B verify cost with REDLINE_MV_DIRECT_Q6K=all (after s33g)
 # s33g:    session 33: decode blocks of fewer query heads (REDLINE_FA_HEADS_PER_BLOCK)
 # s32b:    session 32: the size rule as default against REDLINE_MV_DIRECT_XG=0
 # s31a:    session 31 (not run): the 3-4-token Q4_K direct kernels with x held a token group
@@ -586,6 +589,36 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s34b)
+    # session 34: the next products' weights toward L2 while a layer's chain runs
+    # (REDLINE_L2_PREFETCH=MiB, hints taken by mo_conv1d_qkv and fa_decode_fused): greedy text of
+    # both models with it off and on (a hint: the same tokens), then one row of both at
+    # 0 / 16 / 24 / 32 MiB, rounds alternating
+    wait $SP
+    for m in m27 m32; do
+        for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=24; do
+            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
+            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12) $(echo "$t" | tr '\n' ' ' | cut -c1-60)"
+        done
+    done
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=16 REDLINE_L2_PREFETCH=24 REDLINE_L2_PREFETCH=32; do
+                ST=$v b $m -n 128 -r 2
+            done
+        done
+        echo "round $r $(el)"
+    done
+    echo "== s34b $(el)"
+    ;;
+s34a)
+    # session 34: after s33g: the 27B verify cost with the direct Q6_K kernels at 3-4 tokens
+    # (REDLINE_MV_DIRECT_Q6K=all) against the default, rounds alternating
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_DIRECT_Q6K=all; do vb "$v" 1,2,3,4 3; done
+    done
+    echo "== s34a $(el)"
     ;;
 s33g)
     # session 33: decode blocks of fewer query heads (REDLINE_FA_HEADS_PER_BLOCK: the 27B's 4 KV

@@ -134,6 +134,14 @@ pub trait Backend: Send + Sync + Sized {
         Ok(())
     }
 
+    /// A hint: the products after the next few ops read `weights`, in this order. A device may
+    /// start moving their first bytes toward its cache while those ops run (the CUDA backend:
+    /// into L2 from the next op that can take it, on sm_90). No effect on any result; not an
+    /// op (it does not break the fused paths' chain). Default: nothing.
+    fn prefetch(&self, _weights: &[&Self::Weight]) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Ends the step begun by [`Backend::begin_step`] after an op failed: whatever was
     /// recorded is dropped, nothing is kept for the key.
     fn abort_step(&self) {}

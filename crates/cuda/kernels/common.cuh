@@ -36,6 +36,27 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// The next products' weights toward L2 (CudaBackend::prefetch, REDLINE_L2_PREFETCH): up to two
+// byte ranges [p0, p0 + n0), [p1, p1 + n1) in 32 KiB pieces, piece c issued by thread c % nt
+// (this one is t of nt). sm_90's bulk prefetch, which the thread does not wait for; nothing
+// below sm_90 (the host passes no ranges there). Ranges start 16-byte aligned and are whole
+// 16-byte units (the host's plan). Call it after pdl_wait: the kernel before has drained.
+static __device__ __forceinline__ void l2_prefetch2(uint64_t p0, uint64_t n0, uint64_t p1, uint64_t n1, int t,
+                                                    int nt) {
+#if __CUDA_ARCH__ >= 900
+    const uint64_t piece = 32768;
+    const uint64_t c0 = (n0 + piece - 1) / piece, c1 = (n1 + piece - 1) / piece;
+    for (uint64_t c = (uint64_t)t; c < c0 + c1; c += (uint64_t)nt) {
+        const bool first = c < c0;
+        const uint64_t off = (first ? c : c - c0) * piece, n = first ? n0 : n1;
+        const uint64_t rest = n - off;
+        const unsigned size = (unsigned)(rest < piece ? rest : piece);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((first ? p0 : p1) + off), "r"(size)
+                     : "memory");
+    }
+#endif
+}
+
 // IEEE half bits -> f32 (cvt.f32.f16 exists on every PTX target we build).
 static __device__ __forceinline__ float f16_to_f32(uint16_t h) {
     float f;

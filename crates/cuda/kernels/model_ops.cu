@@ -453,7 +453,8 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
                                          const int* __restrict__ rows, float* state, int ch, int d_conv,
                                          const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
                                          int norm_cols, float eps, float* o0, float* o1, float* o2, int off1,
-                                         int off2, int w0, int w1, int w2) {
+                                         int off2, int w0, int w1, int w2, uint64_t pf0, uint64_t pn0, uint64_t pf1,
+                                         uint64_t pn1) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -470,6 +471,8 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
     pdl_wait();
     pdl_trigger();
+    // the out-projection's weights (and gate/up's first) toward L2 while the chain runs
+    if (blockIdx.y == 0) l2_prefetch2(pf0, pn0, pf1, pn1, c, gridDim.x * blockDim.x);
     const long long r = rows[0];
     const float xv = x[r * ch + c];
     float s = wt[nw] * xv;
@@ -495,7 +498,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
                                               int d_conv, const int* __restrict__ runs,
                                               const unsigned long long* __restrict__ tab, int norm_cols, float eps,
                                               float* o0, float* o1, float* o2, int off1, int off2, int w0, int w1,
-                                              int w2) {
+                                              int w2, uint64_t pf0, uint64_t pn0, uint64_t pf1, uint64_t pn1) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -511,6 +514,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
     pdl_wait();
     pdl_trigger();
+    if (blockIdx.y == 0) l2_prefetch2(pf0, pn0, pf1, pn1, c, gridDim.x * blockDim.x);  // as mo_conv1d_qkv
     const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
     for (int t = 0; t < n_rows; t++) {
         const long long r = rows[t];

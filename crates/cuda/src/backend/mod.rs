@@ -15,6 +15,7 @@
 
 mod dense;
 mod fused;
+mod prefetch;
 mod profile;
 mod recurrent;
 mod sequence;
@@ -139,6 +140,10 @@ pub struct CudaBackend {
     /// Page-locked host memory the logits come down to ([`Backend::download_cols`]), grown to
     /// the largest download of at most [`PINNED_MAX_FLOATS`].
     pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
+    /// Bytes one [`backend::Backend::prefetch`] hint moves toward L2 (0: off; [`prefetch`]).
+    l2pf_budget: usize,
+    /// The hint waiting for the next op.
+    l2pf: Mutex<prefetch::Pending>,
 }
 
 /// Largest download (f32 values) that goes through the page-locked buffer: 32 rows of a 248k
@@ -288,7 +293,10 @@ impl CudaBackend {
             q8k: AtomicU64::new(0),
             attn_rows: AtomicU64::new(0),
             pinned: Mutex::new(None),
+            l2pf_budget: 0,
+            l2pf: Mutex::new(prefetch::Pending::default()),
         };
+        b.l2pf_budget = prefetch::budget_from_env(b.dev.arch());
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
             // Timed ops run eagerly: a graph replay has no per-op boundaries.
@@ -822,6 +830,10 @@ impl backend::Backend for CudaBackend {
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<(), BackendError> {
         skip_in_replay!(self);
         self.timed(|| "add".to_string(), || self.add_impl(x, y))
+    }
+
+    fn prefetch(&self, weights: &[&CudaWeight]) -> Result<(), BackendError> {
+        self.prefetch_hint(weights)
     }
 
     fn rms_norm(

@@ -500,6 +500,10 @@ impl CudaBackend {
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
             q8: (0, 0),
+            prefetch: {
+                let pf = self.take_prefetch();
+                [pf.p0, pf.n0, pf.p1, pf.n1]
+            },
         };
         let kv = cache.kv_ref(0);
         let out_ptr = super::step::dev_ptr(&*out.data, stream);

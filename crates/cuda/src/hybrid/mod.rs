@@ -320,6 +320,15 @@ impl<C: Backend, G: Backend> Backend for Hybrid<C, G> {
                          gpu: b.add(x.gpu_mut()?, &*y.gpu()?))
     }
 
+    fn prefetch(&self, weights: &[&Self::Weight]) -> Result<(), BackendError> {
+        // the GPU copies, in order, up to the first weight that has none
+        let gpu: Vec<&G::Weight> = weights.iter().map_while(|w| w.gpu().ok()).collect();
+        if gpu.is_empty() {
+            return Ok(());
+        }
+        self.gpu.prefetch(&gpu)
+    }
+
     fn rms_norm(
         &self,
         x: &Self::Tensor,

@@ -1,0 +1,132 @@
+//! The next products' weights toward L2 while a layer's dependent small ops run (issue #4).
+//!
+//! Between a layer's in-projection and its out-projection the DRAM idles: the conv, the delta
+//! rule and the gated norm (or the attention chain) are short dependent launches that read
+//! little. The model names the weights the coming products read ([`backend::Backend::prefetch`]);
+//! the next op, if it is one whose kernel takes the hint (`mo_conv1d_qkv[_rows]`,
+//! `fa_decode_fused_*`), issues sm_90 bulk L2 prefetches of their first bytes right after its
+//! PDL wait, so the out-projection (and the start of gate/up) reads from L2. A hint no op takes
+//! is dropped: the op right after it must take it.
+//!
+//! `REDLINE_L2_PREFETCH=MiB` sets the most bytes a hint moves (`1`: 24 MiB, `0` or unset:
+//! off); sm_90 only (the instruction; the V100's 6 MB L2 would not hold an out-projection).
+
+use std::sync::atomic::Ordering;
+
+use backend::BackendError;
+
+use super::step::dev_ptr;
+use super::{CudaBackend, CudaWeight};
+
+/// Up to two byte ranges to prefetch (kernel arguments p0, n0, p1, n1; zero lengths: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PfRanges {
+    pub p0: u64,
+    pub n0: u64,
+    pub p1: u64,
+    pub n1: u64,
+}
+
+/// A hint waiting for the op after it: the op count when it was given, its ranges.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    at_op: u64,
+    ranges: PfRanges,
+}
+
+/// MiB a hint moves with `REDLINE_L2_PREFETCH=1`.
+const DEFAULT_MIB: usize = 24;
+
+/// The byte budget of one hint from `REDLINE_L2_PREFETCH` on an `arch` card: 0 is off.
+pub(super) fn budget_from_env(arch: u32) -> usize {
+    let mib = match std::env::var("REDLINE_L2_PREFETCH").as_deref() {
+        Ok("1") => DEFAULT_MIB,
+        Ok(v) => v.trim().parse().unwrap_or(0),
+        Err(_) => 0,
+    };
+    if arch >= 90 {
+        mib << 20
+    } else {
+        0
+    }
+}
+
+/// The first `budget` bytes of the `(address, length)` ranges in order, as at most two
+/// ranges of whole 16-byte units (the bulk prefetch's size rule).
+pub(super) fn plan(ranges: &[(u64, u64)], budget: u64) -> PfRanges {
+    let mut out = [(0u64, 0u64); 2];
+    let mut left = budget;
+    for (slot, &(p, n)) in out.iter_mut().zip(ranges) {
+        let take = n.min(left) & !15;
+        if take == 0 || p % 16 != 0 {
+            break;
+        }
+        *slot = (p, take);
+        left -= take;
+    }
+    PfRanges {
+        p0: out[0].0,
+        n0: out[0].1,
+        p1: out[1].0,
+        n1: out[1].1,
+    }
+}
+
+impl CudaBackend {
+    /// [`backend::Backend::prefetch`]: remembers the ranges for the next op.
+    pub(super) fn prefetch_hint(&self, weights: &[&CudaWeight]) -> Result<(), BackendError> {
+        if self.l2pf_budget == 0 || self.replaying() {
+            return Ok(());
+        }
+        let stream = self.dev.stream();
+        let ranges: Vec<(u64, u64)> = weights
+            .iter()
+            .map_while(|w| w.matrix.as_ref())
+            .map(|m| (dev_ptr(&m.data, stream), m.data.len() as u64))
+            .collect();
+        let mut p = self.l2pf.lock().unwrap_or_else(|e| e.into_inner());
+        *p = Pending {
+            at_op: self.ops.load(Ordering::Relaxed),
+            ranges: plan(&ranges, self.l2pf_budget as u64),
+        };
+        Ok(())
+    }
+
+    /// The ranges of a hint given right before the running op (none otherwise); taken once.
+    pub(super) fn take_prefetch(&self) -> PfRanges {
+        if self.l2pf_budget == 0 {
+            return PfRanges::default();
+        }
+        let mut p = self.l2pf.lock().unwrap_or_else(|e| e.into_inner());
+        if p.at_op + 1 != self.ops.load(Ordering::Relaxed) {
+            return PfRanges::default();
+        }
+        std::mem::take(&mut p.ranges)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_takes_the_budget_in_order_in_16_byte_units() {
+        let r = plan(&[(4096, 1000), (8192, 100_000)], 5000);
+        assert_eq!(
+            r,
+            PfRanges {
+                p0: 4096,
+                n0: 992,
+                p1: 8192,
+                n1: 4000
+            }
+        );
+        // the first range alone fills the budget
+        let r = plan(&[(4096, 1 << 20), (8192, 1 << 20)], 4096);
+        assert_eq!((r.n0, r.p1, r.n1), (4096, 0, 0));
+        // an unaligned start stops the plan
+        let r = plan(&[(4100, 1 << 20)], 4096);
+        assert_eq!(r, PfRanges::default());
+        assert_eq!(plan(&[], 1 << 20), PfRanges::default());
+    }
+}
