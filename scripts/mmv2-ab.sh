@@ -594,17 +594,19 @@ s34b)
     # session 34: the next products' weights toward L2 while a layer's chain runs
     # (REDLINE_L2_PREFETCH=MiB, hints taken by mo_conv1d_qkv and fa_decode_fused): greedy text of
     # both models with it off and on (a hint: the same tokens), then one row of both at
-    # 0 / 16 / 24 / 32 MiB, rounds alternating
+    # 0 / 16 / 24 / 32 MiB and 24 with the layer norms' hint (REDLINE_L2_PREFETCH_NORM=8),
+    # rounds alternating
     wait $SP
     for m in m27 m32; do
-        for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=24; do
+        for v in REDLINE_L2_PREFETCH=0 "REDLINE_L2_PREFETCH=24 REDLINE_L2_PREFETCH_NORM=8"; do
             t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
             echo "$m $v: $(echo "$t" | md5sum | cut -c1-12) $(echo "$t" | tr '\n' ' ' | cut -c1-60)"
         done
     done
     for r in 1 2; do
         for m in m27 m32; do
-            for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=16 REDLINE_L2_PREFETCH=24 REDLINE_L2_PREFETCH=32; do
+            for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=16 REDLINE_L2_PREFETCH=24 REDLINE_L2_PREFETCH=32 \
+                "REDLINE_L2_PREFETCH=24 REDLINE_L2_PREFETCH_NORM=8"; do
                 ST=$v b $m -n 128 -r 2
             done
         done

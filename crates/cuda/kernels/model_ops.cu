@@ -602,7 +602,8 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps,
                                           int8_t* __restrict__ kq, float* __restrict__ kdy,
-                                          int16_t* __restrict__ kbs) {
+                                          int16_t* __restrict__ kbs, uint64_t pf0, uint64_t pn0, uint64_t pf1,
+                                          uint64_t pn1) {
     const long long base = (long long)blockIdx.x * cols;
     const int bd = blockDim.x;
     if (cols <= RMS_REGS * bd) {
@@ -616,6 +617,8 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         }
         pdl_wait();
         pdl_trigger();
+        // the next layer's in-projection toward L2 (a hint: CudaBackend::prefetch)
+        if (blockIdx.x == 0) l2_prefetch2(pf0, pn0, pf1, pn1, threadIdx.x, bd);
         float v[RMS_REGS];
         float ss = 0.0f;
 #pragma unroll
@@ -643,6 +646,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
     }
     pdl_wait();
     pdl_trigger();
+    if (blockIdx.x == 0) l2_prefetch2(pf0, pn0, pf1, pn1, threadIdx.x, bd);
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];

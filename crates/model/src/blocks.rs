@@ -221,6 +221,11 @@ impl<B: Backend> DenseLayer<B> {
         })
     }
 
+    /// The weight the layer's first product reads first (a prefetch hint before its norm).
+    pub fn first_product(&self) -> &B::Weight {
+        &self.attn.wq
+    }
+
     /// x: `[n, n_embd]`, updated in place.
     pub fn forward(
         &self,

@@ -622,6 +622,8 @@ impl<B: Backend> ModelOn<B> {
             Layers::Dense(layers) => {
                 for (il, layer) in layers.iter().enumerate() {
                     let mut caches = kv_caches(states, il);
+                    // its norm reads little: the first product's weights may move meanwhile
+                    b.prefetch(&[layer.first_product()])?;
                     layer.forward(b, c, &batch, &mut caches, &mut x)?;
                     b.step_mark()?;
                 }
@@ -633,6 +635,7 @@ impl<B: Backend> ModelOn<B> {
                     } else {
                         qwen35::LayerStates::Kv(kv_caches(states, il))
                     };
+                    b.prefetch(&[layer.first_product()])?;
                     layer.forward(b, c, &batch, ls, &mut x)?;
                     b.step_mark()?;
                 }

@@ -94,6 +94,11 @@ impl CudaBackend {
 
     /// The ranges of a hint given right before the running op (none otherwise); taken once.
     pub(super) fn take_prefetch(&self) -> PfRanges {
+        self.take_prefetch_capped(u64::MAX)
+    }
+
+    /// [`Self::take_prefetch`] cut to its first `cap` bytes (an op with a short gap after it).
+    pub(super) fn take_prefetch_capped(&self, cap: u64) -> PfRanges {
         if self.l2pf_budget == 0 {
             return PfRanges::default();
         }
@@ -101,7 +106,21 @@ impl CudaBackend {
         if p.at_op + 1 != self.ops.load(Ordering::Relaxed) {
             return PfRanges::default();
         }
-        std::mem::take(&mut p.ranges)
+        let r = std::mem::take(&mut p.ranges);
+        plan(&[(r.p0, r.n0), (r.p1, r.n1)], cap)
+    }
+
+    /// Bytes the first norm of a layer moves toward L2 of the layer's first product
+    /// (`REDLINE_L2_PREFETCH_NORM=MiB`, default 0: the norm is a ~2 µs gap, and the product's
+    /// own kernel starts its loads before its wait).
+    pub(super) fn norm_prefetch_cap(&self) -> u64 {
+        static MIB: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        *MIB.get_or_init(|| {
+            std::env::var("REDLINE_L2_PREFETCH_NORM")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        }) << 20
     }
 }
 

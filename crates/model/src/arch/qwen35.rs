@@ -133,6 +133,14 @@ pub enum LayerStates<'a, B: Backend> {
 }
 
 impl<B: Backend> Layer<B> {
+    /// The weight the layer's first product reads first (a prefetch hint before its norm).
+    pub fn first_product(&self) -> &B::Weight {
+        match &self.mixer {
+            Mixer::Attention(w) => &w.wq,
+            Mixer::DeltaNet(w) => &w.qkv,
+        }
+    }
+
     /// x: `[n, n_embd]`, updated in place.
     pub fn forward(
         &self,
