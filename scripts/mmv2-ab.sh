@@ -592,7 +592,8 @@ s33f)
     ;;
 s34b)
     # session 34: the next products' weights toward L2 while a layer's chain runs
-    # (REDLINE_L2_PREFETCH=MiB, hints taken by mo_conv1d_qkv and fa_decode_fused): greedy text of
+    # (REDLINE_L2_PREFETCH=MiB; the first window issued them from mo_conv1d_qkv and
+    # fa_decode_fused themselves, now mo_l2_prefetch on a side stream): greedy text of
     # both models with it off and on (a hint: the same tokens), then one row of both at
     # 0 / 16 / 24 / 32 MiB and 24 with the layer norms' hint (REDLINE_L2_PREFETCH_NORM=8),
     # rounds alternating
@@ -612,6 +613,7 @@ s34b)
         done
         echo "round $r $(el)"
     done
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
     echo "== s34b $(el)"
     ;;
 s34a)

@@ -40,7 +40,7 @@ static __device__ __forceinline__ void pdl_trigger() {
 // byte ranges [p0, p0 + n0), [p1, p1 + n1) in 32 KiB pieces, piece c issued by thread c % nt
 // (this one is t of nt). sm_90's bulk prefetch, which the thread does not wait for; nothing
 // below sm_90 (the host passes no ranges there). Ranges start 16-byte aligned and are whole
-// 16-byte units (the host's plan). Call it after pdl_wait: the kernel before has drained.
+// 16-byte units (the host's plan). The grid is not done until the pieces have landed.
 static __device__ __forceinline__ void l2_prefetch2(uint64_t p0, uint64_t n0, uint64_t p1, uint64_t n1, int t,
                                                     int nt) {
 #if __CUDA_ARCH__ >= 900

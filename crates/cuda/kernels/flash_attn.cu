@@ -445,7 +445,6 @@ struct FdFuse {
     float freq_base, freq_scale, eps;
     int8_t* xq;            // the q8_1 copy of out for the product after (one split writing), or null
     float* xds;
-    uint64_t pf0, pn0, pf1, pn1;  // weights toward L2 after the wait (l2_prefetch2), or none
 };
 
 // f32 loads through L2 (partials other blocks of the same launch wrote).
@@ -631,11 +630,6 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     }
     pdl_wait();
     pdl_trigger();
-    // the o-projection's weights (and gate/up's first) toward L2 while the chain runs: the
-    // first split's blocks (every row has it active)
-    if constexpr (FUSE)
-        if (s == 0 && i == 0)
-            l2_prefetch2(fz.pf0, fz.pn0, fz.pf1, fz.pn1, blockIdx.y * FD_THREADS + tid, gridDim.y * FD_THREADS);
     const float qs = scale * 1.44269504088896341f;  // scores in log2 units
     if constexpr (FUSE) {
         // The query heads (and, in the split that holds the newest position, its new K head):
@@ -989,11 +983,10 @@ FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
              const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qn,               \
              const float* __restrict__ kn, const float* __restrict__ factors, const int* __restrict__ rpos,         \
              int min_per, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale,       \
-             float eps, int8_t* __restrict__ xq, float* __restrict__ xds, uint64_t pf0, uint64_t pn0,            \
-             uint64_t pf1, uint64_t pn1) {                                                                         \
+             float eps, int8_t* __restrict__ xq, float* __restrict__ xds) {                                        \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
-        const FdFuse fz = {k,        v,     qn,   kn,        factors,    rpos, q_stride, gate_off, n_rot,          \
-                           neox,     freq_base, freq_scale, eps, xq,  xds,  pf0,      pn0,      pf1,   pn1};      \
+        const FdFuse fz = {k,   v,     qn,   kn,        factors,    rpos, q_stride,                                \
+                           gate_off, n_rot, neox, freq_base, freq_scale, eps,  xq, xds};                          \
         flash_decode_heads<D, FA_F16, true>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,   \
                                             min_per, fz);                                                          \
     }

@@ -453,8 +453,7 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
                                          const int* __restrict__ rows, float* state, int ch, int d_conv,
                                          const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
                                          int norm_cols, float eps, float* o0, float* o1, float* o2, int off1,
-                                         int off2, int w0, int w1, int w2, uint64_t pf0, uint64_t pn0, uint64_t pf1,
-                                         uint64_t pn1) {
+                                         int off2, int w0, int w1, int w2) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -471,8 +470,6 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
     pdl_wait();
     pdl_trigger();
-    // the out-projection's weights (and gate/up's first) toward L2 while the chain runs
-    if (blockIdx.y == 0) l2_prefetch2(pf0, pn0, pf1, pn1, c, gridDim.x * blockDim.x);
     const long long r = rows[0];
     const float xv = x[r * ch + c];
     float s = wt[nw] * xv;
@@ -498,7 +495,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
                                               int d_conv, const int* __restrict__ runs,
                                               const unsigned long long* __restrict__ tab, int norm_cols, float eps,
                                               float* o0, float* o1, float* o2, int off1, int off2, int w0, int w1,
-                                              int w2, uint64_t pf0, uint64_t pn0, uint64_t pf1, uint64_t pn1) {
+                                              int w2) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -514,7 +511,6 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
     pdl_wait();
     pdl_trigger();
-    if (blockIdx.y == 0) l2_prefetch2(pf0, pn0, pf1, pn1, c, gridDim.x * blockDim.x);  // as mo_conv1d_qkv
     const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
     for (int t = 0; t < n_rows; t++) {
         const long long r = rows[t];
@@ -602,8 +598,7 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps,
                                           int8_t* __restrict__ kq, float* __restrict__ kdy,
-                                          int16_t* __restrict__ kbs, uint64_t pf0, uint64_t pn0, uint64_t pf1,
-                                          uint64_t pn1) {
+                                          int16_t* __restrict__ kbs) {
     const long long base = (long long)blockIdx.x * cols;
     const int bd = blockDim.x;
     if (cols <= RMS_REGS * bd) {
@@ -617,8 +612,6 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         }
         pdl_wait();
         pdl_trigger();
-        // the next layer's in-projection toward L2 (a hint: CudaBackend::prefetch)
-        if (blockIdx.x == 0) l2_prefetch2(pf0, pn0, pf1, pn1, threadIdx.x, bd);
         float v[RMS_REGS];
         float ss = 0.0f;
 #pragma unroll
@@ -646,7 +639,6 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
     }
     pdl_wait();
     pdl_trigger();
-    if (blockIdx.x == 0) l2_prefetch2(pf0, pn0, pf1, pn1, threadIdx.x, bd);
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];
@@ -900,4 +892,13 @@ extern "C" __global__ void mo_split_cols(const SplitSegs p, const float* __restr
         }
         dst[r * width + c] = src[r * p.src_cols + off + c];
     }
+}
+
+// grid G, block 32: the next products' weights toward L2 (CudaBackend::prefetch), launched on
+// a side stream so nothing in the step waits for it (a grid counts as done only once its bulk
+// prefetches have landed, and one SM's engine moves them at a few hundred GB/s: issued from the
+// chain's own kernels they held the chain up, session 34). Piece c is thread c % (32 G)'s,
+// spread over the blocks first.
+extern "C" __global__ void mo_l2_prefetch(uint64_t p0, uint64_t n0, uint64_t p1, uint64_t n1) {
+    l2_prefetch2(p0, n0, p1, n1, threadIdx.x * gridDim.x + blockIdx.x, gridDim.x * blockDim.x);
 }

@@ -460,9 +460,6 @@ pub struct FusedInputs {
     /// Device addresses of a q8_1 copy of out (int8 values, f32 (d, d * sum) per 32) that the
     /// kernel writing out fills too, for the product after it; (0, 0): none.
     pub q8: (u64, u64),
-    /// Weights toward L2 after the kernel's wait (`l2_prefetch2`: address, bytes twice; zero
-    /// lengths: none): 16-byte-aligned starts, whole 16-byte units.
-    pub prefetch: [u64; 4],
 }
 
 /// The fused decode chain of one new token per launch row (`fa_decode_fused_*`, kernel `name`
@@ -546,12 +543,9 @@ pub fn launch_decode_fused(
         .push(f.eps)
         .push(f.q8.0)
         .push(f.q8.1);
-    for v in f.prefetch {
-        a.push(v);
-    }
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
     // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
-    // neox, freq_base, freq_scale, eps, xq, xds, pf0, pn0, pf1, pn1); the caller vouches for the device addresses: q of
+    // neox, freq_base, freq_scale, eps, xq, xds); the caller vouches for the device addresses: q of
     // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
     // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of
     // n_rows, part of partials_len when splits > 1, each cache (kvp: a table of n_rows K, V

@@ -566,8 +566,9 @@ impl CudaBackend {
             && crate::mmv::q8k_wanted(&self.dev, out.rows, cols)
             && threads.is_multiple_of(256)
             && cols <= RMS_REGS * threads;
+        // a prefetch hint given right before this op: the layer's first product
+        self.issue_prefetch(self.norm_prefetch_cap())?;
         let stream = self.dev.stream();
-        let pf = self.take_prefetch_capped(self.norm_prefetch_cap());
         let (px, pw, po) = (
             dev_ptr(&*x.data, stream),
             dev_ptr(wv, stream),
@@ -584,13 +585,8 @@ impl CudaBackend {
                 .push(eps)
                 .push(k.0)
                 .push(k.1)
-                .push(k.2)
-                .push(pf.p0)
-                .push(pf.n0)
-                .push(pf.p1)
-                .push(pf.n1);
-            // SAFETY: matches mo_rms_norm_q8(x, w, out, xq, xds, cols, eps, kq, kdy, kbs, pf0,
-            // pn0, pf1, pn1) (the prefetch: device weights or none, super::prefetch); x and
+                .push(k.2);
+            // SAFETY: matches mo_rms_norm_q8(x, w, out, xq, xds, cols, eps, kq, kdy, kbs); x and
             // out hold rows * cols values, w cols, the scratch rows * cols int8 and rows * cols
             // / 16 f32 (with_q8_k_of), the q8_K buffers 0 or their shares (cols % 256 == 0,
             // blockDim % 256 == 0, cols <= RMS_REGS * blockDim, checked above); block size a

@@ -3,20 +3,31 @@
 //! Between a layer's in-projection and its out-projection the DRAM idles: the conv, the delta
 //! rule and the gated norm (or the attention chain) are short dependent launches that read
 //! little. The model names the weights the coming products read ([`backend::Backend::prefetch`]);
-//! the next op, if it is one whose kernel takes the hint (`mo_conv1d_qkv[_rows]`,
-//! `fa_decode_fused_*`), issues sm_90 bulk L2 prefetches of their first bytes right after its
-//! PDL wait, so the out-projection (and the start of gate/up) reads from L2. A hint no op takes
-//! is dropped: the op right after it must take it.
+//! when the next op is one that takes the hint (the fused conv chain, the fused one-row
+//! attention chain, the layer's first norm), it forks a side stream right before its own
+//! launch and runs `mo_l2_prefetch` there: sm_90 bulk L2 prefetches of the first bytes of those
+//! weights, spread over many blocks. Nothing in the step waits for the side stream (it is
+//! joined when a recorded segment or the step ends), so the chain runs on while the bytes move,
+//! and the out-projection (and the start of gate/up) reads from L2. A hint no op takes is
+//! dropped: the op right after it must take it.
+//!
+//! Session 34 first issued the prefetches from the chain's own kernels: a grid is done only
+//! once its bulk prefetches have landed, and one SM's engine moves a few hundred GB/s, so the
+//! chain waited for them (27B −9 %, BENCHMARKS.md). Hence the side stream.
 //!
 //! `REDLINE_L2_PREFETCH=MiB` sets the most bytes a hint moves (`1`: 24 MiB, `0` or unset:
 //! off); sm_90 only (the instruction; the V100's 6 MB L2 would not hold an out-projection).
+//! Only inside a decode step (eager or recorded), never in a replay (the graph has it).
 
 use std::sync::atomic::Ordering;
 
 use backend::BackendError;
 
-use super::step::dev_ptr;
-use super::{CudaBackend, CudaWeight};
+use cudarc::driver::LaunchConfig;
+
+use super::step::{dev_ptr, Mode};
+use super::{dev_err, CudaBackend, CudaWeight};
+use crate::pdl;
 
 /// Up to two byte ranges to prefetch (kernel arguments p0, n0, p1, n1; zero lengths: none).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,6 +44,9 @@ pub(super) struct Pending {
     at_op: u64,
     ranges: PfRanges,
 }
+
+/// Bytes of one bulk prefetch (kernels/common.cuh `l2_prefetch2`).
+const PIECE: u64 = 32768;
 
 /// MiB a hint moves with `REDLINE_L2_PREFETCH=1`.
 const DEFAULT_MIB: usize = 24;
@@ -92,13 +106,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The ranges of a hint given right before the running op (none otherwise); taken once.
-    pub(super) fn take_prefetch(&self) -> PfRanges {
-        self.take_prefetch_capped(u64::MAX)
-    }
-
-    /// [`Self::take_prefetch`] cut to its first `cap` bytes (an op with a short gap after it).
-    pub(super) fn take_prefetch_capped(&self, cap: u64) -> PfRanges {
+    /// The ranges of a hint given right before the running op (none otherwise), cut to their
+    /// first `cap` bytes (an op with a short gap after it); taken once.
+    fn take_prefetch(&self, cap: u64) -> PfRanges {
         if self.l2pf_budget == 0 {
             return PfRanges::default();
         }
@@ -108,6 +118,30 @@ impl CudaBackend {
         }
         let r = std::mem::take(&mut p.ranges);
         plan(&[(r.p0, r.n0), (r.p1, r.n1)], cap)
+    }
+
+    /// Runs a hint given right before the running op (cut to `cap` bytes) on the side stream,
+    /// forked here: call it right before the op's own launch, after the replay check.
+    pub(super) fn issue_prefetch(&self, cap: u64) -> Result<(), BackendError> {
+        let pf = self.take_prefetch(cap);
+        if pf.n0 == 0 || !matches!(self.mode(), Mode::Eager | Mode::Capture) {
+            return Ok(());
+        }
+        let f = self.function("mo_l2_prefetch")?;
+        let pieces = (pf.n0.div_ceil(PIECE) + pf.n1.div_ceil(PIECE)) as u32;
+        let sms = self.dev.info().sm_count.max(1) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (pieces.min(2 * sms), 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let stream = self.dev.stream();
+        let side = self.step_ctl().fork_side(stream)?;
+        let mut a = pdl::Args::new();
+        a.push(pf.p0).push(pf.n0).push(pf.p1).push(pf.n1);
+        // SAFETY: matches mo_l2_prefetch(p0, n0, p1, n1): device weights (plan: 16-byte
+        // aligned starts, whole 16-byte units) or empty ranges; it only issues prefetches.
+        unsafe { a.launch(&side, &f, cfg, false) }.map_err(dev_err)
     }
 
     /// Bytes the first norm of a layer moves toward L2 of the layer's first product

@@ -585,6 +585,8 @@ impl CudaBackend {
         if self.replaying() {
             return Ok(());
         }
+        // a prefetch hint given right before this op: the out-projection's weights
+        self.issue_prefetch(u64::MAX)?;
         let wd = w.dense.as_ref().expect("checked by conv1d_qkv_takes");
         let several = by_seq.iter().any(|i| i.len() > 1);
         let f = self.function(if several {
@@ -619,11 +621,8 @@ impl CudaBackend {
             .push(outs[0].cols as i32)
             .push(outs[1].cols as i32)
             .push(outs[2].cols as i32);
-        // a prefetch hint given right before this op (super::prefetch)
-        let pf = self.take_prefetch();
-        p.push(pf.p0).push(pf.n0).push(pf.p1).push(pf.n1);
         // SAFETY: matches mo_conv1d_qkv(x, w, rows, state, ch, d_conv, runs, tab, norm_cols,
-        // eps, o0, o1, o2, off1, off2, w0, w1, w2, pf0, pn0, pf1, pn1), or with `several` mo_conv1d_qkv_rows (the
+        // eps, o0, o1, o2, off1, off2, w0, w1, w2), or with `several` mo_conv1d_qkv_rows (the
         // same with n_rows after rows; up to CONV_ROWS_MAX rows per sequence, its rows / n_rows
         // or runs / tab); one row per sequence with its state
         // [d_conv - 1, ch] (one sequence: rows / state; several: runs / tab), w [ch, d_conv]
@@ -631,8 +630,7 @@ impl CudaBackend {
         // norm_cols and each output's range, outputs contiguous over [0, ch) with their rows
         // indexed like x's (conv1d_qkv_takes). Before its wait the kernel reads only the taps,
         // the host's rows / runs / tab and the window, which only this layer's conv writes (in
-        // earlier steps: kernels two launches back have finished when it starts). The prefetch
-        // ranges are device weights (or empty), whole 16-byte units from 16-byte-aligned starts.
+        // earlier steps: kernels two launches back have finished when it starts).
         unsafe { p.launch(stream, &f, cfg, pdl::enabled(self.dev.arch())) }.map_err(dev_err)?;
         Ok(())
     }

@@ -481,6 +481,8 @@ impl CudaBackend {
         if mode == Mode::Replay {
             return Ok(());
         }
+        // a prefetch hint given right before this op: the o-projection's weights
+        self.issue_prefetch(u64::MAX)?;
         let dense = |w: Option<&CudaWeight>| {
             w.and_then(|w| w.dense.as_ref())
                 .map_or(0, |x| super::step::dev_ptr(x, stream))
@@ -500,10 +502,6 @@ impl CudaBackend {
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
             q8: (0, 0),
-            prefetch: {
-                let pf = self.take_prefetch();
-                [pf.p0, pf.n0, pf.p1, pf.n1]
-            },
         };
         let kv = cache.kv_ref(0);
         let out_ptr = super::step::dev_ptr(&*out.data, stream);

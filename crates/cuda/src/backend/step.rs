@@ -199,6 +199,11 @@ pub(super) struct StepCtl {
     /// With `REDLINE_STEP_LOG=1`: when the open step's ops began and how long its opening
     /// waited for the previous step's work.
     log_t: Option<(std::time::Instant, f64)>,
+    /// The side stream of L2 prefetch launches (super::prefetch), made at first use, and
+    /// whether it has work the main stream has not joined yet (joined before every capture
+    /// segment ends and at the step's end: nothing on the main stream waits for it before).
+    side: Option<Arc<CudaStream>>,
+    side_pending: bool,
 }
 
 // SAFETY: the raw pinned pointer and the graph handles are only used while the backend's
@@ -230,6 +235,41 @@ impl StepCtl {
             seg_words: Vec::new(),
             pending: Vec::new(),
             log_t: None,
+            side: None,
+            side_pending: false,
+        }
+    }
+
+    /// The side stream, forked from `stream` at this point (it waits for the work queued on
+    /// `stream` so far, then runs beside what follows); its work is joined back by
+    /// [`Self::join_side`].
+    pub(super) fn fork_side(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Arc<CudaStream>, BackendError> {
+        let side = match &self.side {
+            Some(s) => s.clone(),
+            None => {
+                let s = stream.context().new_stream().map_err(dev_err)?;
+                self.side = Some(s.clone());
+                s
+            }
+        };
+        side.join(stream).map_err(dev_err)?;
+        self.side_pending = true;
+        Ok(side)
+    }
+
+    /// Makes `stream` wait for the side stream's work (a capture must join every stream it
+    /// forked before it ends).
+    fn join_side(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        if !self.side_pending {
+            return Ok(());
+        }
+        self.side_pending = false;
+        match &self.side {
+            Some(side) => stream.join(side).map_err(dev_err),
+            None => Ok(()),
         }
     }
 
@@ -372,6 +412,7 @@ impl StepCtl {
                 let next = warm.map_or(used, |u| {
                     u.splits.get(k + 1).copied().unwrap_or(u.staging_words)
                 });
+                self.join_side(stream)?;
                 let graph = match stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
                     Ok(Some(g)) => g,
                     other => {
@@ -417,6 +458,7 @@ impl StepCtl {
     }
 
     fn end_inner(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
+        let joined = self.join_side(stream);
         let mode = std::mem::replace(&mut self.mode, Mode::Off);
         let used = Usage {
             staging_words: self.staging.as_ref().map_or(0, |s| s.used),
@@ -424,6 +466,14 @@ impl StepCtl {
             splits: std::mem::take(&mut self.seg_words),
         };
         let pending = std::mem::take(&mut self.pending);
+        if let Err(e) = joined {
+            if mode == Mode::Capture {
+                let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                self.failed.insert(self.key);
+                self.warmed.remove(&self.key);
+            }
+            return Err(e);
+        }
         match mode {
             Mode::Off => Ok(()),
             Mode::Eager => {
@@ -511,6 +561,7 @@ impl StepCtl {
 
     /// Closes a failed step: a capture is ended and dropped, nothing is kept for the key.
     pub(super) fn abort(&mut self, stream: &Arc<CudaStream>) {
+        let _ = self.join_side(stream);
         if self.mode == Mode::Capture {
             let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
             // A failed capture fails again: keep this key eager.
