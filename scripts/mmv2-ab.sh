@@ -72,6 +72,7 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s34c:    session 34: REDLINE_FA_HEADS_PER_BLOCK=3 against the default, both models
 # s34b:    session 34: REDLINE_L2_PREFETCH (the next products' weights toward L2): greedy
 #          text off / on, one row of both models at 0 / 16 / 24 / 32 MiB
 # s34a:    session 34: the 27B verify cost with REDLINE_MV_DIRECT_Q6K=all (after s33g)
@@ -589,6 +590,17 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s34c)
+    # session 34: REDLINE_FA_HEADS_PER_BLOCK=3 against the default, one row of both models,
+    # two rounds alternating (s33g's 32B +1 % again?)
+    wait $SP
+    for r in 1 2; do
+        for m in m32 m27; do
+            for v in X=1 REDLINE_FA_HEADS_PER_BLOCK=3; do ST=$v b $m -n 128 -r 2; done
+        done
+    done
+    echo "== s34c $(el)"
     ;;
 s34b)
     # session 34: the next products' weights toward L2 while a layer's chain runs
