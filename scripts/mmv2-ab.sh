@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s34d:    session 34: the 27B's per-op profile with the side-stream prefetch off / on; the
+#          3-heads-a-block default against 8
 # s34c:    session 34: REDLINE_FA_HEADS_PER_BLOCK=3 against the default, both models
 # s34b:    session 34: REDLINE_L2_PREFETCH (the next products' weights toward L2): greedy
 #          text off / on, one row of both models at 0 / 16 / 24 / 32 MiB
@@ -590,6 +592,25 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s34d)
+    # session 34: why the side-stream prefetch bought nothing: the 27B's eager per-op profile
+    # with it off and on (an out-projection read from L2 would take fewer µs a call), then
+    # the new default (3 query heads a decode block) against 8, one row of both models, after
+    # the attention checks at the new default
+    suite t_backend_conformance --ignored attention
+    suite t_gpu_decode fused
+    echo "== checks $(el)"
+    wait $SP
+    for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=24; do
+        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 >"$OUT/prof_$v.txt" 2>&1
+        echo "$v:"
+        grep -E "op profile|matmul_add|matmul_many|conv1d|delta_rule|attention_block|gated_rms" "$OUT/prof_$v.txt" | head -14
+    done
+    for m in m32 m27; do
+        for v in X=1 REDLINE_FA_HEADS_PER_BLOCK=8; do ST=$v b $m -n 128 -r 2; done
+    done
+    echo "== s34d $(el)"
     ;;
 s34c)
     # session 34: REDLINE_FA_HEADS_PER_BLOCK=3 against the default, one row of both models,

@@ -111,11 +111,16 @@ pub fn set_generic_decode(on: bool) {
 /// Most query heads of one decode block of the head-size kernels (FD_MAX_G).
 const DECODE_MAX_G: usize = 8;
 
+/// Query heads a head-size decode block takes at most by default: the 32B's group of 5 in
+/// blocks of 3 + 2 (16 blocks at one split instead of 8) decoded one row 1.0–1.2 % faster in
+/// two H100 windows (session 34, BENCHMARKS.md); the 27B's 6 as 3 + 3 were within noise
+/// (−0.7..+0.2 %).
+const DECODE_HEADS_PER_BLOCK: usize = 3;
+
 /// Blocks per KV head (along grid.y) of the head-size decode kernels: its group of query heads
 /// in blocks of at most `REDLINE_FA_HEADS_PER_BLOCK` (1..=8, read once; default and otherwise
-/// [`DECODE_MAX_G`]) heads. Fewer heads a block put a short context's decode chain on more SMs
-/// (Qwen3.5-27B: 4 KV heads of 6 query heads each, so 4 blocks at one split); each head's
-/// arithmetic is the same in every block shape.
+/// [`DECODE_HEADS_PER_BLOCK`]) heads. Fewer heads a block put a short context's decode chain on
+/// more SMs; each head's arithmetic is the same in every block shape.
 fn decode_sub_blocks(p: &AttentionParams) -> usize {
     static HPB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let hpb = *HPB.get_or_init(|| {
@@ -123,7 +128,7 @@ fn decode_sub_blocks(p: &AttentionParams) -> usize {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|h| (1..=DECODE_MAX_G).contains(h))
-            .unwrap_or(DECODE_MAX_G)
+            .unwrap_or(DECODE_HEADS_PER_BLOCK)
     });
     group(p).div_ceil(hpb).max(1)
 }
