@@ -600,6 +600,7 @@ s34d)
     # the attention checks at the new default
     suite t_backend_conformance --ignored attention
     suite t_gpu_decode fused
+    suite t_gpu_decode l2_prefetch
     echo "== checks $(el)"
     wait $SP
     for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=24; do

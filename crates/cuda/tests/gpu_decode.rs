@@ -635,6 +635,33 @@ fn q8_1_tiled_matches_natural_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// The L2 prefetch hints (`CudaBackend::set_l2_prefetch`, `REDLINE_L2_PREFETCH`: a side
+/// stream forked inside the recorded steps and joined at their segment ends) against none: a
+/// hint moves bytes toward L2 and changes no value, so the logits must be the same bits, with
+/// graphs (capture and replay of the forked stream), batched steps and verify passes. Off
+/// below sm_90 (both models then run without).
+#[test]
+fn l2_prefetch_matches_none_on_synth_q4_k_m_shapes() {
+    if gpu().is_none() {
+        return;
+    }
+    for (name, layers) in SYNTH_CUTS {
+        let path = synth_q4_k_m(name, layers, "l2pf");
+        let load = |pf: usize| {
+            let b = gpu().unwrap();
+            b.set_graphs_enabled(true);
+            b.set_fused(true);
+            b.set_l2_prefetch(pf);
+            let file = gguf::GgufFile::open(&path).unwrap();
+            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
+        };
+        let (d, s) = (load(0), load(24 << 20));
+        same_logits_both_ways(name, &d, &s, &|_| {});
+        println!("{name}: logits with L2 prefetch hints equal those without");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// Two-token Q4_K / Q6_K products with x staged in shared memory (the default,
 /// `cuda::matvec::set_x_in_shared`) against x read through L1: the same values and arithmetic,
 /// so the same logits bit for bit over batched steps of 2 sequences and verify passes of 2 rows

@@ -22,7 +22,7 @@ mod sequence;
 mod step;
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use backend::{BackendError, GgufFile};
@@ -141,7 +141,7 @@ pub struct CudaBackend {
     /// the largest download of at most [`PINNED_MAX_FLOATS`].
     pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
     /// Bytes one [`backend::Backend::prefetch`] hint moves toward L2 (0: off; [`prefetch`]).
-    l2pf_budget: usize,
+    l2pf_budget: AtomicUsize,
     /// The hint waiting for the next op.
     l2pf: Mutex<prefetch::Pending>,
 }
@@ -293,10 +293,10 @@ impl CudaBackend {
             q8k: AtomicU64::new(0),
             attn_rows: AtomicU64::new(0),
             pinned: Mutex::new(None),
-            l2pf_budget: 0,
+            l2pf_budget: AtomicUsize::new(0),
             l2pf: Mutex::new(prefetch::Pending::default()),
         };
-        b.l2pf_budget = prefetch::budget_from_env(b.dev.arch());
+        b.set_l2_prefetch(prefetch::budget_from_env(b.dev.arch()));
         crate::pdl::set_enabled(crate::pdl::default_on());
         if profile::op_profile_enabled() {
             // Timed ops run eagerly: a graph replay has no per-op boundaries.

@@ -87,9 +87,20 @@ pub(super) fn plan(ranges: &[(u64, u64)], budget: u64) -> PfRanges {
 }
 
 impl CudaBackend {
+    /// Sets the bytes one prefetch hint moves toward L2 (0: off; what `REDLINE_L2_PREFETCH`
+    /// sets at open). Below sm_90 it stays off.
+    pub fn set_l2_prefetch(&self, bytes: usize) {
+        let on = if self.dev.arch() >= 90 { bytes } else { 0 };
+        self.l2pf_budget.store(on, Ordering::Relaxed);
+    }
+
+    fn l2pf_budget(&self) -> usize {
+        self.l2pf_budget.load(Ordering::Relaxed)
+    }
+
     /// [`backend::Backend::prefetch`]: remembers the ranges for the next op.
     pub(super) fn prefetch_hint(&self, weights: &[&CudaWeight]) -> Result<(), BackendError> {
-        if self.l2pf_budget == 0 || self.replaying() {
+        if self.l2pf_budget() == 0 || self.replaying() {
             return Ok(());
         }
         let stream = self.dev.stream();
@@ -101,7 +112,7 @@ impl CudaBackend {
         let mut p = self.l2pf.lock().unwrap_or_else(|e| e.into_inner());
         *p = Pending {
             at_op: self.ops.load(Ordering::Relaxed),
-            ranges: plan(&ranges, self.l2pf_budget as u64),
+            ranges: plan(&ranges, self.l2pf_budget() as u64),
         };
         Ok(())
     }
@@ -109,7 +120,7 @@ impl CudaBackend {
     /// The ranges of a hint given right before the running op (none otherwise), cut to their
     /// first `cap` bytes (an op with a short gap after it); taken once.
     fn take_prefetch(&self, cap: u64) -> PfRanges {
-        if self.l2pf_budget == 0 {
+        if self.l2pf_budget() == 0 {
             return PfRanges::default();
         }
         let mut p = self.l2pf.lock().unwrap_or_else(|e| e.into_inner());
