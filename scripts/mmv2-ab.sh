@@ -604,9 +604,9 @@ s34d)
     echo "== checks $(el)"
     wait $SP
     for v in REDLINE_L2_PREFETCH=0 REDLINE_L2_PREFETCH=24; do
-        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 >"$OUT/prof_$v.txt" 2>&1
+        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 >"$OUT/prof_${v//=/_}.txt" 2>&1
         echo "$v:"
-        grep -E "op profile|matmul_add|matmul_many|conv1d|delta_rule|attention_block|gated_rms" "$OUT/prof_$v.txt" | head -14
+        grep -E "op profile|matmul_add|matmul_many|conv1d|delta_rule|attention_block|gated_rms" "$OUT/prof_${v//=/_}.txt" | head -14
     done
     for m in m32 m27; do
         for v in X=1 REDLINE_FA_HEADS_PER_BLOCK=8; do ST=$v b $m -n 128 -r 2; done
