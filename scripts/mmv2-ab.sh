@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s35a:    written in session 34, not run: REDLINE_MV_PREFETCH=1 (the direct kernels' warps ask
+#          for their rows in one bulk L2 prefetch): suites, one row of both models, 27B profile
 # s34d:    session 34: the 27B's per-op profile with the side-stream prefetch off / on; the
 #          3-heads-a-block default against 8
 # s34c:    session 34: REDLINE_FA_HEADS_PER_BLOCK=3 against the default, both models
@@ -592,6 +594,24 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35a)
+    # written in session 34 for the next window (not run): REDLINE_MV_PREFETCH=1 (each direct
+    # kernel's warp asks for its rows in one bulk L2 prefetch at its start): the matvec and
+    # decode suites with it on, one row of both models against off (rounds alternating), the
+    # 27B's eager per-op profile with it on (the out/o launches: 12.2 µs a call off)
+    REDLINE_MV_PREFETCH=1 suite t_gpu_matvec
+    REDLINE_MV_PREFETCH=1 suite t_gpu_decode fused
+    echo "== checks $(el)"
+    wait $SP
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in X=1 REDLINE_MV_PREFETCH=1; do ST=$v b $m -n 128 -r 2; done
+        done
+    done
+    REDLINE_MV_PREFETCH=1 REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 >"$OUT/prof_mvpf.txt" 2>&1
+    grep -E "op profile|matmul_add|matmul_many" "$OUT/prof_mvpf.txt" | head -10
+    echo "== s35a $(el)"
     ;;
 s34d)
     # session 34: why the side-stream prefetch bought nothing: the 27B's eager per-op profile

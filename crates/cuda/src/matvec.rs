@@ -461,6 +461,19 @@ fn tiled_bit(xq: &MatvecScratch) -> i32 {
     }
 }
 
+/// The direct kernels' load_mode bit for `REDLINE_MV_PREFETCH=1` (sm_90, read once; off by
+/// default, written in session 34 and not yet run on a card): each warp asks for its rows in
+/// one bulk L2 prefetch at its start (kernels/matvec_direct.cu `mvd_segments`).
+fn prefetch_bit(arch: u32) -> i32 {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("REDLINE_MV_PREFETCH").is_ok_and(|v| v == "1"));
+    if on && arch >= 90 {
+        512
+    } else {
+        0
+    }
+}
+
 /// Kernel name stem of a weight type, and whether x is quantized to q8_1 for it.
 fn kernel_stem(ty: GgmlType) -> Option<(&'static str, bool)> {
     use GgmlType::*;
@@ -949,7 +962,7 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes,
         };
-        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq) | prefetch_bit(self.arch());
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
