@@ -59,7 +59,7 @@ pub(super) fn budget_from_env(arch: u32) -> usize {
         Err(_) => 0,
     };
     if arch >= 90 {
-        mib << 20
+        mib.saturating_mul(1 << 20)
     } else {
         0
     }
@@ -164,8 +164,9 @@ impl CudaBackend {
             std::env::var("REDLINE_L2_PREFETCH_NORM")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        }) << 20
+                .unwrap_or(0u64)
+                .saturating_mul(1 << 20)
+        })
     }
 }
 
