@@ -642,24 +642,12 @@ fn q8_1_tiled_matches_natural_on_synth_q4_k_m_shapes() {
 /// below sm_90 (both models then run without).
 #[test]
 fn l2_prefetch_matches_none_on_synth_q4_k_m_shapes() {
-    if gpu().is_none() {
-        return;
-    }
-    for (name, layers) in SYNTH_CUTS {
-        let path = synth_q4_k_m(name, layers, "l2pf");
-        let load = |pf: usize| {
-            let b = gpu().unwrap();
-            b.set_graphs_enabled(true);
-            b.set_fused(true);
-            b.set_l2_prefetch(pf);
-            let file = gguf::GgufFile::open(&path).unwrap();
-            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
-        };
-        let (d, s) = (load(0), load(24 << 20));
-        same_logits_both_ways(name, &d, &s, &|_| {});
-        println!("{name}: logits with L2 prefetch hints equal those without");
-        let _ = std::fs::remove_file(&path);
-    }
+    each_cut_side_by_side(
+        "l2pf",
+        &|b, is_s| b.set_l2_prefetch(if is_s { 24 << 20 } else { 0 }),
+        &|_| {},
+        &|name, _, _| println!("{name}: logits with L2 prefetch hints equal those without"),
+    );
 }
 
 /// Two-token Q4_K / Q6_K products with x staged in shared memory (the default,
@@ -745,23 +733,46 @@ fn mmv2_n_tiles_match_mmq_on_synth_q4_k_m_shapes() {
 /// (`set(Some(false))` / `set(Some(true))`; `set(None)` after), asserting the same logits bit
 /// for bit ([`same_logits_both_ways`]).
 fn same_logits_under_switch(tag: &str, done: &str, set: &dyn Fn(Option<bool>)) {
+    each_cut_side_by_side(
+        tag,
+        &|b, _| b.set_staged(StagedFusions::ALL),
+        &|is_s| set(Some(is_s)),
+        &|name, _, _| {
+            set(None);
+            println!("{name}: {done}");
+        },
+    );
+}
+
+/// A model on the GPU backend.
+type GpuModel = ModelOn<CudaBackend>;
+
+/// On each synthetic cut ([`SYNTH_CUTS`]), two models with graphs and the fused paths on, each
+/// backend set up by `configure(b, is_s)` before its load, run side by side by
+/// [`same_logits_both_ways`] (`before` as there: every logit the same bits); then `after(name,
+/// d, s)`.
+fn each_cut_side_by_side(
+    tag: &str,
+    configure: &dyn Fn(&CudaBackend, bool),
+    before: &dyn Fn(bool),
+    after: &dyn Fn(&str, &GpuModel, &GpuModel),
+) {
     if gpu().is_none() {
         return;
     }
     for (name, layers) in SYNTH_CUTS {
         let path = synth_q4_k_m(name, layers, tag);
-        let load = || {
+        let load = |is_s: bool| {
             let b = gpu().unwrap();
             b.set_graphs_enabled(true);
             b.set_fused(true);
-            b.set_staged(StagedFusions::ALL);
+            configure(&b, is_s);
             let file = gguf::GgufFile::open(&path).unwrap();
             ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
         };
-        let (d, s) = (load(), load());
-        same_logits_both_ways(name, &d, &s, &|is_s| set(Some(is_s)));
-        set(None);
-        println!("{name}: {done}");
+        let (d, s) = (load(false), load(true));
+        same_logits_both_ways(name, &d, &s, before);
+        after(name, &d, &s);
         let _ = std::fs::remove_file(&path);
     }
 }
@@ -887,30 +898,23 @@ fn synth_q4_k_m(name: &str, layers: usize, tag: &str) -> PathBuf {
 /// of the staged paths does the default's arithmetic, so the logits must be the same bits.
 #[test]
 fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
-    if gpu().is_none() {
-        return;
-    }
-    for (name, layers) in SYNTH_CUTS {
-        let path = synth_q4_k_m(name, layers, "staged");
-        let load = |staged: StagedFusions| {
-            let b = gpu().unwrap();
-            b.set_graphs_enabled(true);
-            b.set_fused(true);
-            b.set_staged(staged);
-            let file = gguf::GgufFile::open(&path).unwrap();
-            ModelOn::load_on(b, Arc::new(file), &opts()).unwrap()
-        };
-        let (d, s) = (load(StagedFusions::default()), load(StagedFusions::ALL));
-        same_logits_both_ways(name, &d, &s, &|_| {});
+    let configure = |b: &CudaBackend, is_s: bool| {
+        b.set_staged(if is_s {
+            StagedFusions::ALL
+        } else {
+            StagedFusions::default()
+        })
+    };
+    each_cut_side_by_side("staged", &configure, &|_| {}, &|name, d, s| {
         let (b, bdef) = (s.backend(), d.backend());
         println!(
-            "{name}: staged calls: gates {}, gated norm q8 {}, attention q8 {}, q8_K {}, attention rows {}",
-            b.fused_gates_calls(),
-            b.norm_q8_calls(),
-            b.attn_q8_calls(),
-            b.q8k_calls(),
-            b.attn_rows_calls()
-        );
+                "{name}: staged calls: gates {}, gated norm q8 {}, attention q8 {}, q8_K {}, attention rows {}",
+                b.fused_gates_calls(),
+                b.norm_q8_calls(),
+                b.attn_q8_calls(),
+                b.q8k_calls(),
+                b.attn_rows_calls()
+            );
         assert_eq!(
             (
                 bdef.fused_gates_calls(),
@@ -936,8 +940,7 @@ fn staged_fusions_match_default_on_synth_q4_k_m_shapes() {
                 "{name}: DeltaNet staged paths not taken"
             );
         }
-        let _ = std::fs::remove_file(&path);
-    }
+    });
 }
 
 /// The conformance suite's norm/activation, RoPE and matmul parts with the fused paths on
