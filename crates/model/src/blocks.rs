@@ -112,7 +112,7 @@ pub fn attention_params(cfg: &ModelConfig) -> AttentionParams {
 }
 
 /// Self-attention of the normed input `h` (`[n, n_embd]`), added to the residual stream
-/// `x` (`[n, n_embd]`). `next`: the products after it (a prefetch hint, see
+/// `x` (`[n, n_embd]`). `next`: the product after it (a prefetch hint, see
 /// `Backend::prefetch`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention<B: Backend>(
@@ -123,7 +123,7 @@ pub fn attention<B: Backend>(
     caches: &mut [&mut B::KvCache],
     h: &B::Tensor,
     x: &mut B::Tensor,
-    next: &[&B::Weight],
+    next: &B::Weight,
 ) -> Result<(), ModelError> {
     let n = batch.len();
     let mut q = b.zeros(n, b.weight_shape(&w.wq).0);
@@ -141,7 +141,7 @@ pub fn attention<B: Backend>(
         &mut [&mut q, &mut k, &mut v],
     )?;
     // the attention chain reads little: the o-projection's weights may move meanwhile
-    b.prefetch(&[&[&w.wo], next].concat())?;
+    b.prefetch(&[&w.wo, next])?;
     let mut o = b.zeros(n, cfg.n_head * cfg.head_dim_v);
     // q/k norms, RoPE and attention in one call: a device may fuse the chain.
     b.attention_block(
@@ -236,7 +236,7 @@ impl<B: Backend> DenseLayer<B> {
         x: &mut B::Tensor,
     ) -> Result<(), ModelError> {
         let h = norm(b, &self.attn_norm, x, cfg.rms_eps)?;
-        attention(b, cfg, &self.attn, batch, caches, &h, x, &[&self.ffn.gate])?;
+        attention(b, cfg, &self.attn, batch, caches, &h, x, &self.ffn.gate)?;
         let h = norm(b, &self.ffn_norm, x, cfg.rms_eps)?;
         self.ffn.forward_add(b, &h, x)?;
         Ok(())

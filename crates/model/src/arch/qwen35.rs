@@ -152,13 +152,13 @@ impl<B: Backend> Layer<B> {
     ) -> Result<(), ModelError> {
         let h = norm(b, &self.attn_norm, x, cfg.rms_eps)?;
         // the products after the mixer's chain (a prefetch hint, see Backend::prefetch)
-        let next = [&self.ffn.gate];
+        let next = &self.ffn.gate;
         match (&self.mixer, states) {
             (Mixer::Attention(w), LayerStates::Kv(mut caches)) => {
-                w.forward(b, cfg, batch, &mut caches, &h, x, &next)?
+                w.forward(b, cfg, batch, &mut caches, &h, x, next)?
             }
             (Mixer::DeltaNet(w), LayerStates::Recurrent(mut rs)) => {
-                w.forward(b, cfg, batch, &mut rs, &h, x, &next)?
+                w.forward(b, cfg, batch, &mut rs, &h, x, next)?
             }
             _ => {
                 return Err(ModelError::ForeignState {
@@ -174,7 +174,7 @@ impl<B: Backend> Layer<B> {
 }
 
 impl<B: Backend> GatedAttention<B> {
-    /// `next`: the products after this block's (a prefetch hint).
+    /// `next`: the product after this block's (a prefetch hint).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -184,7 +184,7 @@ impl<B: Backend> GatedAttention<B> {
         caches: &mut [&mut B::KvCache],
         h: &B::Tensor,
         x: &mut B::Tensor,
-        next: &[&B::Weight],
+        next: &B::Weight,
     ) -> Result<(), ModelError> {
         let (n, hd, nh) = (batch.len(), cfg.head_dim_k, cfg.n_head);
         // qg: [n, n_head * 2 * hd], per head [q | gate]; q, k, v read the same h: one call
@@ -198,7 +198,7 @@ impl<B: Backend> GatedAttention<B> {
             &mut [&mut qg, &mut k, &mut v],
         )?;
         // the attention chain reads little: the o-projection's weights may move meanwhile
-        b.prefetch(&[&[&self.wo], next].concat())?;
+        b.prefetch(&[&self.wo, next])?;
         let mut o = b.zeros(n, nh * cfg.head_dim_v);
         // q/k norms, RoPE, attention and the sigmoid gate in one call: a device may fuse the
         // chain (and read q and the gate in place from qg).
@@ -226,7 +226,7 @@ impl<B: Backend> GatedAttention<B> {
 }
 
 impl<B: Backend> DeltaNet<B> {
-    /// `next`: the products after this block's (a prefetch hint).
+    /// `next`: the product after this block's (a prefetch hint).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -236,7 +236,7 @@ impl<B: Backend> DeltaNet<B> {
         states: &mut [&mut B::RecurrentState],
         h: &B::Tensor,
         x: &mut B::Tensor,
-        next: &[&B::Weight],
+        next: &B::Weight,
     ) -> Result<(), ModelError> {
         let ssm = ssm_config(cfg)?;
         let n = batch.len();
@@ -254,7 +254,7 @@ impl<B: Backend> DeltaNet<B> {
             &mut [&mut qkv, &mut z, &mut beta, &mut g],
         )?;
         // the conv / delta-rule chain reads little: the out-projection's weights may move
-        b.prefetch(&[&[&self.out], next].concat())?;
+        b.prefetch(&[&self.out, next])?;
         // conv1d with the rolling state, silu, then transformers' l2norm of q and k (x *
         // rsqrt(sum(x²) + 1e-6) per d_state group; the q|k columns of the conv output are
         // adjacent) and the split of [q | k | v]: one call, which a device may fuse
