@@ -112,8 +112,8 @@ pub fn set_generic_decode(on: bool) {
 const DECODE_MAX_G: usize = 8;
 
 /// Query heads a head-size decode block takes at most by default: the 32B's group of 5 in
-/// blocks of 3 + 2 (16 blocks at one split instead of 8) decoded one row 1.0–1.2 % faster in
-/// two H100 windows (session 34, BENCHMARKS.md); the 27B's 6 as 3 + 3 were within noise
+/// blocks of 3 + 2 (16 blocks at one split instead of 8) decoded one row 0.9–1.7 % faster in
+/// three H100 windows (session 34, BENCHMARKS.md); the 27B's 6 as 3 + 3 were within noise
 /// (−0.7..+0.2 %).
 const DECODE_HEADS_PER_BLOCK: usize = 3;
 
