@@ -8,6 +8,7 @@
 #   ONLY=mmv.cu bash scripts/device-pack.sh   (recompile one program into the existing cache)
 #   PTX_ARCH=75 bash scripts/device-pack.sh    (also compute_75 PTX: REDLINE_CUDA_ARCH=75 runs)
 #   CLEAN=1 bash scripts/device-pack.sh        (drop the cache's old entries first)
+#   PDL_MASKS="7 127" bash scripts/device-pack.sh  (also REDLINE_PDL_EARLY=7 and =127's kernels)
 #   then: run(command="tar xJf devpk/pack.tar.xz && XDG_CACHE_HOME=$PWD/devbin/cache devbin/redline …",
 #             carry=["devpk"])
 #
@@ -38,6 +39,14 @@ for d in devbin/k_*/; do
     for f in "$d"*.cu; do
         REDLINE_KERNEL_DIR="$PWD/$d" LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
             --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache --only "$(basename "$f")"
+    done
+done
+# PDL_MASKS="7 127": the programs REDLINE_PDL_EARLY changes, compiled for each of those masks
+# too (the define goes in front of their source, so each mask has its own cache keys)
+for m in ${PDL_MASKS:-}; do
+    for f in model_ops.cu deltanet.cu flash_attn.cu; do
+        REDLINE_PDL_EARLY=$m LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
+            --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache --only "$f"
     done
 done
 if [ -n "${PTX_ARCH:-}" ]; then

@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s35b:    session 35: REDLINE_PDL_EARLY (two kernels of lookahead) with and without
+#          REDLINE_MV_PREFETCH: suites, greedy text, one row of both models
 # s35a:    written in session 34, not run: REDLINE_MV_PREFETCH=1 (the direct kernels' warps ask
 #          for their rows in one bulk L2 prefetch): suites, one row of both models, 27B profile
 # s34d:    session 34: the 27B's per-op profile with the side-stream prefetch off / on; the
@@ -594,6 +596,36 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35b)
+    # session 35: REDLINE_PDL_EARLY (small kernels trigger their dependents before their own
+    # wait: two kernels of lookahead) with and without REDLINE_MV_PREFETCH: the decode suites
+    # with both on, greedy text of both models off / on (the same tokens), then one row of
+    # both, rounds alternating (7: conv, delta rule, gated norm: the 27B's out-projection
+    # launches during its layer's chain; 127: every class; the 32B has no DeltaNet, so no 7)
+    REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1 suite t_gpu_decode fused
+    REDLINE_PDL_EARLY=127 suite t_gpu_decode
+    REDLINE_MV_PREFETCH=1 suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do
+        for v in X=1 "REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1"; do
+            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
+            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12) $(echo "$t" | tr '\n' ' ' | cut -c1-60)"
+        done
+    done
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_PREFETCH=1 REDLINE_PDL_EARLY=7 "REDLINE_PDL_EARLY=7 REDLINE_MV_PREFETCH=1" \
+            REDLINE_PDL_EARLY=127 "REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1"; do
+            ST=$v b m27 -n 128 -r 2
+        done
+        for v in X=1 REDLINE_MV_PREFETCH=1 REDLINE_PDL_EARLY=127 "REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1"; do
+            ST=$v b m32 -n 128 -r 2
+        done
+        echo "round $r $(el)"
+    done
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s35b $(el)"
     ;;
 s35a)
     # written in session 34 for the next window (not run): REDLINE_MV_PREFETCH=1 (each direct

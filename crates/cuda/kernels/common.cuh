@@ -36,6 +36,36 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// pdl_enter<BIT>(): the wait, then the trigger, as every kernel does by default. With bit BIT of
+// REDLINE_PDL_EARLY set (a kernel developer's knob: the host prepends the #define to the few
+// programs that use it when the environment variable is set; off by default), the trigger
+// comes first, so the kernel after this one may start while the one before it still runs: two
+// kernels of lookahead instead of one, and the next product's pre-wait loads overlap a whole
+// chain of small kernels (the dependent still waits for this kernel to complete, which follows
+// this kernel's own wait, so the order of the writes is unchanged). Bits: PDL_E_CONV 1 (conv1d
+// qkv), PDL_E_DELTA 2 (dn_recurrent), PDL_E_GNORM 4 (gated norm), PDL_E_NORM 8 (RMS norm),
+// PDL_E_SWIGLU 16, PDL_E_ATTN 32 (fused decode attention and its merge), PDL_E_F32 64 (the f32
+// alpha/beta rows).
+#ifndef REDLINE_PDL_EARLY
+#define REDLINE_PDL_EARLY 0
+#endif
+#define PDL_E_CONV 1
+#define PDL_E_DELTA 2
+#define PDL_E_GNORM 4
+#define PDL_E_NORM 8
+#define PDL_E_SWIGLU 16
+#define PDL_E_ATTN 32
+#define PDL_E_F32 64
+template <int BIT> static __device__ __forceinline__ void pdl_enter() {
+    if constexpr ((REDLINE_PDL_EARLY & BIT) != 0) {
+        pdl_trigger();
+        pdl_wait();
+    } else {
+        pdl_wait();
+        pdl_trigger();
+    }
+}
+
 // The next products' weights toward L2 (CudaBackend::prefetch, REDLINE_L2_PREFETCH): up to two
 // byte ranges [p0, p0 + n0), [p1, p1 + n1) in 32 KiB pieces, piece c issued by thread c % nt
 // (this one is t of nt). sm_90's bulk prefetch, which the thread does not wait for; nothing

@@ -468,8 +468,7 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     }
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter<PDL_E_CONV>();
     const long long r = rows[0];
     const float xv = x[r * ch + c];
     float s = wt[nw] * xv;
@@ -509,8 +508,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     }
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter<PDL_E_CONV>();
     const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
     for (int t = 0; t < n_rows; t++) {
         const long long r = rows[t];
@@ -610,8 +608,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
             const int i = threadIdx.x + k * bd;
             wr[k] = i < cols ? w[i] : 0.0f;
         }
-        pdl_wait();
-        pdl_trigger();
+        pdl_enter<PDL_E_NORM>();
         float v[RMS_REGS];
         float ss = 0.0f;
 #pragma unroll
@@ -637,8 +634,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         }
         return;
     }
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter<PDL_E_NORM>();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];
@@ -662,8 +658,7 @@ extern "C" __global__ void mo_group_rms_norm_q8(const float* x, const float* __r
                                                 const float* __restrict__ z, float* out, int8_t* __restrict__ xq,
                                                 float* __restrict__ xds, int group, float eps) {
     const float w0 = w[threadIdx.x];
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter<PDL_E_GNORM>();
     const long long i = (long long)blockIdx.x * group + threadIdx.x;
     const float xv = x[i];
     const float ss = block_sum(xv * xv);
@@ -683,8 +678,7 @@ extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float
                                         int8_t* __restrict__ xq, float* __restrict__ xds, long long n,
                                         int8_t* __restrict__ kq, float* __restrict__ kdy,
                                         int16_t* __restrict__ kbs, int cols) {
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter<PDL_E_SWIGLU>();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         out[i] = v;
@@ -826,8 +820,7 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
         const int i = threadIdx.x + k * blockDim.x;
         pre[k] = i < n4 ? wr[i] : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
     }
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter<PDL_E_F32>();
     // acc[t] += row vector i . x_t vector i
     auto dot = [&](const f32x4 a, int i) {
 #pragma unroll

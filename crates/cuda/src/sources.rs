@@ -107,12 +107,52 @@ impl Program {
             ),
             None => (self.source(), HEADERS),
         };
+        let source = match (pdl_early(), self) {
+            (Some(mask), Program::ModelOps | Program::DeltaNet | Program::FlashAttn) => {
+                with_pdl_early(self, source, mask)
+            }
+            _ => source,
+        };
         ProgramSource {
             name: self.file_name(),
             source,
             headers,
         }
     }
+}
+
+/// `REDLINE_PDL_EARLY=mask` (a kernel developer's knob, sm_90, off by default): the small
+/// kernels of the classes set in the mask trigger their dependents before their own PDL wait
+/// (`pdl_enter` in common.cuh says which bit is which), so the next product can start its
+/// pre-wait loads a whole chain of small kernels earlier. Only the programs holding such
+/// kernels get the `#define`, so the others keep their cache keys.
+fn pdl_early() -> Option<u32> {
+    static MASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *MASK.get_or_init(|| {
+        let v = std::env::var("REDLINE_PDL_EARLY").ok()?;
+        let mask = v.trim().parse::<u32>().ok().filter(|&m| m != 0)?;
+        eprintln!(
+            "REDLINE_PDL_EARLY={mask}: small kernels trigger their dependents before their wait"
+        );
+        Some(mask)
+    })
+}
+
+/// `source` with `#define REDLINE_PDL_EARLY mask` in front, made once per program.
+fn with_pdl_early(program: Program, source: &'static str, mask: u32) -> &'static str {
+    type Texts = std::sync::Mutex<Vec<(Program, &'static str)>>;
+    static TEXTS: std::sync::OnceLock<Texts> = std::sync::OnceLock::new();
+    let mut texts = TEXTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, t)) = texts.iter().find(|(p, _)| *p == program) {
+        return t;
+    }
+    let t: &'static str =
+        Box::leak(format!("#define REDLINE_PDL_EARLY {mask}\n{source}").into_boxed_str());
+    texts.push((program, t));
+    t
 }
 
 /// Sources read once from `REDLINE_KERNEL_DIR`.
