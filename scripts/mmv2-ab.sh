@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s35c:    session 35: the staged one-token Q4_K kernels (REDLINE_MV_STAGE) with and without
+#          REDLINE_PDL_EARLY: suites, greedy text, one row of both models, 27B profile
 # s35b:    session 35: REDLINE_PDL_EARLY (two kernels of lookahead) with and without
 #          REDLINE_MV_PREFETCH: suites, greedy text, one row of both models
 # s35a:    written in session 34, not run: REDLINE_MV_PREFETCH=1 (the direct kernels' warps ask
@@ -596,6 +598,42 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35c)
+    # session 35: the staged one-token Q4_K kernels (REDLINE_MV_STAGE=1: each warp copies its
+    # rows into shared memory before the PDL wait; only launches of one wave: the out / o
+    # projections) alone and with two kernels of lookahead in front of them
+    # (REDLINE_PDL_EARLY=7: the DeltaNet chain, 32: the attention chain, 39: both): the
+    # product suite (the staged kernels bit for bit the unstaged ones), the decode suites with
+    # it on, greedy text of both models, one row of both, rounds alternating, the 27B's eager
+    # profile with it on
+    suite t_gpu_matvec
+    REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=39 suite t_gpu_decode fused
+    REDLINE_MV_STAGE=1 suite t_gpu_decode
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do
+        for v in X=1 "REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=39"; do
+            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
+            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
+        done
+    done
+    for r in 1 2; do
+        for v in X=1 REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=7 "REDLINE_PDL_EARLY=7 REDLINE_MV_STAGE=1" \
+            "REDLINE_PDL_EARLY=39 REDLINE_MV_STAGE=1"; do
+            ST=$v b m27 -n 128 -r 2
+        done
+        for v in X=1 REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=32 "REDLINE_PDL_EARLY=32 REDLINE_MV_STAGE=1"; do
+            ST=$v b m32 -n 128 -r 2
+        done
+        echo "round $r $(el)"
+    done
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    for v in X=1 REDLINE_MV_STAGE=1; do
+        env $v REDLINE_PROFILE_OPS=1 timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 0 -n 32 -r 1 >"$OUT/prof_$(echo $v | tr -c 'A-Za-z0-9\n' _).txt" 2>&1
+    done
+    grep -E "matmul_add|matmul_many" "$OUT"/prof_*.txt | head -8
+    echo "== s35c $(el)"
     ;;
 s35b)
     # session 35: REDLINE_PDL_EARLY (small kernels trigger their dependents before their own

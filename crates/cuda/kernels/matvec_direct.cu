@@ -119,6 +119,11 @@ struct MvdQ4K {
         w.hd = mvd_ld_w16(ph);
         w.q = mvd_ld_w16(pq);
     }
+    // the same bytes from the warp's staged copy in shared memory (mvd_rows' ST)
+    static __device__ __forceinline__ void load_ws(const uint8_t* ph, const uint8_t* pq, const C&, W& w) {
+        w.hd = *(const u32x4*)ph;
+        w.q = *(const u32x4*)pq;
+    }
     static __device__ __forceinline__ void load_x(const int8_t* pa, const int8_t* pb, const float* pd, const C& c,
                                                   X& x) {
         x.a = mvd_ld_x(pa);
@@ -458,16 +463,36 @@ static __device__ __forceinline__ void mvd_dot(const typename F::W (&w)[R], cons
     }
 }
 
+// One row-iteration's weights: from global memory, or (ST) from the staged copy.
+template <typename F, bool ST>
+static __device__ __forceinline__ void mvd_load_w(const uint8_t* ph, const uint8_t* pq, const typename F::C& c,
+                                                  typename F::W& w) {
+    if constexpr (ST)
+        F::load_ws(ph, pq, c, w);
+    else
+        F::load_w(ph, pq, c, w);
+}
+
+// ST (REDLINE_MV_STAGE, sm_90, one token, Q4_K, whole 1024-value iterations): before the PDL
+// wait each warp copies all of its R rows into its slice of the block's dynamic shared memory
+// (MV_WARPS x R x row_bytes) with cp.async, then waits for the previous kernel, then for its
+// copies, and runs the same loop on the copy (the same dots in the same order: bit for bit the
+// unstaged results). Why: a 5120-row out-projection (17.7 MB: 134 KB an SM, 640 blocks in one
+// wave of 660 places) is bound by its ramp and loads in flight after the wait, not by DRAM
+// (session 34: 10.3 µs a call even when fed from L2); staged, all of its bytes can land while
+// the chain in front of it runs (with REDLINE_PDL_EARLY, launched as that chain starts), and
+// after the wait it reads only shared memory.
 // acc[r][t]: this lane's partial dot products of rows [row0, row0 + R) (rows past nrows are
 // computed on the last row) with the q8_1 x of n_tokens <= NT tokens. ncols % 1024 == 0, or with
 // TAIL any multiple of 256 (whole super-blocks: a last, partial iteration of 1-3 super-blocks
 // runs after the loop, its idle lanes on zero weights and x, which add exactly 0). PDL: the
 // first iteration's weights are loaded before the wait, x after it.
-template <typename F, int NT, int R, bool TAIL>
+template <typename F, int NT, int R, bool TAIL, bool ST = false>
 static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, const int8_t* __restrict__ xq,
                                                 const float* __restrict__ xds, int nrows, int ncols,
                                                 long long row_bytes, int n_tokens, int load_mode, int row0,
                                                 float (&acc)[R][NT]) {
+    static_assert(!ST || !TAIL, "staged rows are whole iterations");
     constexpr int IT = 4 * F::SB;  // weight bytes of a row-iteration
     const bool tiled = (load_mode & 256) != 0;
     const int lane = threadIdx.x, nit = ncols / 1024, tail = (ncols % 1024) / 256;
@@ -476,9 +501,25 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
     const uint8_t* pq[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        ph[r] = mvd_pin(W + (long long)min(row0 + r, nrows - 1) * row_bytes + (lane >> 3) * F::SB);
+        const uint8_t* row = W + (long long)min(row0 + r, nrows - 1) * row_bytes;
+        if constexpr (ST) {
+            extern __shared__ __align__(16) uint8_t mvd_stage[];
+            uint8_t* dst = mvd_stage + ((long long)threadIdx.y * R + r) * row_bytes;
+            for (int o = 16 * lane; o < row_bytes; o += 16 * 32) {
+#if __CUDA_ARCH__ >= 800
+                unsigned long long sa;
+                asm("cvta.to.shared.u64 %0, %1;" : "=l"(sa) : "l"(dst + o));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)sa), "l"(row + o) : "memory");
+#else
+                *(u32x4*)(dst + o) = *(const u32x4*)(row + o);
+#endif
+            }
+            row = dst;
+        }
+        ph[r] = mvd_pin(row + (lane >> 3) * F::SB);
         pq[r] = mvd_pin(ph[r] + F::qofs(lane));
     }
+    if constexpr (ST) cp_async_commit();
     // the bits below 512 of a value's place are the same in every iteration, tiled or not
     const int8_t* pa = mvd_pin(xq + q8_1_at(F::xe0(lane), tiled));
     const int8_t* pb = mvd_pin(xq + q8_1_at(F::xe1(lane), tiled));
@@ -489,12 +530,19 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     typename F::W wa[R], wb[R];
     typename F::X xa[NT], xb[NT];
-    if (!TAIL || nit > 0) {
+    if (!ST && (!TAIL || nit > 0)) {
 #pragma unroll
         for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
     }
     pdl_wait();
     pdl_trigger();
+    if constexpr (ST) {
+        // every lane's copies, then the warp's (the copy of a row is spread over its lanes)
+        cp_async_wait<0>();
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < R; r++) F::load_ws(ph[r], pq[r], c, wa[r]);
+    }
     // XJ (two tokens): x is loaded just before its dot, not an iteration ahead like the weights.
     // x is an L1/L2 hit, and one buffer of two tokens' x instead of two frees 22 registers: 5
     // blocks an SM instead of 4 (H100, session 27: the 27B's two-token down projection 28.1 ->
@@ -509,7 +557,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         const bool second = it + 1 < nit;
         if (second) {
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r] + IT, pq[r] + IT, c, wb[r]);
+            for (int r = 0; r < R; r++) mvd_load_w<F, ST>(ph[r] + IT, pq[r] + IT, c, wb[r]);
             if (!XJ) mvd_load_x<F, NT, 1024, 64>(pa, pb, pd, ncols, n_tokens, c, xb);
         }
         if (XJ) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
@@ -525,7 +573,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         pd += 128;
         if (it + 2 < nit) {
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
+            for (int r = 0; r < R; r++) mvd_load_w<F, ST>(ph[r], pq[r], c, wa[r]);
             if (!XJ) mvd_load_x<F, NT, 0, 0>(pa, pb, pd, ncols, n_tokens, c, xa);
         }
         if (XJ) {
@@ -704,7 +752,7 @@ template <typename F, int NT, int R> struct MvdMinBlocks { static constexpr int 
 template <> struct MvdMinBlocks<MvdQ4K, 2, 2> { static constexpr int value = 5; };
 // Segment kernel (as mvm_quant): MV_WARPS warps of R rows each per block.
 // G: 0, x of every token held (mvd_rows), else G tokens at a time (mvd_rows_xg).
-template <typename F, int NT, int R, bool TAIL, int G = 0>
+template <typename F, int NT, int R, bool TAIL, int G = 0, bool ST = false>
 static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_t* __restrict__ xq,
                                                     const float* __restrict__ xds, int n_tokens, int load_mode) {
     const MvSegSel sel = mv_select(p);
@@ -712,18 +760,10 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     const int row0 = (((int)blockIdx.x - sel.block0) * MV_WARPS + threadIdx.y) * R;
     if (row0 >= sel.nrows) return;
     if (sel.bias && lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(sel.bias + row0));
-    // REDLINE_MV_PREFETCH (load_mode bit 512; sm_90, off by default, not yet run on a card):
-    // this warp's rows toward L2 in one bulk prefetch at its start, before the PDL wait
-    // (weights: never written by a kernel), so all of the block's weight bytes are asked for
-    // at once instead of an iteration at a time (session 34: a 5120-row launch fed from L2 took
-    // 10.3 µs against 12.2 from DRAM). Its own data, which the warp waits for anyway.
-    if ((load_mode & 512) && lane == 0 && p.row_bytes % 16 == 0) {
-        const long long n = (long long)min(R, sel.nrows - row0) * p.row_bytes;
-        l2_prefetch2((uint64_t)(sel.W + (long long)row0 * p.row_bytes), (uint64_t)n, 0, 0, 0, 1);
-    }
     float acc[R][NT];
     if constexpr (G == 0)
-        mvd_rows<F, NT, R, TAIL>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0, acc);
+        mvd_rows<F, NT, R, TAIL, ST>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0,
+                                     acc);
     else
         mvd_rows_xg<F, NT, R, G, TAIL>(sel.W, xq, xds, sel.nrows, p.ncols, p.row_bytes, n_tokens, load_mode, row0,
                                        acc);
@@ -753,6 +793,17 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 MVD_FORMAT(q4_k, MvdQ4K)
 MVD_FORMAT(iq4_xs, MvdIQ4XS)
 MVD_FORMAT(q4_0, MvdQ4_0)
+
+// mvd_q4_k_n1_r<R>_s: one token, the rows staged in shared memory before the PDL wait (ST in
+// mvd_rows; REDLINE_MV_STAGE). Dynamic shared memory: MV_WARPS x R x row_bytes.
+#define MVD_KERNEL_STAGED(name, F, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                        \
+        mvd_##name##_n1_r##R##_s(const MvSegs p, const int8_t* __restrict__ xq,                       \
+                                 const float* __restrict__ xds, int n_tokens, int load_mode) {         \
+        mvd_segments<F, 1, R, false, 0, true>(p, xq, xds, n_tokens, load_mode);                        \
+    }
+MVD_KERNEL_STAGED(q4_k, MvdQ4K, 1)
+MVD_KERNEL_STAGED(q4_k, MvdQ4K, 2)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

@@ -445,6 +445,27 @@ pub fn direct_xgroup(n_tokens: usize, rows: usize) -> u32 {
 /// 0: `REDLINE_MV_DIRECT_XG` decides (unset: by size); else the group plus one.
 static DIRECT_XG_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
+/// Whether one-token Q4_K direct products that fit the card's resident blocks in one wave take
+/// the staged kernels (`mvd_q4_k_n1_r<R>_s`: each warp copies its rows into shared memory
+/// before the PDL wait; kernels/matvec_direct.cu, mvd_rows' ST): `REDLINE_MV_STAGE=1` (sm_90,
+/// off by default: session 35's experiment), or the test override.
+fn stage_enabled() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match STAGE_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| std::env::var("REDLINE_MV_STAGE").is_ok_and(|v| v == "1")),
+        c => c == 2,
+    }
+}
+
+/// 0: `REDLINE_MV_STAGE` decides; 1 off; 2 on.
+static STAGE_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the staged one-token Q4_K kernels on or off wherever they fit (`None`: back to
+/// `REDLINE_MV_STAGE`). For tests and benchmarks.
+pub fn set_stage(on: Option<bool>) {
+    STAGE_OVERRIDE.store(on.map_or(0, |on| if on { 2 } else { 1 }), Ordering::Relaxed);
+}
+
 /// Forces the x group of the 3-4-token direct Q4_K kernels at every size (`Some(0)`, `Some(1)`,
 /// `Some(2)`; `None`: back to `REDLINE_MV_DIRECT_XG` or the size rule). For tests and
 /// benchmarks.
@@ -456,19 +477,6 @@ pub fn set_direct_xgroup(g: Option<u32>) {
 fn tiled_bit(xq: &MatvecScratch) -> i32 {
     if xq.tiled {
         256
-    } else {
-        0
-    }
-}
-
-/// The direct kernels' load_mode bit for `REDLINE_MV_PREFETCH=1` (sm_90, read once; off by
-/// default, written in session 34 and not yet run on a card): each warp asks for its rows in
-/// one bulk L2 prefetch at its start (kernels/matvec_direct.cu `mvd_segments`).
-fn prefetch_bit(arch: u32) -> i32 {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("REDLINE_MV_PREFETCH").is_ok_and(|v| v == "1"));
-    if on && arch >= 90 {
-        512
     } else {
         0
     }
@@ -946,7 +954,23 @@ impl CudaDevice {
             let fx = self.function(Program::MatvecQuant, &name)?;
             f = self.xs_launch_fits(&name, &fx, xs_bytes).then_some(fx);
         }
-        let shared_mem_bytes = if f.is_some() { xs_bytes } else { 0 };
+        let mut shared_mem_bytes = if f.is_some() { xs_bytes } else { 0 };
+        // one token, Q4_K: the rows staged in shared memory where the launch fits in one wave
+        let mut base = base;
+        if direct && nt == 1 && ty == GgmlType::Q4K && (r == 1 || r == 2) && stage_enabled() {
+            let bytes = (WARPS_PER_BLOCK as usize * r as usize * first.w.row_bytes()) as u32;
+            let name = format!("mvd_{stem}_n1_r{r}_s");
+            if cols.is_multiple_of(1024)
+                && crate::pdl::enabled(self.arch())
+                && bytes <= 48 * 1024
+                && blocks
+                    <= self.resident_blocks_smem(&name, Program::MatvecDirect, bytes)?
+                        * self.info().sm_count.max(1) as usize
+            {
+                base = name;
+                shared_mem_bytes = bytes;
+            }
+        }
         let program = if direct {
             Program::MatvecDirect
         } else {
@@ -962,7 +986,7 @@ impl CudaDevice {
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes,
         };
-        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq) | prefetch_bit(self.arch());
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
@@ -1046,17 +1070,25 @@ impl CudaDevice {
     /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared
     /// memory), asked once per device and kernel.
     fn resident_blocks(&self, name: &str, program: Program) -> Result<usize> {
-        type Key = (usize, String);
+        self.resident_blocks_smem(name, program, 0)
+    }
+
+    /// As [`Self::resident_blocks`], each block with `smem` bytes of dynamic shared memory.
+    fn resident_blocks_smem(&self, name: &str, program: Program, smem: u32) -> Result<usize> {
+        type Key = (usize, String, u32);
         static KNOWN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<Key, usize>>> =
             std::sync::OnceLock::new();
-        let key = (self.info().ordinal, name.to_string());
+        let key = (self.info().ordinal, name.to_string(), smem);
         let known = KNOWN.get_or_init(Default::default);
         if let Some(&n) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(n);
         }
         let f = self.function(program, name)?;
-        let n = f.occupancy_max_active_blocks_per_multiprocessor(32 * WARPS_PER_BLOCK, 0, None)?
-            as usize;
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(
+            32 * WARPS_PER_BLOCK,
+            smem as usize,
+            None,
+        )? as usize;
         known
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -549,6 +549,34 @@ fn direct_segments_match_cpu_reference() {
                             }
                         }
                     }
+                    // the staged one-token kernels (REDLINE_MV_STAGE; sm_90, where the launch
+                    // fits in one wave): the same loop on a shared-memory copy of the rows, so
+                    // bit for bit the results above
+                    if ty == GgmlType::Q4K && nt == 1 && rpw <= 2 && cols.is_multiple_of(1024) {
+                        cuda::matvec::set_stage(Some(true));
+                        for (y, init) in ys.iter_mut().zip(&y_inits) {
+                            dev.stream().memcpy_htod(init, y).unwrap();
+                        }
+                        let segs = seg_list(&dev, &mats, &ys, &biases, &accs);
+                        let res = dev.matvec_segments(&segs, &scratch);
+                        cuda::matvec::set_stage(None);
+                        if let Err(e) = res {
+                            failures.push(format!("{what}, staged: launch: {e}"));
+                            continue;
+                        }
+                        for (i, y) in ys.iter().enumerate() {
+                            let got = dev.stream().clone_dtoh(y).unwrap();
+                            if !got
+                                .iter()
+                                .zip(&got_all[i])
+                                .all(|(a, b)| a.to_bits() == b.to_bits())
+                            {
+                                failures.push(format!(
+                                    "{what}, staged: segment {i} differs from the unstaged kernel"
+                                ));
+                            }
+                        }
+                    }
                 }
             }
         }
