@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s35d:    session 35: the new defaults against the old ones and 4 staged rows a warp:
+#          suites, greedy text, one row of both models, the 27B's verify cost
 # s35c:    session 35: the staged one-token Q4_K kernels (REDLINE_MV_STAGE) with and without
 #          REDLINE_PDL_EARLY: suites, greedy text, one row of both models, 27B profile
 # s35b:    session 35: REDLINE_PDL_EARLY (two kernels of lookahead) with and without
@@ -598,6 +600,36 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35d)
+    # session 35: the new defaults (REDLINE_PDL_EARLY=39 and the staged out / o projections)
+    # on the card: the suites, greedy text against the old order, one row of both models
+    # against the old defaults and against 4 staged rows a warp, rounds alternating; the
+    # 27B's verify cost
+    suite t_gpu_matvec
+    suite t_gpu_decode
+    suite t_backend_conformance
+    suite t_gpu_speculative --ignored
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do
+        for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
+            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
+            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
+        done
+    done
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0" REDLINE_MV_STAGE_R=4; do
+                ST=$v b $m -n 128 -r 2
+            done
+        done
+        echo "round $r $(el)"
+    done
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    vb X=1 1,2,3,4 4
+    vb "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0" 1,2,3,4 4
+    echo "== s35d $(el)"
     ;;
 s35c)
     # session 35: the staged one-token Q4_K kernels (REDLINE_MV_STAGE=1: each warp copies its

@@ -36,18 +36,21 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// pdl_enter<BIT>(): the wait, then the trigger, as every kernel does by default. With bit BIT of
-// REDLINE_PDL_EARLY set (a kernel developer's knob: the host prepends the #define to the few
-// programs that use it when the environment variable is set; off by default), the trigger
-// comes first, so the kernel after this one may start while the one before it still runs: two
-// kernels of lookahead instead of one, and the next product's pre-wait loads overlap a whole
+// pdl_enter<BIT>(): the wait, then the trigger, as every other kernel does. With bit BIT of
+// REDLINE_PDL_EARLY set, the trigger comes first, so the kernel after this one may start while
+// the one before it still runs: two kernels of lookahead instead of one, and the next
+// product's pre-wait work (the staged out / o projections, REDLINE_MV_STAGE) overlaps a whole
 // chain of small kernels (the dependent still waits for this kernel to complete, which follows
 // this kernel's own wait, so the order of the writes is unchanged). Bits: PDL_E_CONV 1 (conv1d
 // qkv), PDL_E_DELTA 2 (dn_recurrent), PDL_E_GNORM 4 (gated norm), PDL_E_NORM 8 (RMS norm),
 // PDL_E_SWIGLU 16, PDL_E_ATTN 32 (fused decode attention and its merge), PDL_E_F32 64 (the f32
-// alpha/beta rows).
+// alpha/beta rows). Default 39: the DeltaNet and attention chains in front of the out / o
+// projections (H100, session 35, with the staged projections: 27B +1.2 %, 32B +0.6 %; 127
+// lost 1.8 % on the 32B: the next product's grid launched during the previous one's last
+// wave). The environment variable REDLINE_PDL_EARLY (a kernel developer's knob; 0: the old
+// order) makes the host prepend its own #define to the programs that use it.
 #ifndef REDLINE_PDL_EARLY
-#define REDLINE_PDL_EARLY 0
+#define REDLINE_PDL_EARLY 39
 #endif
 #define PDL_E_CONV 1
 #define PDL_E_DELTA 2

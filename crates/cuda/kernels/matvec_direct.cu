@@ -804,6 +804,7 @@ MVD_FORMAT(q4_0, MvdQ4_0)
     }
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 1)
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 2)
+MVD_KERNEL_STAGED(q4_k, MvdQ4K, 4)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

@@ -447,15 +447,20 @@ static DIRECT_XG_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
 /// Whether one-token Q4_K direct products that fit the card's resident blocks in one wave take
 /// the staged kernels (`mvd_q4_k_n1_r<R>_s`: each warp copies its rows into shared memory
-/// before the PDL wait; kernels/matvec_direct.cu, mvd_rows' ST): `REDLINE_MV_STAGE=1` (sm_90,
-/// off by default: session 35's experiment), or the test override.
+/// before the PDL wait; kernels/matvec_direct.cu, mvd_rows' ST; sm_90, where PDL is on): on
+/// unless `REDLINE_MV_STAGE=0`, or the test override. Why (H100, session 35): with two kernels
+/// of lookahead (`REDLINE_PDL_EARLY`'s default) the out / o projections' copies land while the
+/// DeltaNet or attention chain in front of them runs: 27B +1.2 %, 32B +0.6 % one row.
 fn stage_enabled() -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match STAGE_OVERRIDE.load(Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| std::env::var("REDLINE_MV_STAGE").is_ok_and(|v| v == "1")),
+        0 => *ENV.get_or_init(|| std::env::var("REDLINE_MV_STAGE").map_or(true, |v| v != "0")),
         c => c == 2,
     }
 }
+
+/// The most shared memory a staged block asks for (opted in past 48 KB).
+const STAGE_MAX_BYTES: u32 = 96 * 1024;
 
 /// 0: `REDLINE_MV_STAGE` decides; 1 off; 2 on.
 static STAGE_OVERRIDE: AtomicU32 = AtomicU32::new(0);
@@ -925,12 +930,21 @@ impl CudaDevice {
         } else {
             rows_per_warp(ty, total_rows, cols, nt)
         };
+        // one token, Q4_K: the rows staged in shared memory where the launch fits in one wave
+        let stage = if direct && nt == 1 && ty == GgmlType::Q4K && cols.is_multiple_of(1024) {
+            self.stage_rows(stem, segs, r)?
+        } else {
+            None
+        };
+        let r = stage.map_or(r, |(rs, _)| rs);
         let rows_per_block = (r * WARPS_PER_BLOCK) as usize;
         let (p, blocks) = self.segment_params(segs, rows_per_block);
         if blocks == 0 {
             return Ok(());
         }
-        let base = if direct {
+        let base = if let Some((rs, _)) = stage {
+            format!("mvd_{stem}_n1_r{rs}_s")
+        } else if direct {
             // `_t`: a partial last iteration of 1-3 super-blocks
             let t = if cols.is_multiple_of(1024) { "" } else { "_t" };
             let g = match direct_xgroup(nt, total_rows) {
@@ -954,23 +968,11 @@ impl CudaDevice {
             let fx = self.function(Program::MatvecQuant, &name)?;
             f = self.xs_launch_fits(&name, &fx, xs_bytes).then_some(fx);
         }
-        let mut shared_mem_bytes = if f.is_some() { xs_bytes } else { 0 };
-        // one token, Q4_K: the rows staged in shared memory where the launch fits in one wave
-        let mut base = base;
-        if direct && nt == 1 && ty == GgmlType::Q4K && (r == 1 || r == 2) && stage_enabled() {
-            let bytes = (WARPS_PER_BLOCK as usize * r as usize * first.w.row_bytes()) as u32;
-            let name = format!("mvd_{stem}_n1_r{r}_s");
-            if cols.is_multiple_of(1024)
-                && crate::pdl::enabled(self.arch())
-                && bytes <= 48 * 1024
-                && blocks
-                    <= self.resident_blocks_smem(&name, Program::MatvecDirect, bytes)?
-                        * self.info().sm_count.max(1) as usize
-            {
-                base = name;
-                shared_mem_bytes = bytes;
-            }
-        }
+        let shared_mem_bytes = match (&f, stage) {
+            (Some(_), _) => xs_bytes,
+            (None, Some((_, bytes))) => bytes,
+            (None, None) => 0,
+        };
         let program = if direct {
             Program::MatvecDirect
         } else {
@@ -1065,6 +1067,48 @@ impl CudaDevice {
             fill[k] = blocks as f64 / (blocks.div_ceil(places) * places) as f64;
         }
         Ok(if fill[1] > fill[0] * 1.05 { 4 } else { 2 })
+    }
+
+    /// Rows a warp and shared-memory bytes a block of a staged one-token launch
+    /// (`mvd_<stem>_n1_r<R>_s`), or None where staging is off or the launch does not fit the
+    /// card's resident blocks in one wave. `r`: the unstaged rows a warp (1, 2 or 4), staged as
+    /// they are; `REDLINE_MV_STAGE_R=4` stages 4 rows a warp instead (half the blocks, each with
+    /// twice the shared memory, over the 48 KB a block gets without opting in past 4096 values
+    /// a row).
+    fn stage_rows(&self, stem: &str, segs: &[Segment<'_>], r: u32) -> Result<Option<(u32, u32)>> {
+        if !stage_enabled() || !crate::pdl::enabled(self.arch()) {
+            return Ok(None);
+        }
+        static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let r = match *ENV.get_or_init(|| env_u32("REDLINE_MV_STAGE_R")) {
+            4 => 4,
+            _ => r,
+        };
+        let row_bytes = segs.first().map_or(0, |s| s.w.row_bytes());
+        let bytes = WARPS_PER_BLOCK as usize * r as usize * row_bytes;
+        if bytes > STAGE_MAX_BYTES as usize {
+            return Ok(None);
+        }
+        let name = format!("mvd_{stem}_n1_r{r}_s");
+        if bytes > 48 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute as A;
+            let f = self.function(Program::MatvecDirect, &name)?;
+            if f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                STAGE_MAX_BYTES as i32,
+            )
+            .is_err()
+            {
+                return Ok(None);
+            }
+        }
+        let blocks: usize = segs
+            .iter()
+            .map(|s| s.w.n_rows.div_ceil(r as usize * WARPS_PER_BLOCK as usize))
+            .sum();
+        let places = self.resident_blocks_smem(&name, Program::MatvecDirect, bytes as u32)?
+            * self.info().sm_count.max(1) as usize;
+        Ok((blocks <= places).then_some((r, bytes as u32)))
     }
 
     /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared

@@ -121,16 +121,16 @@ impl Program {
     }
 }
 
-/// `REDLINE_PDL_EARLY=mask` (a kernel developer's knob, sm_90, off by default): the small
-/// kernels of the classes set in the mask trigger their dependents before their own PDL wait
-/// (`pdl_enter` in common.cuh says which bit is which), so the next product can start its
-/// pre-wait loads a whole chain of small kernels earlier. Only the programs holding such
-/// kernels get the `#define`, so the others keep their cache keys.
+/// `REDLINE_PDL_EARLY=mask` (a kernel developer's knob, sm_90; unset: common.cuh's default,
+/// 39): the small kernels of the classes set in the mask trigger their dependents before their
+/// own PDL wait (`pdl_enter` in common.cuh says which bit is which; 0: none), so the next
+/// product can start its pre-wait work a whole chain of small kernels earlier. Only the
+/// programs holding such kernels get the `#define`, so the others keep their cache keys.
 fn pdl_early() -> Option<u32> {
     static MASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *MASK.get_or_init(|| {
         let v = std::env::var("REDLINE_PDL_EARLY").ok()?;
-        let mask = v.trim().parse::<u32>().ok().filter(|&m| m != 0)?;
+        let mask = v.trim().parse::<u32>().ok()?;
         eprintln!(
             "REDLINE_PDL_EARLY={mask}: small kernels trigger their dependents before their wait"
         );

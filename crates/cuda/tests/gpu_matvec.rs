@@ -552,7 +552,7 @@ fn direct_segments_match_cpu_reference() {
                     // the staged one-token kernels (REDLINE_MV_STAGE; sm_90, where the launch
                     // fits in one wave): the same loop on a shared-memory copy of the rows, so
                     // bit for bit the results above
-                    if ty == GgmlType::Q4K && nt == 1 && rpw <= 2 && cols.is_multiple_of(1024) {
+                    if ty == GgmlType::Q4K && nt == 1 && cols.is_multiple_of(1024) {
                         cuda::matvec::set_stage(Some(true));
                         for (y, init) in ys.iter_mut().zip(&y_inits) {
                             dev.stream().memcpy_htod(init, y).unwrap();
