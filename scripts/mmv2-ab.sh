@@ -72,6 +72,7 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s35e:    session 35: the verify cost by lookahead bits; 8 streams at the new default
 # s35d:    session 35: the new defaults against the old ones and 4 staged rows a warp:
 #          suites, greedy text, one row of both models, the 27B's verify cost
 # s35c:    session 35: the staged one-token Q4_K kernels (REDLINE_MV_STAGE) with and without
@@ -600,6 +601,22 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35e)
+    # session 35: which lookahead bits cost the 27B's 2-row verify pass (s35d: 1.18x a step
+    # at mask 39 against 1.14x at 0): the verify cost at masks 0 / 7 / 32 / 39, two rounds;
+    # then 8 streams of both models at the new default against mask 0 and the old defaults
+    wait $SP
+    for r in 1 2; do
+        for v in REDLINE_PDL_EARLY=0 REDLINE_PDL_EARLY=7 REDLINE_PDL_EARLY=32 X=1; do vb $v 1,2,4 4; done
+        echo "round $r $(el)"
+    done
+    for m in m27 m32; do
+        for v in X=1 REDLINE_PDL_EARLY=0 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
+            ST=$v b $m -n 64 -r 2 --parallel 8
+        done
+    done
+    echo "== s35e $(el)"
     ;;
 s35d)
     # session 35: the new defaults (REDLINE_PDL_EARLY=39 and the staged out / o projections)
