@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s35f:    session 35: the lookahead for one-row launches only: suites, greedy text, one row
+#          and 8 streams of both models against the old defaults
 # s35e:    session 35: the verify cost by lookahead bits; 8 streams at the new default
 # s35d:    session 35: the new defaults against the old ones and 4 staged rows a warp:
 #          suites, greedy text, one row of both models, the 27B's verify cost
@@ -601,6 +603,39 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35f)
+    # session 35: the lookahead taken only by one-row launches (pdl_enter's one_row): the
+    # suites, greedy text against the old order, one row of both models (three rounds) and
+    # 8 streams (two) against the old defaults and against mask 0 with the staging
+    suite t_gpu_matvec
+    suite t_gpu_decode
+    suite t_gpu_speculative --ignored
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do
+        for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
+            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
+            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
+        done
+    done
+    for r in 1 2 3; do
+        for m in m27 m32; do
+            for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0" REDLINE_PDL_EARLY=0; do
+                ST=$v b $m -n 128 -r 2
+            done
+        done
+        echo "round $r $(el)"
+    done
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
+                ST=$v b $m -n 64 -r 2 --parallel 8
+            done
+        done
+    done
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s35f $(el)"
     ;;
 s35e)
     # session 35: which lookahead bits cost the 27B's 2-row verify pass (s35d: 1.18x a step
