@@ -619,7 +619,7 @@ s35f)
             echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
         done
     done
-    for r in 1 2 3; do
+    for r in 1 2; do
         for m in m27 m32; do
             for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0" REDLINE_PDL_EARLY=0; do
                 ST=$v b $m -n 128 -r 2
