@@ -606,8 +606,8 @@ s33f)
     ;;
 s35f)
     # session 35: the lookahead taken only by one-row launches (pdl_enter's one_row): the
-    # suites, greedy text against the old order, one row of both models (three rounds) and
-    # 8 streams (two) against the old defaults and against mask 0 with the staging
+    # suites, greedy text against the old order, one row of both models and 8 streams (two
+    # rounds each) against the old defaults and against mask 0 with the staging
     suite t_gpu_matvec
     suite t_gpu_decode
     suite t_gpu_speculative --ignored
