@@ -132,7 +132,8 @@ fn pdl_early() -> Option<u32> {
         let v = std::env::var("REDLINE_PDL_EARLY").ok()?;
         let mask = v.trim().parse::<u32>().ok()?;
         eprintln!(
-            "REDLINE_PDL_EARLY={mask}: small kernels trigger their dependents before their wait"
+            "REDLINE_PDL_EARLY={mask}: the kernel classes of this mask trigger their dependents \
+             before their own wait (one-row launches)"
         );
         Some(mask)
     })
