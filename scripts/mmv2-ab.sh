@@ -606,9 +606,8 @@ s33f)
     ;;
 s35f)
     # session 35: the lookahead taken only by one-row launches (pdl_enter's one_row): the
-    # suites, greedy text against the old order, one row of both models and 8 streams (two
-    # rounds each) against the old defaults and against mask 0 with the staging
-    suite t_gpu_matvec
+    # suites, greedy text against the old order, one row of both models (two rounds) and 8
+    # streams (one) against the old defaults and against mask 0 with the staging
     suite t_gpu_decode
     suite t_gpu_speculative --ignored
     echo "== checks $(el)"
@@ -627,11 +626,9 @@ s35f)
         done
         echo "round $r $(el)"
     done
-    for r in 1 2; do
-        for m in m27 m32; do
-            for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
-                ST=$v b $m -n 64 -r 2 --parallel 8
-            done
+    for m in m27 m32; do
+        for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
+            ST=$v b $m -n 64 -r 2 --parallel 8
         done
     done
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
