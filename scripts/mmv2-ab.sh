@@ -607,7 +607,7 @@ s33f)
 s35f)
     # session 35: the lookahead taken only by one-row launches (pdl_enter's one_row): the
     # suites, greedy text against the old order, one row of both models (two rounds) and 8
-    # streams (one) against the old defaults and against mask 0 with the staging
+    # streams (one) against the old defaults
     suite t_gpu_decode
     suite t_gpu_speculative --ignored
     echo "== checks $(el)"
@@ -620,7 +620,7 @@ s35f)
     done
     for r in 1 2; do
         for m in m27 m32; do
-            for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0" REDLINE_PDL_EARLY=0; do
+            for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
                 ST=$v b $m -n 128 -r 2
             done
         done
