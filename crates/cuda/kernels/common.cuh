@@ -59,12 +59,8 @@ static __device__ __forceinline__ void pdl_trigger() {
 #define PDL_E_SWIGLU 16
 #define PDL_E_ATTN 32
 #define PDL_E_F32 64
-// one_row: the launch works on one row of one sequence (the caller says so from its grid or
-// parameters, which it may read before the wait); the early trigger is taken only then, since
-// it was measured on one-row decode steps only (verify passes within noise, 8 streams of the
-// 27B −1.3 % in one round).
-template <int BIT> static __device__ __forceinline__ void pdl_enter(bool one_row) {
-    if ((REDLINE_PDL_EARLY & BIT) != 0 && one_row) {
+template <int BIT> static __device__ __forceinline__ void pdl_enter() {
+    if constexpr ((REDLINE_PDL_EARLY & BIT) != 0) {
         pdl_trigger();
         pdl_wait();
     } else {

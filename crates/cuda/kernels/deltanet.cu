@@ -122,7 +122,7 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
             s[r][e] = (j0 + r < d_v && col < d_k) ? state[((long long)h * d_v + j0 + r) * d_k + col] : 0.0f;
         }
     }
-    pdl_enter<PDL_E_DELTA>(n_rows == 1 && gridDim.z == 1);
+    pdl_enter<PDL_E_DELTA>();
     const long long qk_stride = (long long)n_k_heads * d_k;
     const long long v_stride = (long long)n_v_heads * d_v;
     for (int t = 0; t < n_rows; t++) {

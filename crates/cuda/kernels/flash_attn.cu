@@ -628,7 +628,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             if (fz.kn) nw_s[D + d] = fz.kn[d];
         }
     }
-    pdl_enter<PDL_E_ATTN>(gridDim.z == 1);
+    pdl_enter<PDL_E_ATTN>();
     const float qs = scale * 1.44269504088896341f;  // scores in log2 units
     if constexpr (FUSE) {
         // The query heads (and, in the split that holds the newest position, its new K head):
@@ -1005,7 +1005,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const int i = blockIdx.x, h = blockIdx.y;
     const int len = pos[i] + 1;  // host positions: before the wait
     const int per = max((len + S - 1) / S, min_per), active = (len + per - 1) / per;
-    pdl_enter<PDL_E_ATTN>(gridDim.x == 1);
+    pdl_enter<PDL_E_ATTN>();
     if (active <= 1) return;
     const long long hr = (long long)rows[i] * n_head + h;
     fa_merge_head(part + ((long long)i * n_head + h) * S * (dv + 2), active, dv, out + hr * dv,

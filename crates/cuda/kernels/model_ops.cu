@@ -468,7 +468,7 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     }
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
-    pdl_enter<PDL_E_CONV>(gridDim.y == 1);
+    pdl_enter<PDL_E_CONV>();
     const long long r = rows[0];
     const float xv = x[r * ch + c];
     float s = wt[nw] * xv;
@@ -508,7 +508,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     }
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
-    pdl_enter<PDL_E_CONV>(n_rows == 1 && gridDim.y == 1);
+    pdl_enter<PDL_E_CONV>();
     const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
     for (int t = 0; t < n_rows; t++) {
         const long long r = rows[t];
@@ -608,7 +608,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
             const int i = threadIdx.x + k * bd;
             wr[k] = i < cols ? w[i] : 0.0f;
         }
-        pdl_enter<PDL_E_NORM>(gridDim.x == 1);
+        pdl_enter<PDL_E_NORM>();
         float v[RMS_REGS];
         float ss = 0.0f;
 #pragma unroll
@@ -634,7 +634,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         }
         return;
     }
-    pdl_enter<PDL_E_NORM>(gridDim.x == 1);
+    pdl_enter<PDL_E_NORM>();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];
@@ -652,14 +652,14 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
 // mo_group_rms_norm (with or without the gate z) plus the q8_1 copy of out, for groups of a
 // multiple of 32 values and blockDim.x == group (the block size the separate kernel gets for
 // such groups, so the squares are added in the same order): the same values and the same
-// quantization as mo_group_rms_norm then quantize_q8_1, bit for bit. Grid (groups a row, rows);
-// groups are back to back, so unit (flat index) / 32 is the row's unit. out may alias x.
+// quantization as mo_group_rms_norm then quantize_q8_1, bit for bit. Rows are groups back to
+// back, so unit (flat index) / 32 is the row's unit. out may alias x.
 extern "C" __global__ void mo_group_rms_norm_q8(const float* x, const float* __restrict__ w,
                                                 const float* __restrict__ z, float* out, int8_t* __restrict__ xq,
                                                 float* __restrict__ xds, int group, float eps) {
     const float w0 = w[threadIdx.x];
-    pdl_enter<PDL_E_GNORM>(gridDim.y == 1);
-    const long long i = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * group + threadIdx.x;
+    pdl_enter<PDL_E_GNORM>();
+    const long long i = (long long)blockIdx.x * group + threadIdx.x;
     const float xv = x[i];
     const float ss = block_sum(xv * xv);
     const float s = rsqrtf(ss / group + eps);
@@ -678,8 +678,7 @@ extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float
                                         int8_t* __restrict__ xq, float* __restrict__ xds, long long n,
                                         int8_t* __restrict__ kq, float* __restrict__ kdy,
                                         int16_t* __restrict__ kbs, int cols) {
-    // (one row: at most the widest FFN row of the models run, 32768 values)
-    pdl_enter<PDL_E_SWIGLU>(n <= 32 * 1024);
+    pdl_enter<PDL_E_SWIGLU>();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         out[i] = v;
@@ -821,7 +820,7 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
         const int i = threadIdx.x + k * blockDim.x;
         pre[k] = i < n4 ? wr[i] : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
     }
-    pdl_enter<PDL_E_F32>(true);  // (the row count is not known here)
+    pdl_enter<PDL_E_F32>();
     // acc[t] += row vector i . x_t vector i
     auto dot = [&](const f32x4 a, int i) {
 #pragma unroll

@@ -133,7 +133,7 @@ fn pdl_early() -> Option<u32> {
         let mask = v.trim().parse::<u32>().ok()?;
         eprintln!(
             "REDLINE_PDL_EARLY={mask}: the kernel classes of this mask trigger their dependents \
-             before their own wait (one-row launches)"
+             before their own wait"
         );
         Some(mask)
     })

@@ -675,8 +675,7 @@ impl CudaBackend {
         let xp = dev_ptr(&*x.data, stream);
         self.with_q8_of(x, |(xq, xds)| {
             let cfg = LaunchConfig {
-                // (groups a row, rows): the kernel tells a one-row launch by its grid
-                grid_dim: ((cols / group) as u32, rows as u32, 1),
+                grid_dim: ((rows * cols / group) as u32, 1, 1),
                 block_dim: (group as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -692,7 +691,7 @@ impl CudaBackend {
             // SAFETY: matches mo_group_rms_norm_q8(x, w, z, out, xq, xds, group, eps); x (in
             // place) and z hold rows * cols values, w group, the scratch rows * cols int8 and
             // rows * cols / 16 f32 (with_q8_of); one block of `group` threads (a multiple of
-            // 32, <= 1024) per group, grid (cols / group, rows). With PDL it reads only w before its wait.
+            // 32, <= 1024) per group. With PDL it reads only w before its wait.
             unsafe { a.launch(stream, &f, cfg, self.pdl()) }.map_err(dev_err)
         })?;
         self.norm_q8.fetch_add(1, Ordering::Relaxed);
