@@ -72,7 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
-# s35f:    session 35: the lookahead for one-row launches only: suites, greedy text, one row
+# s35g:    session 35: the shipped default at 8 streams against mask 0
+# s35f:    session 35 (written, never run: the gating was taken out): the lookahead for one-row launches only: suites, greedy text, one row
 #          and 8 streams of both models against the old defaults
 # s35e:    session 35: the verify cost by lookahead bits; 8 streams at the new default
 # s35d:    session 35: the new defaults against the old ones and 4 staged rows a warp:
@@ -603,6 +604,18 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s35g)
+    # session 35 (if a machine comes): the shipped default (mask 39 at every row count) at 8
+    # streams against mask 0, two rounds, after the decode suite
+    suite t_gpu_decode
+    wait $SP
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in X=1 REDLINE_PDL_EARLY=0; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+        done
+    done
+    echo "== s35g $(el)"
     ;;
 s35f)
     # session 35: the lookahead taken only by one-row launches (pdl_enter's one_row): the
