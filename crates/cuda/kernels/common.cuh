@@ -342,6 +342,17 @@ static __device__ __forceinline__ void rope_rotate(float a, float b, float c, fl
 }
 
 // cp.async groups (sm_80+; below, the copies are plain loads and stores and these do nothing).
+// cp_async16: 16 bytes global -> shared (both 16-byte aligned), L2 only (.cg).
+static __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)s), "l"(src) : "memory");
+#else
+    ((uint64_t*)dst)[0] = ((const uint64_t*)src)[0];
+    ((uint64_t*)dst)[1] = ((const uint64_t*)src)[1];
+#endif
+}
 static __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");

@@ -505,15 +505,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         if constexpr (ST) {
             extern __shared__ __align__(16) uint8_t mvd_stage[];
             uint8_t* dst = mvd_stage + ((long long)threadIdx.y * R + r) * row_bytes;
-            for (int o = 16 * lane; o < row_bytes; o += 16 * 32) {
-#if __CUDA_ARCH__ >= 800
-                unsigned long long sa;
-                asm("cvta.to.shared.u64 %0, %1;" : "=l"(sa) : "l"(dst + o));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)sa), "l"(row + o) : "memory");
-#else
-                *(u32x4*)(dst + o) = *(const u32x4*)(row + o);
-#endif
-            }
+            for (int o = 16 * lane; o < row_bytes; o += 16 * 32) cp_async16(dst + o, row + o);
             row = dst;
         }
         ph[r] = mvd_pin(row + (lane >> 3) * F::SB);
