@@ -524,28 +524,20 @@ fn direct_segments_match_cpu_reference() {
                     if ty == GgmlType::Q4K && nt > 2 {
                         for g in [1u32, 2] {
                             cuda::matvec::set_direct_xgroup(Some(g));
-                            for (y, init) in ys.iter_mut().zip(&y_inits) {
-                                dev.stream().memcpy_htod(init, y).unwrap();
-                            }
-                            let segs = seg_list(&dev, &mats, &ys, &biases, &accs);
-                            let res = dev.matvec_segments(&segs, &scratch);
+                            let res = rerun_bits(
+                                &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                            );
                             cuda::matvec::set_direct_xgroup(Some(0));
-                            if let Err(e) = res {
-                                failures.push(format!("{what}, x group {g}: launch: {e}"));
-                                continue;
-                            }
-                            for (i, y) in ys.iter().enumerate() {
-                                let got = dev.stream().clone_dtoh(y).unwrap();
-                                let same = got
-                                    .iter()
-                                    .zip(&got_all[i])
-                                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                                if !same {
-                                    failures.push(format!(
+                            match res {
+                                Err(e) => {
+                                    failures.push(format!("{what}, x group {g}: launch: {e}"))
+                                }
+                                Ok(differ) => failures.extend(differ.into_iter().map(|i| {
+                                    format!(
                                         "{what}, x group {g}: segment {i} differs from the \
                                          all-tokens kernel"
-                                    ));
-                                }
+                                    )
+                                })),
                             }
                         }
                     }
@@ -554,27 +546,17 @@ fn direct_segments_match_cpu_reference() {
                     // bit for bit the results above
                     if ty == GgmlType::Q4K && nt == 1 && cols.is_multiple_of(1024) {
                         cuda::matvec::set_stage(Some(true));
-                        for (y, init) in ys.iter_mut().zip(&y_inits) {
-                            dev.stream().memcpy_htod(init, y).unwrap();
-                        }
-                        let segs = seg_list(&dev, &mats, &ys, &biases, &accs);
-                        let res = dev.matvec_segments(&segs, &scratch);
+                        let res = rerun_bits(
+                            &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                        );
                         cuda::matvec::set_stage(None);
-                        if let Err(e) = res {
-                            failures.push(format!("{what}, staged: launch: {e}"));
-                            continue;
-                        }
-                        for (i, y) in ys.iter().enumerate() {
-                            let got = dev.stream().clone_dtoh(y).unwrap();
-                            if !got
-                                .iter()
-                                .zip(&got_all[i])
-                                .all(|(a, b)| a.to_bits() == b.to_bits())
-                            {
-                                failures.push(format!(
+                        match res {
+                            Err(e) => failures.push(format!("{what}, staged: launch: {e}")),
+                            Ok(differ) => failures.extend(differ.into_iter().map(|i| {
+                                format!(
                                     "{what}, staged: segment {i} differs from the unstaged kernel"
-                                ));
-                            }
+                                )
+                            })),
                         }
                     }
                 }
@@ -597,6 +579,39 @@ fn direct_segments_match_cpu_reference() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The same segment launch again, each output reset to its initial value first (as the
+/// switches set now pick the kernel): the segments whose results differ in any bit from
+/// `want`'s, or the launch's error.
+#[allow(clippy::too_many_arguments)]
+fn rerun_bits(
+    dev: &cuda::CudaDevice,
+    mats: &[cuda::matvec::DeviceMatrix],
+    ys: &mut [cudarc::driver::CudaSlice<f32>],
+    y_inits: &[Vec<f32>],
+    biases: &[Option<cudarc::driver::CudaSlice<f32>>],
+    accs: &[bool],
+    scratch: &cuda::matvec::MatvecScratch,
+    want: &[Vec<f32>],
+) -> Result<Vec<usize>, String> {
+    for (y, init) in ys.iter_mut().zip(y_inits) {
+        dev.stream().memcpy_htod(init, y).unwrap();
+    }
+    let segs = seg_list(dev, mats, ys, biases, accs);
+    dev.matvec_segments(&segs, scratch)
+        .map_err(|e| e.to_string())?;
+    Ok(ys
+        .iter()
+        .enumerate()
+        .filter(|(i, y)| {
+            let got = dev.stream().clone_dtoh(*y).unwrap();
+            !got.iter()
+                .zip(&want[*i])
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        })
+        .map(|(i, _)| i)
+        .collect())
 }
 
 /// One segment launch of `w` over the quantized x in `s`, into `y`.
