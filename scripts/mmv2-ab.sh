@@ -136,6 +136,16 @@ suite() {
 vb() {
     echo "${VB_M:+$VB_M }verify $1: $(env $1 timeout 100 $R verify-bench -m "/tmp/${VB_M:-m27}.gguf" --device cuda -k "$2" -d 256 -r "$3" 2>&1 | grep -E '^\| (decode|verify)' | tr -s ' ' | cut -d'|' -f3,4 | tr '\n' ' ')"
 }
+# greedy M VARIANT...: md5 of M's greedy text (32 tokens) under each environment (the same
+# md5 = the same tokens)
+greedy() {
+    local m=$1 v t
+    shift
+    for v in "$@"; do
+        t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt" | tr -d '\0')
+        echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
+    done
+}
 for stage in $STAGE; do
 case $stage in
 kernels)
@@ -625,12 +635,7 @@ s35f)
     suite t_gpu_speculative --ignored
     echo "== checks $(el)"
     wait $SP
-    for m in m27 m32; do
-        for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
-            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
-            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
-        done
-    done
+    for m in m27 m32; do greedy $m X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; done
     for r in 1 2; do
         for m in m27 m32; do
             for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
@@ -674,12 +679,7 @@ s35d)
     suite t_gpu_speculative --ignored
     echo "== checks $(el)"
     wait $SP
-    for m in m27 m32; do
-        for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; do
-            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
-            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
-        done
-    done
+    for m in m27 m32; do greedy $m X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0"; done
     for r in 1 2; do
         for m in m27 m32; do
             for v in X=1 "REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0" REDLINE_MV_STAGE_R=4; do
@@ -706,12 +706,7 @@ s35c)
     REDLINE_MV_STAGE=1 suite t_gpu_decode
     echo "== checks $(el)"
     wait $SP
-    for m in m27 m32; do
-        for v in X=1 "REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=39"; do
-            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
-            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
-        done
-    done
+    for m in m27 m32; do greedy $m X=1 "REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=39"; done
     for r in 1 2; do
         for v in X=1 REDLINE_MV_STAGE=1 REDLINE_PDL_EARLY=7 "REDLINE_PDL_EARLY=7 REDLINE_MV_STAGE=1" \
             "REDLINE_PDL_EARLY=39 REDLINE_MV_STAGE=1"; do
@@ -740,12 +735,7 @@ s35b)
     REDLINE_MV_PREFETCH=1 suite t_gpu_matvec
     echo "== checks $(el)"
     wait $SP
-    for m in m27 m32; do
-        for v in X=1 "REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1"; do
-            t=$(env $v timeout 90 $R run -m /tmp/$m.gguf --device cuda -p 'The quick brown fox' -n 32 --temp 0 2>>"$OUT/err.txt")
-            echo "$m $v: $(echo "$t" | md5sum | cut -c1-12) $(echo "$t" | tr '\n' ' ' | cut -c1-60)"
-        done
-    done
+    for m in m27 m32; do greedy $m X=1 "REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1"; done
     for r in 1 2; do
         for v in X=1 REDLINE_MV_PREFETCH=1 REDLINE_PDL_EARLY=7 "REDLINE_PDL_EARLY=7 REDLINE_MV_PREFETCH=1" \
             REDLINE_PDL_EARLY=127 "REDLINE_PDL_EARLY=127 REDLINE_MV_PREFETCH=1"; do
