@@ -9,6 +9,7 @@
 #   PTX_ARCH=75 bash scripts/device-pack.sh    (also compute_75 PTX: REDLINE_CUDA_ARCH=75 runs)
 #   CLEAN=1 bash scripts/device-pack.sh        (drop the cache's old entries first)
 #   PDL_MASKS="7 127" bash scripts/device-pack.sh  (also REDLINE_PDL_EARLY=7 and =127's kernels)
+#   TRACE=1 bash scripts/device-pack.sh        (also every program with the REDLINE_TRACE probe)
 #   then: run(command="tar xJf devpk/pack.tar.xz && XDG_CACHE_HOME=$PWD/devbin/cache devbin/redline …",
 #             carry=["devpk"])
 #
@@ -49,6 +50,12 @@ for m in ${PDL_MASKS:-}; do
             --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache --only "$f"
     done
 done
+# TRACE=1: every program once more with the block-timeline probe (REDLINE_TRACE puts its
+# #define in front of each source: their own cache keys; the path given here is not used)
+if [ -n "${TRACE:-}" ]; then
+    REDLINE_TRACE=/dev/null LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
+        --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache ${ONLY:+--only "$ONLY"}
+fi
 if [ -n "${PTX_ARCH:-}" ]; then
     LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
         --nvrtc "$LIB/libnvrtc.so.13" --arch "$PTX_ARCH" --ptx --write-cache devbin/cache ${ONLY:+--only "$ONLY"}

@@ -615,6 +615,31 @@ s33f)
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
     ;;
+s36a)
+    # session 36: the block-timeline probe (REDLINE_TRACE, scripts/trace-summary.py): the
+    # suites at this binary, then one traced replay of each model at the default and of the
+    # 27B at the old order (no lookahead, no staging), the probe's own cost in tok/s
+    suite t_gpu_matvec
+    suite t_gpu_decode
+    echo "== checks $(el)"
+    wait $SP
+    tr() { # label model env...
+        local l=$1 m=$2
+        shift 2
+        env "$@" REDLINE_TRACE=$OUT/$l.trace REDLINE_TRACE_STEP=${TSTEP:-40} timeout 120 $R bench --device cuda \
+            -m /tmp/$m.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
+        python3 scripts/trace-summary.py $OUT/$l.trace --skip ${TSKIP:-200} --seq ${TSEQ:-40} >$OUT/$l.txt 2>&1
+        xz -T0 -6 $OUT/$l.trace
+        echo "$l: $(head -1 $OUT/$l.txt)"
+    }
+    tr m27 m27 X=1
+    tr m27old m27 REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0
+    tr m32 m32 X=1
+    echo "== traces $(el)"
+    for m in m27 m32; do ST=X=1 b $m -n 64 -r 1; done
+    cat $OUT/m27.txt | tail -40
+    echo "== s36a $(el)"
+    ;;
 s35g)
     # session 35 (if a machine comes): the shipped default (mask 39 at every row count) at 8
     # streams against mask 0, two rounds, after the decode suite

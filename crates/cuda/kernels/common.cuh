@@ -69,6 +69,61 @@ template <int BIT> static __device__ __forceinline__ void pdl_enter() {
     }
 }
 
+// Block timeline trace (REDLINE_TRACE, a kernel developer's knob; crates/cuda/src/trace.rs):
+// with the host's `#define REDLINE_TRACE` in front of every program, thread 0 of each block of
+// the kernels that declare a TraceScope writes three records: its start, the return of its PDL
+// wait (TRACE_WAITED) and its end, as (%globaltimer, tag | event << 8 | block << 16 | grid <<
+// 40) into the region of the multiprocessor it runs on (a counter per SM, so the records of a
+// step cost no global hot spot). The host sets redline_trace_ptr in every loaded module, zeroes
+// the counters before the traced step and reads the records after it. Without the #define
+// all of this compiles to nothing.
+#define TRACE_MVD 1
+#define TRACE_F32ROWS 2
+#define TRACE_CONV 3
+#define TRACE_DELTA 4
+#define TRACE_GNORM 5
+#define TRACE_NORM 6
+#define TRACE_SWIGLU 7
+#define TRACE_FA 8
+#define TRACE_FA_MERGE 9
+#define TRACE_HEAD 10
+#define TRACE_QUANT 11
+#define TRACE_OTHER 12
+#define TRACE_MVM 13
+#ifdef REDLINE_TRACE
+#define TRACE_SMS 256            // counters (u32) at the start of the buffer, one per SM id
+#define TRACE_CAP 32768          // records per SM
+#define TRACE_HEADER_WORDS 128   // u64 words before the records (the counters)
+extern "C" {
+__device__ unsigned long long redline_trace_ptr;
+}
+static __device__ __forceinline__ void trace_event(int tag, int ev) {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0 || redline_trace_ptr == 0) return;
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    uint64_t* buf = (uint64_t*)redline_trace_ptr;
+    const uint32_t i = atomicAdd((unsigned int*)buf + (sm % TRACE_SMS), 1u);
+    if (i >= TRACE_CAP) return;
+    const uint64_t block = blockIdx.x + (uint64_t)gridDim.x * (blockIdx.y + (uint64_t)gridDim.y * blockIdx.z);
+    const uint64_t grid = (uint64_t)gridDim.x * gridDim.y * gridDim.z;
+    uint64_t* r = buf + TRACE_HEADER_WORDS + 2 * ((uint64_t)(sm % TRACE_SMS) * TRACE_CAP + i);
+    r[0] = t;
+    r[1] = (uint64_t)tag | ((uint64_t)ev << 8) | ((block & 0xffffff) << 16) | ((grid & 0xffffff) << 40);
+}
+struct TraceScope {
+    int tag;
+    __device__ explicit TraceScope(int t) : tag(t) { trace_event(tag, 0); }
+    __device__ ~TraceScope() { trace_event(tag, 2); }
+};
+#define TRACE_SCOPE(tag) TraceScope trace_scope_(tag)
+#define TRACE_WAITED(tag) trace_event(tag, 1)
+#else
+#define TRACE_SCOPE(tag)
+#define TRACE_WAITED(tag)
+#endif
+
 // The next products' weights toward L2 (CudaBackend::prefetch, REDLINE_L2_PREFETCH): up to two
 // byte ranges [p0, p0 + n0), [p1, p1 + n1) in 32 KiB pieces, piece c issued by thread c % nt
 // (this one is t of nt). sm_90's bulk prefetch, which the thread does not wait for; nothing

@@ -99,6 +99,7 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
              int n_rows, float* state, float* __restrict__ out, int n_k_heads, int n_v_heads, int d_k,
              int d_v, const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
              const float* __restrict__ dt_bias, const float* __restrict__ a_gate) {
+    TRACE_SCOPE(TRACE_DELTA);
     if (tab) {
         const int z = blockIdx.z;
         rows += runs[z];
@@ -123,6 +124,7 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
         }
     }
     pdl_enter<PDL_E_DELTA>();
+    TRACE_WAITED(TRACE_DELTA);
     const long long qk_stride = (long long)n_k_heads * d_k;
     const long long v_stride = (long long)n_v_heads * d_v;
     for (int t = 0; t < n_rows; t++) {

@@ -578,6 +578,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
                                                       float* __restrict__ part, int n_head, int n_kv_head, int kvh,
                                                       int h0, int gb, long long kpb, long long vpb, float scale,
                                                       int min_per, const FdFuse& fz) {
+    TRACE_SCOPE(TRACE_FA);
     using Sh = FdShape<D>;
     constexpr int NP = Sh::NP, LP = Sh::LP, UPR = Sh::UPR, DL = Sh::DL;
     extern __shared__ __align__(16) float fd_smem[];
@@ -629,6 +630,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         }
     }
     pdl_enter<PDL_E_ATTN>();
+    TRACE_WAITED(TRACE_FA);
     const float qs = scale * 1.44269504088896341f;  // scores in log2 units
     if constexpr (FUSE) {
         // The query heads (and, in the split that holds the newest position, its new K head):
@@ -1002,10 +1004,12 @@ extern "C" __global__ void __launch_bounds__(128)
     fa_merge_active(const float* __restrict__ part, const int* __restrict__ rows, const int* __restrict__ pos,
                    float* __restrict__ out, const float* __restrict__ q, int n_head, int dv, int S, int min_per,
                    int q_stride, int gate_off, int8_t* __restrict__ xq, float* __restrict__ xds) {
+    TRACE_SCOPE(TRACE_FA_MERGE);
     const int i = blockIdx.x, h = blockIdx.y;
     const int len = pos[i] + 1;  // host positions: before the wait
     const int per = max((len + S - 1) / S, min_per), active = (len + per - 1) / per;
     pdl_enter<PDL_E_ATTN>();
+    TRACE_WAITED(TRACE_FA_MERGE);
     if (active <= 1) return;
     const long long hr = (long long)rows[i] * n_head + h;
     fa_merge_head(part + ((long long)i * n_head + h) * S * (dv + 2), active, dv, out + hr * dv,

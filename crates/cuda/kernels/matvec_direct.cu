@@ -493,6 +493,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
                                                 long long row_bytes, int n_tokens, int load_mode, int row0,
                                                 float (&acc)[R][NT]) {
     static_assert(!ST || !TAIL, "staged rows are whole iterations");
+    TRACE_SCOPE(TRACE_MVD);
     constexpr int IT = 4 * F::SB;  // weight bytes of a row-iteration
     const bool tiled = (load_mode & 256) != 0;
     const int lane = threadIdx.x, nit = ncols / 1024, tail = (ncols % 1024) / 256;
@@ -527,6 +528,7 @@ static __device__ __forceinline__ void mvd_rows(const uint8_t* __restrict__ W, c
         for (int r = 0; r < R; r++) F::load_w(ph[r], pq[r], c, wa[r]);
     }
     pdl_wait();
+    TRACE_WAITED(TRACE_MVD);
     pdl_trigger();
     if constexpr (ST) {
         // every lane's copies, then the warp's (the copy of a row is spread over its lanes)

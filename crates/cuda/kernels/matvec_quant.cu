@@ -259,6 +259,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
                                                      long long row_bytes, int n_tokens, int load_mode, int row0,
                                                      int g_first, int g_step, float (&acc)[R][NT]) {
     using Ge = MvGeom<F>;
+    TRACE_SCOPE(TRACE_MVM);
     // load_mode bit 8: x is in the tiled q8_1 layout (common.cuh q8_1_at)
     const bool tiled = (load_mode & 256) != 0;
     load_mode &= 255;
@@ -288,6 +289,7 @@ static __device__ __forceinline__ void mv_quant_rows(const uint8_t* __restrict__
     if constexpr (PDL) {
         // the first group's weights are in flight; x comes from the previous kernel
         pdl_wait();
+        TRACE_WAITED(TRACE_MVM);
         pdl_trigger();
     }
     if constexpr (XS) {

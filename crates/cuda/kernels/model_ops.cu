@@ -454,6 +454,7 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
                                          const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
                                          int norm_cols, float eps, float* o0, float* o1, float* o2, int off1,
                                          int off2, int w0, int w1, int w2) {
+    TRACE_SCOPE(TRACE_CONV);
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -469,6 +470,7 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
     pdl_enter<PDL_E_CONV>();
+    TRACE_WAITED(TRACE_CONV);
     const long long r = rows[0];
     const float xv = x[r * ch + c];
     float s = wt[nw] * xv;
@@ -495,6 +497,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
                                               const unsigned long long* __restrict__ tab, int norm_cols, float eps,
                                               float* o0, float* o1, float* o2, int off1, int off2, int w0, int w1,
                                               int w2) {
+    TRACE_SCOPE(TRACE_CONV);
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -509,6 +512,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
     float win[MO_CONV_MAX];
     for (int j = 0; j < nw; j++) win[j] = state[(long long)j * ch + c];
     pdl_enter<PDL_E_CONV>();
+    TRACE_WAITED(TRACE_CONV);
     const bool normed = (int)(blockIdx.x * blockDim.x) < norm_cols;  // block-uniform
     for (int t = 0; t < n_rows; t++) {
         const long long r = rows[t];
@@ -597,6 +601,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps,
                                           int8_t* __restrict__ kq, float* __restrict__ kdy,
                                           int16_t* __restrict__ kbs) {
+    TRACE_SCOPE(TRACE_NORM);
     const long long base = (long long)blockIdx.x * cols;
     const int bd = blockDim.x;
     if (cols <= RMS_REGS * bd) {
@@ -609,6 +614,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
             wr[k] = i < cols ? w[i] : 0.0f;
         }
         pdl_enter<PDL_E_NORM>();
+        TRACE_WAITED(TRACE_NORM);
         float v[RMS_REGS];
         float ss = 0.0f;
 #pragma unroll
@@ -635,6 +641,7 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         return;
     }
     pdl_enter<PDL_E_NORM>();
+    TRACE_WAITED(TRACE_NORM);
     float ss = 0.0f;
     for (int i = threadIdx.x; i < cols; i += bd) {
         const float v = x[base + i];
@@ -657,8 +664,10 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
 extern "C" __global__ void mo_group_rms_norm_q8(const float* x, const float* __restrict__ w,
                                                 const float* __restrict__ z, float* out, int8_t* __restrict__ xq,
                                                 float* __restrict__ xds, int group, float eps) {
+    TRACE_SCOPE(TRACE_GNORM);
     const float w0 = w[threadIdx.x];
     pdl_enter<PDL_E_GNORM>();
+    TRACE_WAITED(TRACE_GNORM);
     const long long i = (long long)blockIdx.x * group + threadIdx.x;
     const float xv = x[i];
     const float ss = block_sum(xv * xv);
@@ -678,7 +687,9 @@ extern "C" __global__ void mo_swiglu_q8(const float* __restrict__ g, const float
                                         int8_t* __restrict__ xq, float* __restrict__ xds, long long n,
                                         int8_t* __restrict__ kq, float* __restrict__ kdy,
                                         int16_t* __restrict__ kbs, int cols) {
+    TRACE_SCOPE(TRACE_SWIGLU);
     pdl_enter<PDL_E_SWIGLU>();
+    TRACE_WAITED(TRACE_SWIGLU);
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         out[i] = v;
@@ -792,6 +803,7 @@ struct F32Segs {
 
 #define F32_PRE 8
 extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __restrict__ x) {
+    TRACE_SCOPE(TRACE_F32ROWS);
     const float* W = p.seg[0].W;
     float* y = p.seg[0].y;
     int block0 = 0, nrows = p.seg[0].nrows;
@@ -821,6 +833,7 @@ extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __re
         pre[k] = i < n4 ? wr[i] : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
     }
     pdl_enter<PDL_E_F32>();
+    TRACE_WAITED(TRACE_F32ROWS);
     // acc[t] += row vector i . x_t vector i
     auto dot = [&](const f32x4 a, int i) {
 #pragma unroll

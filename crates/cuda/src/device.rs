@@ -238,6 +238,12 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
+        if crate::trace::config().is_some() && crate::trace::buffer().is_none() {
+            // the block-timeline probe's buffer (crate::trace), kept for the process
+            let buf = stream.alloc_zeros::<u8>(crate::trace::buffer_bytes())?;
+            crate::trace::set_buffer(dev_ptr_raw(&buf, &stream));
+            std::mem::forget(buf);
+        }
         Ok(CudaDevice {
             ctx,
             stream,
@@ -333,6 +339,11 @@ impl CudaDevice {
                 m
             }
         };
+        if let Some(buf) = crate::trace::buffer() {
+            // the probe's buffer into this module's redline_trace_ptr (common.cuh)
+            let mut g = module.get_global("redline_trace_ptr", &self.stream)?;
+            self.stream.memcpy_htod(&buf.to_le_bytes(), &mut g)?;
+        }
         modules.insert(program, module.clone());
         Ok(module)
     }
@@ -444,4 +455,11 @@ mod tests {
         assert!(e.contains("from 70 up to 80"), "{e}");
         assert!(pick_target(90, Some(0), &NVRTC13, (13, 0)).is_err());
     }
+}
+
+/// The device address of `s` (no event bookkeeping: tracking is off on this context).
+fn dev_ptr_raw<T>(s: &cudarc::driver::CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(stream);
+    p
 }

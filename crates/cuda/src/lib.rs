@@ -25,6 +25,7 @@ pub mod pdl;
 pub mod reference;
 pub mod sources;
 pub mod synthetic;
+pub mod trace;
 
 pub use device::{
     device_count, driver_present, list_devices, open_or_cpu, CudaDevice, CudaOptions, DeviceInfo,

@@ -107,11 +107,19 @@ impl Program {
             ),
             None => (self.source(), HEADERS),
         };
-        let source = match (pdl_early(), self) {
-            (Some(mask), Program::ModelOps | Program::DeltaNet | Program::FlashAttn) => {
-                with_pdl_early(self, source, mask)
-            }
-            _ => source,
+        let mut prefix = String::new();
+        if let (Some(mask), Program::ModelOps | Program::DeltaNet | Program::FlashAttn) =
+            (pdl_early(), self)
+        {
+            prefix.push_str(&format!("#define REDLINE_PDL_EARLY {mask}\n"));
+        }
+        if crate::trace::config().is_some() {
+            prefix.push_str("#define REDLINE_TRACE 1\n");
+        }
+        let source = if prefix.is_empty() {
+            source
+        } else {
+            with_prefix(self, source, &prefix)
         };
         ProgramSource {
             name: self.file_name(),
@@ -139,8 +147,9 @@ fn pdl_early() -> Option<u32> {
     })
 }
 
-/// `source` with `#define REDLINE_PDL_EARLY mask` in front, made once per program.
-fn with_pdl_early(program: Program, source: &'static str, mask: u32) -> &'static str {
+/// `source` with the developer's `#define`s (`REDLINE_PDL_EARLY`, `REDLINE_TRACE`) in front,
+/// made once per program.
+fn with_prefix(program: Program, source: &'static str, prefix: &str) -> &'static str {
     type Texts = std::sync::Mutex<Vec<(Program, &'static str)>>;
     static TEXTS: std::sync::OnceLock<Texts> = std::sync::OnceLock::new();
     let mut texts = TEXTS
@@ -150,8 +159,7 @@ fn with_pdl_early(program: Program, source: &'static str, mask: u32) -> &'static
     if let Some(&(_, t)) = texts.iter().find(|(p, _)| *p == program) {
         return t;
     }
-    let t: &'static str =
-        Box::leak(format!("#define REDLINE_PDL_EARLY {mask}\n{source}").into_boxed_str());
+    let t: &'static str = Box::leak(format!("{prefix}{source}").into_boxed_str());
     texts.push((program, t));
     t
 }

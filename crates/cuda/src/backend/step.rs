@@ -204,6 +204,8 @@ pub(super) struct StepCtl {
     /// segment ends and at the step's end: nothing on the main stream waits for it before).
     side: Option<Arc<CudaStream>>,
     side_pending: bool,
+    /// `REDLINE_TRACE` (crate::trace): the open step is the traced replay.
+    trace_armed: bool,
 }
 
 // SAFETY: the raw pinned pointer and the graph handles are only used while the backend's
@@ -237,6 +239,7 @@ impl StepCtl {
             log_t: None,
             side: None,
             side_pending: false,
+            trace_armed: false,
         }
     }
 
@@ -324,6 +327,24 @@ impl StepCtl {
             }
         };
         self.mode = mode;
+        self.trace_armed = false;
+        if let (Mode::Replay, Some(cfg), Some(buf)) =
+            (mode, crate::trace::config(), crate::trace::buffer())
+        {
+            if self.replays + 1 == cfg.step {
+                // the probe's per-SM counters to zero before this step's first launch
+                // SAFETY: buf is the probe's live buffer; the counters are its first bytes.
+                let zeroed = unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        buf,
+                        0,
+                        crate::trace::SMS * 4,
+                        stream.cu_stream(),
+                    )
+                };
+                self.trace_armed = zeroed.is_ok();
+            }
+        }
         if step_log() {
             eprintln!("cuda step {mode:?}");
             self.log_t = Some((std::time::Instant::now(), waited));
@@ -444,6 +465,18 @@ impl StepCtl {
     pub(super) fn end(&mut self, stream: &Arc<CudaStream>) -> Result<(), BackendError> {
         let log_t = self.log_t.take();
         let mode = self.end_inner(stream);
+        if std::mem::take(&mut self.trace_armed) {
+            if let Some(buf) = crate::trace::buffer() {
+                let _ = stream.synchronize();
+                match crate::trace::dump(buf) {
+                    Ok(n) => eprintln!(
+                        "REDLINE_TRACE: {n} block records of replay {} written",
+                        self.replays
+                    ),
+                    Err(e) => eprintln!("REDLINE_TRACE: could not write the trace: {e}"),
+                }
+            }
+        }
         if let Some((t, waited)) = log_t {
             // (the diagnostic waits for the step's device work, to time it apart from the host)
             let host = t.elapsed().as_secs_f64() * 1e3;
