@@ -597,6 +597,11 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 // kq non-null (kdy, kbs with it): the q8_K copy too (common.cuh q8_k_unit_block), for rows
 // read by the mmv2 products; needs cols % 256 == 0, blockDim.x % 256 == 0 and cols <=
 // RMS_REGS * blockDim.x (the host checks).
+// grid (n_rows, S): with S > 1 (the in-register path only) block (r, y) loads and sums the
+// whole row as a one-block launch does (the same sum, bit for bit) but writes only its y-th
+// pass of blockDim.x values: one q8_1 unit per warp instead of S one after another. Why: the
+// block-timeline trace (session 36, H100) put a one-row norm at 4.3 µs after its wait, 128 a
+// 27B / 32B step (0.56 ms); the writes' warp reductions ran five deep on one multiprocessor.
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps,
                                           int8_t* __restrict__ kq, float* __restrict__ kdy,
@@ -625,8 +630,11 @@ extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restric
         }
         ss = block_sum(ss);
         const float s = rsqrtf(ss / cols + eps);
+        const bool split = gridDim.y > 1;
 #pragma unroll
         for (int k = 0; k < RMS_REGS; k++) {
+            // block-uniform: this block's pass only when split
+            if (split && k != (int)blockIdx.y) continue;
             const int i = threadIdx.x + k * bd;
             // warp-uniform: cols and blockDim.x are multiples of 32
             float o = 0.0f;

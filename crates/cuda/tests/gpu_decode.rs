@@ -663,6 +663,19 @@ fn x_in_shared_matches_l1_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// The fused RMS norm with a row's writes spread over one block per pass (the default,
+/// `cuda::backend::set_norm_split`) against one block a row: every block sums the whole row in
+/// the same order, so the same logits bit for bit over one-row and batched steps and verify
+/// passes.
+#[test]
+fn norm_split_matches_one_block_on_synth_q4_k_m_shapes() {
+    same_logits_under_switch(
+        "nsplit",
+        "logits with the norm's writes split over blocks equal those of one block a row",
+        &|on| cuda::backend::set_norm_split(on),
+    );
+}
+
 /// Batched steps of 12 and 32 sequences with their 9..32-token Q4_K / Q6_K products on the mmv2
 /// n-tile kernels (`cuda::mmv::set_mmv2n`, x in q8_K) against mmq (x in q8_1), two models side
 /// by side with graphs and the fused paths on. The activations are quantized differently, so

@@ -49,6 +49,31 @@ const F32_MAX_SEGS: usize = 4;
 /// Values per thread of `mo_rms_norm_q8`'s in-register path (RMS_REGS in kernels/model_ops.cu).
 const RMS_REGS: usize = 8;
 
+/// Whether `mo_rms_norm_q8` spreads a row's writes over one block per pass of the block
+/// (grid.y; the kernel's note says why). `REDLINE_NORM_SPLIT=0` (a developer's knob for A/B
+/// runs): one block a row, as before session 36. The results are the same bits either way.
+fn norm_split() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match NORM_SPLIT_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ON
+            .get_or_init(|| std::env::var("REDLINE_NORM_SPLIT").map_or(true, |v| v.trim() != "0")),
+    }
+}
+
+/// 0: `REDLINE_NORM_SPLIT` decides; 1: off; 2: on.
+static NORM_SPLIT_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Forces whether the fused RMS norm spreads a row's writes over several blocks (`None`: back
+/// to `REDLINE_NORM_SPLIT`). For tests and benchmarks.
+pub fn set_norm_split(on: Option<bool>) {
+    NORM_SPLIT_OVERRIDE.store(
+        on.map_or(0, |on| if on { 2 } else { 1 }),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
 /// Kernel parameter of `mo_matvec_f32_rows` (struct F32Seg / F32Segs in kernels/model_ops.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -556,8 +581,14 @@ impl CudaBackend {
         let f = self.function("mo_rms_norm_q8")?;
         // wide blocks: the row sits in registers (RMS_REGS per thread), loads in flight together
         let threads = cols.min(1024);
+        // each pass of `threads` values written by its own block (the same sum in each)
+        let split = if norm_split() && cols <= RMS_REGS * threads {
+            cols.div_ceil(threads)
+        } else {
+            1
+        };
         let cfg = LaunchConfig {
-            grid_dim: (out.rows as u32, 1, 1),
+            grid_dim: (out.rows as u32, split as u32, 1),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -33,6 +33,7 @@ use crate::device::{CudaDevice, CudaOptions};
 use crate::matvec::{self, DeviceMatrix, MatvecScratch};
 use step::{Mode, StepCtl};
 
+pub use fused::set_norm_split;
 pub use profile::{op_profile_enabled, op_profile_report, op_profile_reset};
 pub use recurrent::{Conv1dForm, DeltaRuleForm, CHUNKED_MIN_RUN};
 pub use sequence::{CudaKvCache, CudaRecurrentState};
