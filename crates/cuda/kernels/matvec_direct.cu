@@ -764,6 +764,104 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
 
+// ---- one token, persistent (REDLINE_MV_PERSIST; session 36) ------------------------------------
+//
+// Why: the block-timeline trace (session 36, H100, 27B) showed the 4352 blocks of a gate/up
+// product (6.6 waves of 660 places) finishing in bursts: a wave's blocks start together, run
+// the same 23 KB each and end together, so every ~6 µs all warps of the card ramp up at once
+// and the weight stream stalls (~1 µs a wave; 2.70 TB/s over the launch against the 1 GB
+// head's 2.9). Here the grid is the card's resident blocks (the host's choice) and each warp
+// walks its rows of the virtual blocks blockIdx.x, + gridDim.x, ... (numbered as the
+// one-block-per-group launch numbers them), the next group's first iteration in flight while
+// the current group's last one computes and stores: a warp's stream does not stop between
+// groups. The same dots in the same order per row as mvd_rows, and the same store: bit for bit
+// its results. Whole 1024-value iterations; PDL: the first group's first weights before the wait.
+template <typename F, int R>
+static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                   const float* __restrict__ xds, int load_mode) {
+    TRACE_SCOPE(TRACE_MVD);
+    constexpr int IT = 4 * F::SB;
+    const bool tiled = (load_mode & 256) != 0;
+    const int lane = threadIdx.x, nit = p.ncols / 1024;
+    const typename F::C c = F::consts(lane);
+    const long long rb = p.row_bytes;
+    // the virtual blocks: the segments' blocks of R * MV_WARPS rows
+    int nvb = 0;
+#pragma unroll
+    for (int s = 0; s < MV_MAX_SEGS; s++)
+        if (s < p.n_segs) nvb = p.seg[s].block0 + (p.seg[s].nrows + MV_WARPS * R - 1) / (MV_WARPS * R);
+    // this warp's first row in virtual block b (past its segment's rows where it has none)
+    auto first_row = [&](int b, const MvSegSel& sel) { return ((b - sel.block0) * MV_WARPS + (int)threadIdx.y) * R; };
+    // the first virtual block >= from (steps of gridDim.x) with rows for this warp, or -1
+    auto find = [&](int from) -> int {
+        for (int b = from; b < nvb; b += gridDim.x) {
+            const MvSegSel sel = mv_select_at(p, b);
+            if (first_row(b, sel) < sel.nrows) return b;
+        }
+        return -1;
+    };
+    // virtual block b's row pointers (rows past nrows computed on the last row, as mvd_rows)
+    auto rows_at = [&](int b, const uint8_t* (&h)[R]) {
+        const MvSegSel sel = mv_select_at(p, b);
+        const int row0 = first_row(b, sel);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            h[r] = sel.W + (long long)min(row0 + r, sel.nrows - 1) * rb + (lane >> 3) * F::SB;
+    };
+    const int8_t* pa0 = xq + q8_1_at(F::xe0(lane), tiled);
+    const int8_t* pb0 = xq + q8_1_at(F::xe1(lane), tiled);
+    const float* pd0 = xds + F::xd(lane);
+    int it = 0;
+    int v = find(blockIdx.x);
+    const uint8_t* ph[R];
+    typename F::W wa[R], wb[R];
+    typename F::X xa[1], xb[1];
+    if (v >= 0) {
+        rows_at(v, ph);
+#pragma unroll
+        for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wa[r]);
+    }
+    pdl_wait();
+    TRACE_WAITED(TRACE_MVD);
+    pdl_trigger();
+    if (v < 0) return;
+    mvd_load_x<F, 1, 0, 0>(pa0, pb0, pd0, p.ncols, 1, c, xa);
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+    // one item (a group's iteration) in (wc, xc): the next item's loads, its dots, at a group's
+    // last iteration the store; false when this warp has no next item
+    auto step = [&](typename F::W(&wc)[R], typename F::X(&xc)[1], typename F::W(&wn)[R],
+                    typename F::X(&xn)[1]) -> bool {
+        const bool last = it + 1 == nit;
+        const int nv = last ? find(v + (int)gridDim.x) : v;
+        const int nx = last ? 0 : it + 1;
+        if (nv >= 0) {
+            if (last) {
+                rows_at(nv, ph);
+            } else {
+#pragma unroll
+                for (int r = 0; r < R; r++) ph[r] += IT;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wn[r]);
+            mvd_load_x<F, 1, 0, 0>(pa0 + 1024LL * nx, pb0 + 1024LL * nx, pd0 + 64LL * nx, p.ncols, 1, c, xn);
+        }
+        mvd_dot<F, 1, R>(wc, xc, c, acc);
+        if (last) {
+            const MvSegSel sel = mv_select_at(p, v);
+            mv_seg_store<1, R>(sel, first_row(v, sel), acc, 1, lane);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+        }
+        v = nv;
+        it = nx;
+        return nv >= 0;
+    };
+    while (step(wa, xa, wb, xb) && step(wb, xb, wa, xa)) {
+    }
+}
+
 // mvd_<fmt>_n<NT>_r<R>: rows of a multiple of 1024 values; mvd_<fmt>_n<NT>_r<R>_t: any whole
 // number of super-blocks (the partial last iteration compiled in: its code alone took the
 // one-token Q4_K 4-row kernel from 128 registers to 155, and capped at 128 it spilled and its
@@ -799,6 +897,18 @@ MVD_FORMAT(q4_0, MvdQ4_0)
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 1)
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 2)
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 4)
+
+// mvd_<fmt>_n1_r<R>_p: one token, persistent (mvd_persist; the host's REDLINE_MV_PERSIST).
+#define MVD_KERNEL_PERSIST(name, F, R)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                        \
+        mvd_##name##_n1_r##R##_p(const MvSegs p, const int8_t* __restrict__ xq,                       \
+                                 const float* __restrict__ xds, int n_tokens, int load_mode) {         \
+        mvd_persist<F, R>(p, xq, xds, load_mode);                                                      \
+    }
+MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 1)
+MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 2)
+MVD_KERNEL_PERSIST(iq4_xs, MvdIQ4XS, 2)
+MVD_KERNEL_PERSIST(q4_0, MvdQ4_0, 2)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

@@ -462,6 +462,34 @@ fn stage_enabled() -> bool {
 /// The most shared memory a staged block asks for (opted in past 48 KB).
 const STAGE_MAX_BYTES: u32 = 96 * 1024;
 
+/// Whether one-token direct products of more blocks than the card holds at once take the
+/// persistent kernels (`mvd_<fmt>_n1_r<R>_p`: a grid of the resident blocks, each warp walking
+/// its rows of successive row blocks with the next block's first weights in flight;
+/// kernels/matvec_direct.cu `mvd_persist`): `REDLINE_MV_PERSIST=1`, or the test override.
+/// Why: session 36's block-timeline trace showed a multi-wave product's waves starting and
+/// ending together, the weight stream stalling at each wave's ramp.
+fn persist_mode() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    match PERSIST_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MV_PERSIST").map_or(0, |v| u32::from(v.trim() == "1"))
+        }),
+        c => c - 1,
+    }
+}
+
+/// 0: `REDLINE_MV_PERSIST` decides; 1 off; 2 on (multi-wave launches); 3 forced on every
+/// one-token launch it can take, with a third of the blocks (tests: each warp walks several
+/// row blocks and crosses segments).
+static PERSIST_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the persistent one-token kernels (`Some(true)`: on every launch they can take, with a
+/// third of the row blocks as the grid, for tests; `Some(false)`: off; `None`: back to
+/// `REDLINE_MV_PERSIST`).
+pub fn set_persist(on: Option<bool>) {
+    PERSIST_OVERRIDE.store(on.map_or(0, |on| if on { 3 } else { 1 }), Ordering::Relaxed);
+}
+
 /// 0: `REDLINE_MV_STAGE` decides; 1 off; 2 on.
 static STAGE_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 
@@ -942,7 +970,17 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        let base = if let Some((rs, _)) = stage {
+        // one token, more row blocks than the card holds: the persistent kernel on a grid of
+        // the resident blocks
+        let persist = if direct && nt == 1 && stage.is_none() && cols.is_multiple_of(1024) {
+            self.persist_grid(stem, r, blocks)?
+        } else {
+            None
+        };
+        let grid = persist.unwrap_or(blocks);
+        let base = if persist.is_some() {
+            format!("mvd_{stem}_n1_r{r}_p")
+        } else if let Some((rs, _)) = stage {
             format!("mvd_{stem}_n1_r{rs}_s")
         } else if direct {
             // `_t`: a partial last iteration of 1-3 super-blocks
@@ -984,7 +1022,7 @@ impl CudaDevice {
         };
         let mut n_i = n_tokens as i32;
         let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
+            grid_dim: (grid as u32, 1, 1),
             block_dim: (32, WARPS_PER_BLOCK, 1),
             shared_mem_bytes,
         };
@@ -1109,6 +1147,28 @@ impl CudaDevice {
         let places = self.resident_blocks_smem(&name, Program::MatvecDirect, bytes as u32)?
             * self.info().sm_count.max(1) as usize;
         Ok((blocks <= places).then_some((r, bytes as u32)))
+    }
+
+    /// The grid of a persistent one-token launch (`mvd_<stem>_n1_r<r>_p`) of `blocks` row
+    /// blocks, or None where it is off, has no kernel for these rows a warp, or the launch fits
+    /// the card's resident blocks in one wave (forced for tests: a third of the blocks).
+    fn persist_grid(&self, stem: &str, r: u32, blocks: usize) -> Result<Option<usize>> {
+        let mode = persist_mode();
+        let has_kernel = match stem {
+            "q4_k" => r == 1 || r == 2,
+            "iq4_xs" | "q4_0" => r == 2,
+            _ => false,
+        };
+        if mode == 0 || !has_kernel {
+            return Ok(None);
+        }
+        if mode == 2 {
+            return Ok(Some(blocks.div_ceil(3).max(1)));
+        }
+        let name = format!("mvd_{stem}_n1_r{r}_p");
+        let places = self.resident_blocks(&name, Program::MatvecDirect)?
+            * self.info().sm_count.max(1) as usize;
+        Ok((places > 0 && blocks > places).then_some(places))
     }
 
     /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared

@@ -676,6 +676,18 @@ fn norm_split_matches_one_block_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// The persistent one-token direct kernels (`cuda::matvec::set_persist`, forced onto a third of
+/// the row blocks) against one block a row group: the same dots per row, so the same logits bit
+/// for bit over one-row and batched steps and verify passes (their one-token launches).
+#[test]
+fn persist_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
+    same_logits_under_switch(
+        "persist",
+        "logits with the persistent one-token kernels equal those of one block a row group",
+        &|on| cuda::matvec::set_persist(on),
+    );
+}
+
 /// Batched steps of 12 and 32 sequences with their 9..32-token Q4_K / Q6_K products on the mmv2
 /// n-tile kernels (`cuda::mmv::set_mmv2n`, x in q8_K) against mmq (x in q8_1), two models side
 /// by side with graphs and the fused paths on. The activations are quantized differently, so

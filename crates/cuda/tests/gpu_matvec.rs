@@ -541,6 +541,25 @@ fn direct_segments_match_cpu_reference() {
                             }
                         }
                     }
+                    // the persistent one-token kernels (REDLINE_MV_PERSIST), forced onto a
+                    // third of the row blocks so each warp walks several and crosses segments:
+                    // the same dots per row, so bit for bit the results above
+                    if nt == 1 && cols.is_multiple_of(1024) {
+                        cuda::matvec::set_persist(Some(true));
+                        let res = rerun_bits(
+                            &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                        );
+                        cuda::matvec::set_persist(None);
+                        match res {
+                            Err(e) => failures.push(format!("{what}, persistent: launch: {e}")),
+                            Ok(differ) => failures.extend(differ.into_iter().map(|i| {
+                                format!(
+                                    "{what}, persistent: segment {i} differs from the one-block-a-\
+                                     group kernel"
+                                )
+                            })),
+                        }
+                    }
                     // the staged one-token kernels (REDLINE_MV_STAGE; sm_90, where the launch
                     // fits in one wave): the same loop on a shared-memory copy of the rows, so
                     // bit for bit the results above
