@@ -615,6 +615,33 @@ s33f)
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
     ;;
+s36b)
+    # session 36: the norm's writes over several blocks (default now; REDLINE_NORM_SPLIT=0 the
+    # old launch) and the persistent one-token products (REDLINE_MV_PERSIST=1), with lookahead
+    # masks 37 / 35 beside them: the suites (bit-for-bit tests of both), greedy text, one row of
+    # both models in two rounds, then a trace of the 27B with both on
+    suite t_gpu_matvec
+    suite t_gpu_decode
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do greedy $m X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1; done
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1 "REDLINE_MV_PERSIST=1 REDLINE_PDL_EARLY=37" \
+                "REDLINE_MV_PERSIST=1 REDLINE_PDL_EARLY=35"; do
+                ST=$v b $m -n 128 -r 2
+            done
+        done
+        echo "round $r $(el)"
+    done
+    REDLINE_MV_PERSIST=1 REDLINE_TRACE=$OUT/p27.trace REDLINE_TRACE_STEP=40 timeout 120 $R bench --device cuda \
+        -m /tmp/m27.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
+    python3 scripts/trace-summary.py $OUT/p27.trace --skip 200 --seq 24 >$OUT/p27.txt 2>&1
+    xz -T0 -6 $OUT/p27.trace
+    tail -22 $OUT/p27.txt
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s36b $(el)"
+    ;;
 s36a)
     # session 36: the block-timeline probe (REDLINE_TRACE, scripts/trace-summary.py): the
     # suites at this binary, then one traced replay of each model at the default and of the
