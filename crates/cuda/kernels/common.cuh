@@ -119,9 +119,11 @@ struct TraceScope {
 };
 #define TRACE_SCOPE(tag) TraceScope trace_scope_(tag)
 #define TRACE_WAITED(tag) trace_event(tag, 1)
+#define TRACE_MARK(tag, ev) trace_event(tag, ev)
 #else
 #define TRACE_SCOPE(tag)
 #define TRACE_WAITED(tag)
+#define TRACE_MARK(tag, ev)
 #endif
 
 // The next products' weights toward L2 (CudaBackend::prefetch, REDLINE_L2_PREFETCH): up to two

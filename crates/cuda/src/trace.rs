@@ -39,7 +39,7 @@ pub struct TraceConfig {
 pub fn config() -> Option<&'static TraceConfig> {
     static CFG: OnceLock<Option<TraceConfig>> = OnceLock::new();
     CFG.get_or_init(|| {
-        let path = PathBuf::from(std::env::var_os("REDLINE_TRACE")?);
+        let path = PathBuf::from(std::env::var_os("REDLINE_TRACE").filter(|v| !v.is_empty())?);
         let step = std::env::var("REDLINE_TRACE_STEP")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
