@@ -639,6 +639,11 @@ s36b)
     python3 scripts/trace-summary.py $OUT/p27.trace --skip 200 --seq 24 >$OUT/p27.txt 2>&1
     xz -T0 -6 $OUT/p27.trace
     tail -22 $OUT/p27.txt
+    REDLINE_MV_PERSIST=1 REDLINE_TRACE=$OUT/p32.trace REDLINE_TRACE_STEP=40 timeout 120 $R bench --device cuda \
+        -m /tmp/m32.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
+    python3 scripts/trace-summary.py $OUT/p32.trace --skip 200 --seq 24 >$OUT/p32.txt 2>&1
+    xz -T0 -6 $OUT/p32.trace
+    tail -16 $OUT/p32.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
     echo "== s36b $(el)"
     ;;
