@@ -624,7 +624,7 @@ s36b)
     suite t_gpu_decode
     echo "== checks $(el)"
     wait $SP
-    for m in m27 m32; do greedy $m X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1; done
+    for m in m27 m32; do greedy $m X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1 "REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1"; done
     for r in 1 2; do
         for m in m27 m32; do
             for v in X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1 "REDLINE_MV_PERSIST=1 REDLINE_PDL_EARLY=37" \
@@ -632,9 +632,10 @@ s36b)
                 ST=$v b $m -n 128 -r 2
             done
         done
+        ST="REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1" b m27 -n 128 -r 2
         echo "round $r $(el)"
     done
-    REDLINE_MV_PERSIST=1 REDLINE_TRACE=$OUT/p27.trace REDLINE_TRACE_STEP=40 timeout 120 $R bench --device cuda \
+    REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1 REDLINE_TRACE=$OUT/p27.trace REDLINE_TRACE_STEP=40 timeout 120 $R bench --device cuda \
         -m /tmp/m27.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
     python3 scripts/trace-summary.py $OUT/p27.trace --skip 200 --seq 24 >$OUT/p27.txt 2>&1
     xz -T0 -6 $OUT/p27.trace

@@ -467,6 +467,25 @@ pub trait Backend: Send + Sync + Sized {
         self.delta_rule_gates(alpha, beta, gates.0, gates.1)?;
         self.delta_rule(q, k, v, alpha, beta, rows, states, out)
     }
+    /// [`Backend::delta_rule_gated`], then [`Backend::gated_rms_norm`] of `out` with `norm =
+    /// (w, z, eps)` (Qwen3.5's output norm): one call, which a device may fuse.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule_gated_norm(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        alpha: &mut Self::Tensor,
+        beta: &mut Self::Tensor,
+        gates: (&Self::Weight, &Self::Weight),
+        rows: &[Row],
+        states: &mut [&mut Self::RecurrentState],
+        out: &mut Self::Tensor,
+        norm: (&Self::Weight, &Self::Tensor, f32),
+    ) -> Result<(), BackendError> {
+        self.delta_rule_gated(q, k, v, alpha, beta, gates, rows, states, out)?;
+        self.gated_rms_norm(out, norm.0, norm.1, norm.2)
+    }
 }
 
 /// The inputs of [`Backend::attention_block`]: one attention layer's projections of `n` rows.

@@ -93,12 +93,71 @@ extern "C" __global__ void dn_conv1d_state(const float* __restrict__ x, const in
 // The state is loaded before the wait (REDLINE_PDL): only this kernel writes it, in earlier
 // steps or calls, and those have finished; rows, runs and tab come from the host. So its
 // ~3 MB per Qwen3.5-27B layer stream in while the kernels before this one drain.
+// gn_w non-null (the host's staged `dn_norm` fusion; Qwen3.5's gated group norm of the
+// rule's output, then its q8_1 copy for the out-projection): the last of a head's gridDim.y
+// blocks to finish (a counter per (sequence, head) in gn_cnt, zero between launches: that
+// block sets it back) normalizes the head's d_v values of every row of the run, as
+// mo_group_rms_norm_q8 does with one block of group = d_v = 128 threads (the host checks): the
+// same loads, sum order (dn_block_sum: block_sum's for a 32 x 4 block) and expressions, so
+// the same bits. Why: session 36's trace put the separate gated norm at 0.9 µs of release
+// plus 1.7 µs of run (5.3 with the staged out-projection's copies in flight) a layer.
+// Called by every thread of the block (the block's barriers).
+static __device__ __forceinline__ float dn_ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+// block_sum (model_ops.cu) of a DN_REC_WARPS x 32 block: warp sums, then added in warp order
+static __device__ __forceinline__ float dn_block_sum(float v) {
+    __shared__ float partial[DN_REC_WARPS];
+    v = warp_sum(v);
+    __syncthreads();
+    if (threadIdx.x == 0) partial[threadIdx.y] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < DN_REC_WARPS; i++) t += partial[i];
+    return t;
+}
+static __device__ __forceinline__ void dn_gated_norm_tail(float* out, const int* __restrict__ rows, int n_rows, int h,
+                                                          int n_v_heads, int d_v, const float* __restrict__ w,
+                                                          const float* __restrict__ z, float eps, int8_t* xq,
+                                                          float* xds, unsigned int* cnt) {
+    __shared__ unsigned int last;
+    // this block's outputs (lane 0 of each warp wrote them) visible device-wide before its count
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        unsigned int* c = cnt + (long long)blockIdx.z * gridDim.x + h;
+        const unsigned int prev = atomicAdd(c, 1u);
+        last = prev == gridDim.y - 1;
+        if (last) *c = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int tid = threadIdx.y * 32 + threadIdx.x;  // the group's element (d_v == blockDim)
+    const float w0 = w[tid];
+    const long long v_stride = (long long)n_v_heads * d_v;
+    for (int t = 0; t < n_rows; t++) {
+        const long long i = (long long)rows[t] * v_stride + (long long)h * d_v + tid;
+        const float xv = dn_ld_cg(out + i);
+        const float ss = dn_block_sum(xv * xv);
+        const float sc = rsqrtf(ss / d_v + eps);
+        float v = xv * sc * w0;
+        v *= silu_f(z[i]);
+        out[i] = v;
+        q8_1_unit(v, xq, xds, i, i / 32);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(32 * DN_REC_WARPS)
 dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
              const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ rows,
              int n_rows, float* state, float* __restrict__ out, int n_k_heads, int n_v_heads, int d_k,
              int d_v, const int* __restrict__ runs, const unsigned long long* __restrict__ tab,
-             const float* __restrict__ dt_bias, const float* __restrict__ a_gate) {
+             const float* __restrict__ dt_bias, const float* __restrict__ a_gate, const float* __restrict__ gn_w,
+             const float* __restrict__ gn_z, float gn_eps, int8_t* __restrict__ gn_xq, float* __restrict__ gn_xds,
+             unsigned int* __restrict__ gn_cnt) {
     TRACE_SCOPE(TRACE_DELTA);
     if (tab) {
         const int z = blockIdx.z;
@@ -175,6 +234,7 @@ dn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const flo
             if (j0 + r < d_v && col < d_k) state[((long long)h * d_v + j0 + r) * d_k + col] = s[r][e];
         }
     }
+    if (gn_w) dn_gated_norm_tail(out, rows, n_rows, h, n_v_heads, d_v, gn_w, gn_z, gn_eps, gn_xq, gn_xds, gn_cnt);
 }
 
 // ---- chunked delta rule (prefill) --------------------------------------------------------------

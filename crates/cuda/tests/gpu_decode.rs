@@ -688,6 +688,36 @@ fn persist_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// Qwen3.5's gated output norm as the tail of the delta rule's launch (the staged `dn_norm`:
+/// the last of each head's blocks normalizes the head) against the separate norm launch: the
+/// same loads, sum order and expressions, so the same logits bit for bit over one-row and
+/// batched steps and verify passes; and the fused path must have run.
+#[test]
+fn dn_norm_tail_matches_separate_norm_on_synth_q4_k_m_shapes() {
+    each_cut_side_by_side(
+        "dnnorm",
+        &|b, is_s| {
+            b.set_staged(StagedFusions {
+                dn_norm: is_s,
+                ..StagedFusions::ALL
+            })
+        },
+        &|_| {},
+        &|name, d, s| {
+            assert_eq!(
+                d.backend().dn_norm_calls(),
+                0,
+                "{name}: the plain model fused"
+            );
+            assert!(
+                s.backend().dn_norm_calls() > 0 || !name.contains("27"),
+                "{name}: the rule and norm never ran as one launch"
+            );
+            println!("{name}: logits with the norm in the rule's launch equal the separate norm's");
+        },
+    );
+}
+
 /// Batched steps of 12 and 32 sequences with their 9..32-token Q4_K / Q6_K products on the mmv2
 /// n-tile kernels (`cuda::mmv::set_mmv2n`, x in q8_K) against mmq (x in q8_1), two models side
 /// by side with graphs and the fused paths on. The activations are quantized differently, so

@@ -145,6 +145,12 @@ pub struct CudaBackend {
     l2pf_budget: AtomicUsize,
     /// The hint waiting for the next op.
     l2pf: Mutex<prefetch::Pending>,
+    /// The last-block counters of `dn_recurrent`'s gated-norm tail (the staged `dn_norm`),
+    /// one per (sequence, value head), zero between launches; made at first use outside a
+    /// capture.
+    dn_counters: Mutex<Option<CudaSlice<u32>>>,
+    /// `delta_rule_gated_norm` calls that took the one-launch rule and norm.
+    dn_norm: AtomicU64,
 }
 
 /// Largest download (f32 values) that goes through the page-locked buffer: 32 rows of a 248k
@@ -189,6 +195,7 @@ pub struct StagedFusions {
     pub q8k: bool,
     pub conv_rows: bool,
     pub attn_rows: bool,
+    pub dn_norm: bool,
 }
 
 impl StagedFusions {
@@ -201,6 +208,7 @@ impl StagedFusions {
         q8k: true,
         conv_rows: true,
         attn_rows: true,
+        dn_norm: true,
     };
 
     /// The process default: the measured wins (all but `q8k`) on unless their variable is
@@ -216,6 +224,7 @@ impl StagedFusions {
             q8k: var("REDLINE_FUSED_Q8K").as_deref() == Some("1"),
             conv_rows: unless_0("REDLINE_FUSED_CONV_ROWS"),
             attn_rows: unless_0("REDLINE_FUSED_ATTN_ROWS"),
+            dn_norm: var("REDLINE_FUSED_DN_NORM").as_deref() == Some("1"),
         }
     }
 
@@ -227,6 +236,7 @@ impl StagedFusions {
             | (self.q8k as u8) << 4
             | (self.conv_rows as u8) << 5
             | (self.attn_rows as u8) << 6
+            | (self.dn_norm as u8) << 7
     }
 
     fn from_bits(b: u8) -> StagedFusions {
@@ -238,6 +248,7 @@ impl StagedFusions {
             q8k: b & 16 != 0,
             conv_rows: b & 32 != 0,
             attn_rows: b & 64 != 0,
+            dn_norm: b & 128 != 0,
         }
     }
 }
@@ -296,6 +307,8 @@ impl CudaBackend {
             pinned: Mutex::new(None),
             l2pf_budget: AtomicUsize::new(0),
             l2pf: Mutex::new(prefetch::Pending::default()),
+            dn_counters: Mutex::new(None),
+            dn_norm: AtomicU64::new(0),
         };
         b.set_l2_prefetch(prefetch::budget_from_env(b.dev.arch()));
         crate::pdl::set_enabled(crate::pdl::default_on());
@@ -344,6 +357,11 @@ impl CudaBackend {
     /// Launches so far that wrote a q8_K copy beside the q8_1 one (the staged `q8k`).
     pub fn q8k_calls(&self) -> u64 {
         self.q8k.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `delta_rule_gated_norm` calls so far that took the one-launch rule and gated norm.
+    pub fn dn_norm_calls(&self) -> u64 {
+        self.dn_norm.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `attention_block` calls so far whose query / key preparation took one launch.
@@ -1123,6 +1141,26 @@ impl backend::Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         // timed inside: the fallback's ops time themselves
         self.delta_rule_gated_rec(q, k, v, alpha, beta, gates, rows, states, out)
+    }
+
+    fn delta_rule_gated_norm(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        gates: (&CudaWeight, &CudaWeight),
+        rows: &[backend::Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+        norm: (&CudaWeight, &CudaTensor, f32),
+    ) -> Result<(), BackendError> {
+        if self.delta_rule_gated_norm_rec(q, k, v, alpha, beta, gates, rows, states, out, norm)? {
+            return Ok(());
+        }
+        self.delta_rule_gated_rec(q, k, v, alpha, beta, gates, rows, states, out)?;
+        backend::Backend::gated_rms_norm(self, out, norm.0, norm.1, norm.2)
     }
 }
 

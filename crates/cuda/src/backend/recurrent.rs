@@ -688,7 +688,7 @@ impl CudaBackend {
         form: DeltaRuleForm,
     ) -> Result<(), BackendError> {
         let io = (q, k, v, g, beta);
-        self.delta_rule_run(io, (0, 0), rows, states, out, form)
+        self.delta_rule_run(io, (0, 0), rows, states, out, form, None)
     }
 
     /// Whether a sequence's run of `n` rows takes the chunked form.
@@ -747,6 +747,7 @@ impl CudaBackend {
         states: &mut [&mut CudaRecurrentState],
         out: &mut CudaTensor,
         form: DeltaRuleForm,
+        norm: Option<GatedNormArgs>,
     ) -> Result<(), BackendError> {
         let n = rows.len();
         let Some(sh) = states.first().map(|s| s.shape) else {
@@ -773,6 +774,7 @@ impl CudaBackend {
             beta,
             sh,
             gates,
+            norm,
         };
         let by_seq = rows_by_seq(rows, states.len())?;
         let chunked_for = |n: usize| self.chunked_run(&sh, n, form);
@@ -824,6 +826,96 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `Backend::delta_rule_gated_norm`: with the staged `dn_norm` fusion (and the gate and
+    /// norm-q8 fusions it builds on) on, every run on `dn_recurrent` and value heads of 128
+    /// (its block's threads: the separate norm's block size, so the same sum order), one
+    /// launch runs the gates, the rule, and the gated norm with out's q8_1 copy (the last of
+    /// each head's blocks; kernels/deltanet.cu `dn_gated_norm_tail`). `Ok(false)`: not taken,
+    /// nothing done.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn delta_rule_gated_norm_rec(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        alpha: &mut CudaTensor,
+        beta: &mut CudaTensor,
+        (dt_bias, a): (&CudaWeight, &CudaWeight),
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        out: &mut CudaTensor,
+        (w, z, eps): (&CudaWeight, &CudaTensor, f32),
+    ) -> Result<bool, BackendError> {
+        let st = self.staged();
+        let (form, _) = configured_forms();
+        let Some(sh) = states.first().map(|s| s.shape) else {
+            return Ok(false);
+        };
+        let Some(wv) = w.dense.as_ref() else {
+            return Ok(false);
+        };
+        let n_seqs = rows_by_seq(rows, states.len()).map_or(usize::MAX, |by| by.len());
+        if !(self.fused() && st.dn_norm && st.gates && st.norm_q8)
+            || !self.gates_fusable(rows, states, form)
+            || sh.d_v != 4 * 32
+            || !sh.d_v.is_multiple_of(RECURRENT_BLOCK_ROWS)
+            || w.rows * w.cols != sh.d_v
+            || (z.rows, z.cols) != (out.rows, out.cols)
+            || out.cols != sh.n_v_heads * sh.d_v
+            || !(1..=crate::matvec::MAX_TOKENS_PER_LAUNCH).contains(&out.rows)
+            || n_seqs.saturating_mul(sh.n_v_heads) > DN_COUNTERS
+        {
+            return Ok(false);
+        }
+        let stream = self.dev.stream();
+        let cnt = {
+            let mut c = self.dn_counters.lock().unwrap_or_else(|e| e.into_inner());
+            if c.is_none() {
+                if self.mode() == Mode::Capture {
+                    // (a capture follows its key's eager run, which made them)
+                    return Ok(false);
+                }
+                *c = Some(stream.alloc_zeros::<u32>(DN_COUNTERS).map_err(dev_err)?);
+            }
+            dev_ptr(c.as_ref().expect("made above"), stream)
+        };
+        let h = alpha.cols;
+        let (dt, av) = (gate_vector(dt_bias, h)?, gate_vector(a, h)?);
+        let gates = (dev_ptr(dt, stream), dev_ptr(av, stream));
+        let (wp, zp) = (dev_ptr(wv, stream), dev_ptr(&*z.data, stream));
+        let io = (q, k, v, &*alpha, &*beta);
+        self.fused_gates
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.dn_norm
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.timed(
+            || "delta_rule_gated".to_string(),
+            || {
+                if self.replaying() {
+                    // (the host inputs only; nothing launches)
+                    return self.delta_rule_run(io, gates, rows, states, out, form, None);
+                }
+                // the scratch now holds out's q8_1 copy as of this op (the launch below
+                // writes it): the out-projection after skips its quantize launch
+                let mut q8 = (0u64, 0u64);
+                self.with_q8_of(out, |a| {
+                    q8 = a;
+                    Ok(())
+                })?;
+                let norm = GatedNormArgs {
+                    w: wp,
+                    z: zp,
+                    eps,
+                    xq: q8.0,
+                    xds: q8.1,
+                    cnt,
+                };
+                self.delta_rule_run(io, gates, rows, states, out, form, Some(norm))
+            },
+        )?;
+        Ok(true)
+    }
+
     /// `Backend::delta_rule_gated`: with the staged gate fusion on ([`StagedFusions`]) and
     /// every run on `dn_recurrent`, one launch computes the gates and the rule; else
     /// `mo_delta_gates` then the rule.
@@ -852,7 +944,7 @@ impl CudaBackend {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return self.timed(
                 || "delta_rule_gated".to_string(),
-                || self.delta_rule_run(io, gates, rows, states, out, form),
+                || self.delta_rule_run(io, gates, rows, states, out, form, None),
             );
         }
         if !self.replaying() {
@@ -926,9 +1018,26 @@ impl CudaBackend {
                 p.push(i);
             }
             p.push(a.runs).push(a.tab).push(io.gates.0).push(io.gates.1);
+            let gn = io.norm.unwrap_or(GatedNormArgs {
+                w: 0,
+                z: 0,
+                eps: 0.0,
+                xq: 0,
+                xds: 0,
+                cnt: 0,
+            });
+            p.push(gn.w)
+                .push(gn.z)
+                .push(gn.eps)
+                .push(gn.xq)
+                .push(gn.xds)
+                .push(gn.cnt);
             let on = self.staged().dn_pdl && pdl::enabled(self.dev.arch());
             // SAFETY: matches dn_recurrent(q, k, v, g, beta, rows, n_rows, state, out,
-            // n_k_heads, n_v_heads, d_k, d_v, runs, tab, dt_bias, a_gate) (RunArgs: one
+            // n_k_heads, n_v_heads, d_k, d_v, runs, tab, dt_bias, a_gate, gn_w, gn_z, gn_eps,
+            // gn_xq, gn_xds, gn_cnt) (gn_w 0: no norm; else delta_rule_gated_norm_rec's checks:
+            // d_v == 128 == the block's threads, z shaped as out, the q8_1 copy sized for out,
+            // DN_COUNTERS >= sequences x heads, all zero) (RunArgs: one
             // sequence's rows and state, or the per-sequence runs and state table; gates 0 or
             // two vectors of n_v_heads values); every tensor's shape checked by the caller,
             // every state holds n_v_heads * d_v * d_k values, d_k <= 256. Before its wait the
@@ -1084,4 +1193,21 @@ struct DeltaIo<'a> {
     /// Device addresses of dt_bias and a when g and beta are the raw projections and
     /// `dn_recurrent` computes the gates (0, 0: g and beta are the gates).
     gates: (u64, u64),
+    /// `dn_recurrent` also runs the gated output norm (the staged `dn_norm`).
+    norm: Option<GatedNormArgs>,
 }
+
+/// Device addresses of `dn_recurrent`'s gated-norm tail: the norm weights [d_v], the gate z
+/// (shaped as out), the eps, out's q8_1 copy (xq, tagged xds) and the last-block counters.
+#[derive(Clone, Copy)]
+struct GatedNormArgs {
+    w: u64,
+    z: u64,
+    eps: f32,
+    xq: u64,
+    xds: u64,
+    cnt: u64,
+}
+
+/// Counters of [`GatedNormArgs::cnt`]: sequences x value heads of one launch at most.
+const DN_COUNTERS: usize = 16384;

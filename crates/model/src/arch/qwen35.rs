@@ -269,8 +269,9 @@ impl<B: Backend> DeltaNet<B> {
             &mut [&mut q, &mut k, &mut v],
         )?;
         let mut o = b.zeros(n, ssm.d_inner);
-        // the gates (softplus decay, sigmoid beta) and the rule: one call, which a device may fuse
-        b.delta_rule_gated(
+        // the gates (softplus decay, sigmoid beta), the rule and the gated output norm: one
+        // call, which a device may fuse
+        b.delta_rule_gated_norm(
             &q,
             &k,
             &v,
@@ -280,8 +281,8 @@ impl<B: Backend> DeltaNet<B> {
             &batch.rows,
             states,
             &mut o,
+            (&self.norm, &z, cfg.rms_eps),
         )?;
-        b.gated_rms_norm(&mut o, &self.norm, &z, cfg.rms_eps)?;
         b.matmul_add(&self.out, &o, x)?;
         Ok(())
     }
