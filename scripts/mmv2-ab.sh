@@ -617,9 +617,10 @@ s33f)
     ;;
 s36b)
     # session 36: the norm's writes over several blocks (default now; REDLINE_NORM_SPLIT=0 the
-    # old launch) and the persistent one-token products (REDLINE_MV_PERSIST=1), with lookahead
-    # masks 37 / 35 beside them: the suites (bit-for-bit tests of both), greedy text, one row of
-    # both models in two rounds, then a trace of the 27B with both on
+    # old launch), the persistent one-token products (REDLINE_MV_PERSIST=1), lookahead mask 37
+    # beside them, the gated norm in the rule's launch (REDLINE_FUSED_DN_NORM=1): the suites
+    # (bit-for-bit tests of all three), greedy text, one row of both models in two rounds, then
+    # traces with them on
     suite t_gpu_matvec
     suite t_gpu_decode
     echo "== checks $(el)"
@@ -627,8 +628,7 @@ s36b)
     for m in m27 m32; do greedy $m X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1 "REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1"; done
     for r in 1 2; do
         for m in m27 m32; do
-            for v in X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1 "REDLINE_MV_PERSIST=1 REDLINE_PDL_EARLY=37" \
-                "REDLINE_MV_PERSIST=1 REDLINE_PDL_EARLY=35"; do
+            for v in X=1 REDLINE_NORM_SPLIT=0 REDLINE_MV_PERSIST=1 "REDLINE_MV_PERSIST=1 REDLINE_PDL_EARLY=37"; do
                 ST=$v b $m -n 128 -r 2
             done
         done
