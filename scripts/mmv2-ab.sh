@@ -615,6 +615,26 @@ s33f)
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
     ;;
+s36c)
+    # session 36, the final binary: the suites (the fixed staged-fusions count), the speculative
+    # suite, one row of both models (two rounds) and 8 streams at the shipped defaults against
+    # the old norm launch
+    suite t_gpu_decode
+    suite t_gpu_speculative --ignored
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do greedy $m X=1; done
+    for r in 1 2; do
+        for m in m27 m32; do
+            for v in X=1 REDLINE_NORM_SPLIT=0; do ST=$v b $m -n 128 -r 2; done
+        done
+    done
+    for m in m27 m32; do
+        for v in X=1 REDLINE_NORM_SPLIT=0; do ST=$v b $m -n 64 -r 2 --parallel 8; done
+    done
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s36c $(el)"
+    ;;
 s36b)
     # session 36: the norm's writes over several blocks (default now; REDLINE_NORM_SPLIT=0 the
     # old launch), the persistent one-token products (REDLINE_MV_PERSIST=1), lookahead mask 37

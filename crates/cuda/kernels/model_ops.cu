@@ -602,6 +602,7 @@ extern "C" __global__ void mo_spin_ns(unsigned long long ns) {
 // pass of blockDim.x values: one q8_1 unit per warp instead of S one after another. Why: the
 // block-timeline trace (session 36, H100) put a one-row norm at 4.3 µs after its wait, 128 a
 // 27B / 32B step (0.56 ms); the writes' warp reductions ran five deep on one multiprocessor.
+// Measured: 4.3 -> 2.7 µs a call, one row 27B +3.5-4.1 %, 32B +0.9-3.4 % (H100, two rounds).
 extern "C" __global__ void mo_rms_norm_q8(const float* x, const float* __restrict__ w, float* out,
                                           int8_t* __restrict__ xq, float* __restrict__ xds, int cols, float eps,
                                           int8_t* __restrict__ kq, float* __restrict__ kdy,

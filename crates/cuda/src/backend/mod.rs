@@ -168,7 +168,12 @@ pub const PINNED_MAX_FLOATS: usize = 8 << 20;
 /// `REDLINE_FUSED_ATTN_Q8`: the fused one-row attention chain writes the q8_1 copy of its
 /// output for the o-projection (no quantize launch; every attention layer). Together: 27B
 /// tg128 +2.0–2.4 %, 32B +0.2–0.8 % (three windows).
-/// Off by default, `=1` turns it on (the one staged fusion measured slower):
+/// Off by default, `=1` turns it on (measured slower or not faster):
+/// `REDLINE_FUSED_DN_NORM` (session 36): Qwen3.5's gated output norm and its q8_1 copy as the
+/// tail of `dn_recurrent`'s launch (the last of each head's blocks normalizes the head; the
+/// same bits as the separate norm): one launch fewer a DeltaNet layer, but on an H100 the 27B
+/// lost 0.5–0.8 % (two rounds, beside the persistent products; the tail's reads wait behind
+/// the staged out-projection's copies as the separate norm's did).
 /// `REDLINE_FUSED_Q8K`: for 3..8 rows (decode streams,
 /// verify passes), whose Q4_K / Q6_K products take the mmv2 kernels on q8_K activations, the
 /// norm and SwiGLU kernels write the q8_K copy too, and an x no kernel quantized gets its q8_1

@@ -888,6 +888,9 @@ impl CudaBackend {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.dn_norm
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // (the gated norm with its q8_1 copy: counted as the separate one's fusion too)
+        self.norm_q8
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.timed(
             || "delta_rule_gated".to_string(),
             || {
