@@ -399,6 +399,13 @@ pub fn open_or_cpu(opts: &CudaOptions) -> Option<CudaDevice> {
     }
 }
 
+/// The device address of `s` (no event bookkeeping: tracking is off on this context).
+fn dev_ptr_raw<T>(s: &cudarc::driver::CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,11 +462,4 @@ mod tests {
         assert!(e.contains("from 70 up to 80"), "{e}");
         assert!(pick_target(90, Some(0), &NVRTC13, (13, 0)).is_err());
     }
-}
-
-/// The device address of `s` (no event bookkeeping: tracking is off on this context).
-fn dev_ptr_raw<T>(s: &cudarc::driver::CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    use cudarc::driver::DevicePtr;
-    let (p, _sync) = s.device_ptr(stream);
-    p
 }

@@ -732,7 +732,9 @@ impl CudaBackend {
     }
 
     /// The delta rule; with `gates` set (dt_bias and a), g and beta are the raw projections,
-    /// and every run must take `dn_recurrent` ([`CudaBackend::gates_fusable`]).
+    /// and every run must take `dn_recurrent` ([`CudaBackend::gates_fusable`]); with `norm`,
+    /// `dn_recurrent` also runs the gated norm (delta_rule_gated_norm_rec's checks).
+    #[allow(clippy::too_many_arguments)]
     fn delta_rule_run(
         &self,
         (q, k, v, g, beta): (
@@ -855,10 +857,14 @@ impl CudaBackend {
             return Ok(false);
         };
         let n_seqs = rows_by_seq(rows, states.len()).map_or(usize::MAX, |by| by.len());
-        if !(self.fused() && st.dn_norm && st.gates && st.norm_q8)
-            || !self.gates_fusable(rows, states, form)
-            || sh.d_v != 4 * 32
-            || !sh.d_v.is_multiple_of(RECURRENT_BLOCK_ROWS)
+        let takes = self.fused()
+            && st.dn_norm
+            && st.gates
+            && st.norm_q8
+            && self.gates_fusable(rows, states, form)
+            && sh.d_v == 4 * 32
+            && sh.d_v.is_multiple_of(RECURRENT_BLOCK_ROWS);
+        if !takes
             || w.rows * w.cols != sh.d_v
             || (z.rows, z.cols) != (out.rows, out.cols)
             || out.cols != sh.n_v_heads * sh.d_v
