@@ -146,6 +146,18 @@ greedy() {
         echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
     done
 }
+# tr LABEL M VAR=value...: one traced replay (REDLINE_TRACE, the 40th; TSTEP) of M's decode
+# under that environment: the bench row, $OUT/LABEL.txt (scripts/trace-summary.py, launches
+# TSKIP.. TSKIP + TSEQ) and $OUT/LABEL.trace.xz
+tr() {
+    local l=$1 m=$2
+    shift 2
+    env "$@" REDLINE_TRACE=$OUT/$l.trace REDLINE_TRACE_STEP=${TSTEP:-40} timeout 120 $R bench --device cuda \
+        -m /tmp/$m.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
+    python3 scripts/trace-summary.py $OUT/$l.trace --skip ${TSKIP:-200} --seq ${TSEQ:-40} >$OUT/$l.txt 2>&1
+    xz -T0 -6 $OUT/$l.trace
+    echo "$l: $(head -1 $OUT/$l.txt)"
+}
 for stage in $STAGE; do
 case $stage in
 kernels)
@@ -655,15 +667,9 @@ s36b)
         ST="REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1" b m27 -n 128 -r 2
         echo "round $r $(el)"
     done
-    REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1 REDLINE_TRACE=$OUT/p27.trace REDLINE_TRACE_STEP=40 timeout 120 $R bench --device cuda \
-        -m /tmp/m27.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
-    python3 scripts/trace-summary.py $OUT/p27.trace --skip 200 --seq 24 >$OUT/p27.txt 2>&1
-    xz -T0 -6 $OUT/p27.trace
+    TSEQ=24 tr p27 m27 REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1
     tail -22 $OUT/p27.txt
-    REDLINE_MV_PERSIST=1 REDLINE_TRACE=$OUT/p32.trace REDLINE_TRACE_STEP=40 timeout 120 $R bench --device cuda \
-        -m /tmp/m32.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
-    python3 scripts/trace-summary.py $OUT/p32.trace --skip 200 --seq 24 >$OUT/p32.txt 2>&1
-    xz -T0 -6 $OUT/p32.trace
+    TSEQ=24 tr p32 m32 REDLINE_MV_PERSIST=1
     tail -16 $OUT/p32.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
     echo "== s36b $(el)"
@@ -676,15 +682,6 @@ s36a)
     suite t_gpu_decode
     echo "== checks $(el)"
     wait $SP
-    tr() { # label model env...
-        local l=$1 m=$2
-        shift 2
-        env "$@" REDLINE_TRACE=$OUT/$l.trace REDLINE_TRACE_STEP=${TSTEP:-40} timeout 120 $R bench --device cuda \
-            -m /tmp/$m.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
-        python3 scripts/trace-summary.py $OUT/$l.trace --skip ${TSKIP:-200} --seq ${TSEQ:-40} >$OUT/$l.txt 2>&1
-        xz -T0 -6 $OUT/$l.trace
-        echo "$l: $(head -1 $OUT/$l.txt)"
-    }
     tr m27 m27 X=1
     tr m27old m27 REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0
     tr m32 m32 X=1
