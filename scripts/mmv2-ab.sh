@@ -146,10 +146,10 @@ greedy() {
         echo "$m $v: $(echo "$t" | md5sum | cut -c1-12)"
     done
 }
-# tr LABEL M VAR=value...: one traced replay (REDLINE_TRACE, the 40th; TSTEP) of M's decode
+# trace_run LABEL M VAR=value...: one traced replay (REDLINE_TRACE, the 40th; TSTEP) of M's decode
 # under that environment: the bench row, $OUT/LABEL.txt (scripts/trace-summary.py, launches
 # TSKIP.. TSKIP + TSEQ) and $OUT/LABEL.trace.xz
-tr() {
+trace_run() {
     local l=$1 m=$2
     shift 2
     env "$@" REDLINE_TRACE=$OUT/$l.trace REDLINE_TRACE_STEP=${TSTEP:-40} timeout 120 $R bench --device cuda \
@@ -667,9 +667,9 @@ s36b)
         ST="REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1" b m27 -n 128 -r 2
         echo "round $r $(el)"
     done
-    TSEQ=24 tr p27 m27 REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1
+    TSEQ=24 trace_run p27 m27 REDLINE_MV_PERSIST=1 REDLINE_FUSED_DN_NORM=1
     tail -22 $OUT/p27.txt
-    TSEQ=24 tr p32 m32 REDLINE_MV_PERSIST=1
+    TSEQ=24 trace_run p32 m32 REDLINE_MV_PERSIST=1
     tail -16 $OUT/p32.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
     echo "== s36b $(el)"
@@ -682,9 +682,9 @@ s36a)
     suite t_gpu_decode
     echo "== checks $(el)"
     wait $SP
-    tr m27 m27 X=1
-    tr m27old m27 REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0
-    tr m32 m32 X=1
+    trace_run m27 m27 X=1
+    trace_run m27old m27 REDLINE_PDL_EARLY=0 REDLINE_MV_STAGE=0
+    trace_run m32 m32 X=1
     echo "== traces $(el)"
     for m in m27 m32; do ST=X=1 b $m -n 64 -r 1; done
     cat $OUT/m27.txt | tail -40
