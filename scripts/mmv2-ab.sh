@@ -627,6 +627,19 @@ s33f)
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
     ;;
+s36d)
+    # session 36: a trace of the shipped default (27B), the gated norm in the rule's launch
+    # alone (REDLINE_FUSED_DN_NORM=1, without the persistent products) against it, two rounds
+    wait $SP
+    TSEQ=24 trace_run f27 m27 X=1
+    tail -18 $OUT/f27.txt
+    TSEQ=24 trace_run d27 m27 REDLINE_FUSED_DN_NORM=1
+    tail -18 $OUT/d27.txt
+    for r in 1 2; do
+        for v in X=1 REDLINE_FUSED_DN_NORM=1; do ST=$v b m27 -n 128 -r 2; done
+    done
+    echo "== s36d $(el)"
+    ;;
 s36c)
     # session 36, the final binary: the suites (the fixed staged-fusions count), the speculative
     # suite, one row of both models (two rounds) and 8 streams at the shipped defaults against
