@@ -238,13 +238,7 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
-        if crate::trace::config().is_some() && crate::trace::buffer().is_none() {
-            // the block-timeline probe's buffer (crate::trace), kept for the process
-            let buf = stream.alloc_zeros::<u8>(crate::trace::buffer_bytes())?;
-            crate::trace::set_buffer(dev_ptr_raw(&buf, &stream));
-            std::mem::forget(buf);
-        }
-        Ok(CudaDevice {
+        let dev = CudaDevice {
             ctx,
             stream,
             info,
@@ -256,7 +250,14 @@ impl CudaDevice {
             functions: Mutex::new(HashMap::new()),
             matvec_load_mode: AtomicI32::new(DEFAULT_MATVEC_LOAD_MODE),
             gemm: crate::gemm::GemmState::default(),
-        })
+        };
+        if crate::trace::config().is_some() && crate::trace::buffer().is_none() {
+            // the block-timeline probe's buffer (crate::trace), kept for the process
+            let buf = dev.stream.alloc_zeros::<u8>(crate::trace::buffer_bytes())?;
+            crate::trace::set_buffer(dev.device_address(&buf));
+            std::mem::forget(buf);
+        }
+        Ok(dev)
     }
 
     /// Sets how block-format matvecs load weights: 0 plain, 1 evict-first, 2 bypass L1.
@@ -397,13 +398,6 @@ pub fn open_or_cpu(opts: &CudaOptions) -> Option<CudaDevice> {
             None
         }
     }
-}
-
-/// The device address of `s` (no event bookkeeping: tracking is off on this context).
-fn dev_ptr_raw<T>(s: &cudarc::driver::CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    use cudarc::driver::DevicePtr;
-    let (p, _sync) = s.device_ptr(stream);
-    p
 }
 
 #[cfg(test)]
