@@ -862,8 +862,8 @@ impl CudaBackend {
             && st.gates
             && st.norm_q8
             && self.gates_fusable(rows, states, form)
-            && sh.d_v == 4 * 32
-            && sh.d_v.is_multiple_of(RECURRENT_BLOCK_ROWS);
+            // one value per thread of dn_recurrent's 32 x 4 block (whole blocks of 16 rows)
+            && sh.d_v == 4 * 32;
         if !takes
             || w.rows * w.cols != sh.d_v
             || (z.rows, z.cols) != (out.rows, out.cols)
@@ -1027,14 +1027,7 @@ impl CudaBackend {
                 p.push(i);
             }
             p.push(a.runs).push(a.tab).push(io.gates.0).push(io.gates.1);
-            let gn = io.norm.unwrap_or(GatedNormArgs {
-                w: 0,
-                z: 0,
-                eps: 0.0,
-                xq: 0,
-                xds: 0,
-                cnt: 0,
-            });
+            let gn = io.norm.unwrap_or_default();
             p.push(gn.w)
                 .push(gn.z)
                 .push(gn.eps)
@@ -1208,7 +1201,8 @@ struct DeltaIo<'a> {
 
 /// Device addresses of `dn_recurrent`'s gated-norm tail: the norm weights [d_v], the gate z
 /// (shaped as out), the eps, out's q8_1 copy (xq, tagged xds) and the last-block counters.
-#[derive(Clone, Copy)]
+/// (All zero: no norm.)
+#[derive(Clone, Copy, Default)]
 struct GatedNormArgs {
     w: u64,
     z: u64,
