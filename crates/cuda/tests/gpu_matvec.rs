@@ -519,64 +519,57 @@ fn direct_segments_match_cpu_reference() {
                             ));
                         }
                     }
+                    // a rerun under another kernel that must give the same bits: `variant`
+                    // names it, `against` the kernel above, `set` / `reset` its switch
+                    let mut rerun = |variant: &str,
+                                     against: &str,
+                                     set: &dyn Fn(),
+                                     reset: &dyn Fn()| {
+                        set();
+                        let res = rerun_bits(
+                            &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                        );
+                        reset();
+                        match res {
+                            Err(e) => failures.push(format!("{what}, {variant}: launch: {e}")),
+                            Ok(differ) => failures.extend(differ.into_iter().map(|i| {
+                                format!("{what}, {variant}: segment {i} differs from the {against} kernel")
+                            })),
+                        }
+                    };
                     // the x-group kernels (REDLINE_MV_DIRECT_XG): the same dots in the same
                     // order, so bit for bit the results above
                     if ty == GgmlType::Q4K && nt > 2 {
                         for g in [1u32, 2] {
-                            cuda::matvec::set_direct_xgroup(Some(g));
-                            let res = rerun_bits(
-                                &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                            rerun(
+                                &format!("x group {g}"),
+                                "all-tokens",
+                                &|| cuda::matvec::set_direct_xgroup(Some(g)),
+                                &|| cuda::matvec::set_direct_xgroup(Some(0)),
                             );
-                            cuda::matvec::set_direct_xgroup(Some(0));
-                            match res {
-                                Err(e) => {
-                                    failures.push(format!("{what}, x group {g}: launch: {e}"))
-                                }
-                                Ok(differ) => failures.extend(differ.into_iter().map(|i| {
-                                    format!(
-                                        "{what}, x group {g}: segment {i} differs from the \
-                                         all-tokens kernel"
-                                    )
-                                })),
-                            }
                         }
                     }
                     // the persistent one-token kernels (REDLINE_MV_PERSIST), forced onto a
                     // third of the row blocks so each warp walks several and crosses segments:
                     // the same dots per row, so bit for bit the results above
                     if nt == 1 && cols.is_multiple_of(1024) {
-                        cuda::matvec::set_persist(Some(true));
-                        let res = rerun_bits(
-                            &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                        rerun(
+                            "persistent",
+                            "one-block-a-group",
+                            &|| cuda::matvec::set_persist(Some(true)),
+                            &|| cuda::matvec::set_persist(None),
                         );
-                        cuda::matvec::set_persist(None);
-                        match res {
-                            Err(e) => failures.push(format!("{what}, persistent: launch: {e}")),
-                            Ok(differ) => failures.extend(differ.into_iter().map(|i| {
-                                format!(
-                                    "{what}, persistent: segment {i} differs from the one-block-a-\
-                                     group kernel"
-                                )
-                            })),
-                        }
                     }
                     // the staged one-token kernels (REDLINE_MV_STAGE; sm_90, where the launch
                     // fits in one wave): the same loop on a shared-memory copy of the rows, so
                     // bit for bit the results above
                     if ty == GgmlType::Q4K && nt == 1 && cols.is_multiple_of(1024) {
-                        cuda::matvec::set_stage(Some(true));
-                        let res = rerun_bits(
-                            &dev, &mats, &mut ys, &y_inits, &biases, &accs, &scratch, &got_all,
+                        rerun(
+                            "staged",
+                            "unstaged",
+                            &|| cuda::matvec::set_stage(Some(true)),
+                            &|| cuda::matvec::set_stage(None),
                         );
-                        cuda::matvec::set_stage(None);
-                        match res {
-                            Err(e) => failures.push(format!("{what}, staged: launch: {e}")),
-                            Ok(differ) => failures.extend(differ.into_iter().map(|i| {
-                                format!(
-                                    "{what}, staged: segment {i} differs from the unstaged kernel"
-                                )
-                            })),
-                        }
                     }
                 }
             }
