@@ -776,8 +776,8 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 // the current group's last one computes and stores: a warp's stream does not stop between
 // groups. The same dots in the same order per row as mvd_rows, and the same store: bit for bit
 // its results. Whole 1024-value iterations; PDL: the first group's first weights before the wait.
-// Measured a loss (H100, session 36: 27B -5 %, 32B -8 %; warps ending up to 8 µs apart, each
-// with a fixed share): opt-in only, kept for a version that hands out groups as places free.
+// Measured a loss (H100, session 36: 27B -4.5 to -5.4 %, 32B -5.5 to -7.7 %; a launch's blocks
+// ending up to 10 µs apart, each warp with a fixed share): opt-in only, kept for a version that hands out groups as places free.
 template <typename F, int R>
 static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t* __restrict__ xq,
                                                    const float* __restrict__ xds, int load_mode) {

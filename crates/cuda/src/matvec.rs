@@ -468,8 +468,8 @@ const STAGE_MAX_BYTES: u32 = 96 * 1024;
 /// kernels/matvec_direct.cu `mvd_persist`): `REDLINE_MV_PERSIST=1`, or the test override.
 /// Why: session 36's block-timeline trace showed a multi-wave product's waves starting and
 /// ending together, the weight stream stalling at each wave's ramp. Measured (H100, session
-/// 36, two rounds): a loss, 27B −5 %, 32B −7 to −8 %; the trace showed its warps ending up to
-/// 8 µs apart (each walks a fixed list of groups, so a slow SM's share finishes last, where
+/// 36, two rounds): a loss, 27B −4.5 to −5.4 %, 32B −5.5 to −7.7 %; the trace showed a
+/// launch's blocks ending up to 10 µs apart (each walks a fixed list of groups, so a slow SM's share finishes last, where
 /// the one-block-a-group launch hands the free places new blocks). Stays off.
 fn persist_mode() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
