@@ -105,6 +105,7 @@ pub fn run_all<B: Backend>(b: &B) -> Result<(), String> {
     attention_block(b)?;
     delta_net(b)?;
     conv1d_qkv(b)?;
+    in_proj_conv1d_qkv(b)?;
     delta_tail(b)?;
     download_cols(b)?;
     argmax_cols(b)?;
@@ -883,45 +884,11 @@ pub fn conv1d_qkv_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     let want: Vec<Vec<f32>> = xs
         .iter()
         .zip(&lens)
-        .map(|(x, &n)| {
-            let mut out = Vec::with_capacity(n * ch);
-            for t in 0..n {
-                let mut row: Vec<f64> = (0..ch)
-                    .map(|c| {
-                        let s: f64 = (0..d_conv)
-                            .map(|j| {
-                                let src = t as i64 - (d_conv as i64 - 1) + j as i64;
-                                if src < 0 {
-                                    0.0
-                                } else {
-                                    wconv[c * d_conv + j] as f64 * x[src as usize * ch + c] as f64
-                                }
-                            })
-                            .sum();
-                        s / (1.0 + (-s).exp())
-                    })
-                    .collect();
-                for grp in row[..2 * kd].chunks_exact_mut(group) {
-                    let ss: f64 = grp.iter().map(|v| v * v).sum();
-                    let sc = 1.0 / (ss + eps as f64).sqrt();
-                    grp.iter_mut().for_each(|v| *v *= sc);
-                }
-                out.extend(row.iter().map(|&v| v as f32));
-            }
-            out
-        })
+        .map(|(x, &n)| conv_qkv_naive(x, n, &wconv, d_conv, 2 * kd, group, eps))
         .collect();
     let mut s0 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
     let mut s1 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
-    let mut calls: Vec<Vec<(usize, usize, usize)>> =
-        vec![vec![(0, 0, prompt[0]), (1, 0, prompt[1])]];
-    for t in 0..steps {
-        let mut c = vec![(0, prompt[0] + t, prompt[0] + t + 1)];
-        if t < steps / 2 {
-            c.push((1, prompt[1] + t, prompt[1] + t + 1));
-        }
-        calls.push(c);
-    }
+    let calls = conv_calls(prompt, steps);
     let mut got = [Vec::new(), Vec::new()];
     for call in &calls {
         let rows: Vec<Row> = call
@@ -955,6 +922,167 @@ pub fn conv1d_qkv_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
         check(&format!("conv1d_qkv seq {s}"), &got[s], &want[s], 1e-5)?;
     }
     Ok(got.into_iter().flatten().collect())
+}
+
+/// conv1d_qkv's naive host code for the `n` rows `x` `[n, ch]` of one sequence from a zero
+/// window: conv1d, silu, L2 norm of the first `norm_cols` columns in groups of `group`.
+fn conv_qkv_naive(
+    x: &[f32],
+    n: usize,
+    wconv: &[f32],
+    d_conv: usize,
+    norm_cols: usize,
+    group: usize,
+    eps: f32,
+) -> Vec<f32> {
+    let ch = wconv.len() / d_conv;
+    let mut out = Vec::with_capacity(n * ch);
+    for t in 0..n {
+        let mut row: Vec<f64> = (0..ch)
+            .map(|c| {
+                let s: f64 = (0..d_conv)
+                    .map(|j| {
+                        let src = t as i64 - (d_conv as i64 - 1) + j as i64;
+                        if src < 0 {
+                            0.0
+                        } else {
+                            wconv[c * d_conv + j] as f64 * x[src as usize * ch + c] as f64
+                        }
+                    })
+                    .sum();
+                s / (1.0 + (-s).exp())
+            })
+            .collect();
+        for grp in row[..norm_cols].chunks_exact_mut(group) {
+            let ss: f64 = grp.iter().map(|v| v * v).sum();
+            let sc = 1.0 / (ss + eps as f64).sqrt();
+            grp.iter_mut().for_each(|v| *v *= sc);
+        }
+        out.extend(row.iter().map(|&v| v as f32));
+    }
+    out
+}
+
+/// The calls of the conv checks, each a list of (sequence, first position, end): both
+/// sequences' prompts in one call, then `steps` decode steps of sequence 0, sequence 1 beside
+/// it in the first half.
+fn conv_calls(prompt: [usize; 2], steps: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let mut calls: Vec<Vec<(usize, usize, usize)>> =
+        vec![vec![(0, 0, prompt[0]), (1, 0, prompt[1])]];
+    for t in 0..steps {
+        let mut c = vec![(0, prompt[0] + t, prompt[0] + t + 1)];
+        if t < steps / 2 {
+            c.push((1, prompt[1] + t, prompt[1] + t + 1));
+        }
+        calls.push(c);
+    }
+    calls
+}
+
+/// [`Backend::in_proj_conv1d_qkv`] against naive host code: the products of an f32 q|k|v
+/// projection and two small f32 gate matrices (alpha / beta of 4 heads), then the conv chain of
+/// the first product, over [`conv1d_qkv`]'s calls. Returns the gate products and the conv
+/// outputs of every call, in call order.
+pub fn in_proj_conv1d_qkv<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
+    let (kd, dv, group, d_conv, eps, e, nh) = (64usize, 128usize, 32usize, 4usize, 1e-6f32, 96, 4);
+    let ch = 2 * kd + dv;
+    let sh = RecurrentShape {
+        d_conv,
+        conv_channels: ch,
+        n_k_heads: kd / group,
+        n_v_heads: dv / group,
+        d_k: group,
+        d_v: group,
+    };
+    let mut g = Lcg(23);
+    let (wconv, wqkv, wa, wb) = (
+        g.vec(ch * d_conv),
+        g.vec(ch * e),
+        g.vec(nh * e),
+        g.vec(nh * e),
+    );
+    let file = gguf_with(&[
+        ("conv", ch, d_conv, GgmlType::F32, &wconv),
+        ("qkv", ch, e, GgmlType::F32, &wqkv),
+        ("a", nh, e, GgmlType::F32, &wa),
+        ("b", nh, e, GgmlType::F32, &wb),
+    ]);
+    let load = |n: &str| b.load_weight(&file, n).map_err(|e| e.to_string());
+    let (lc, lq, la, lb) = (load("conv")?, load("qkv")?, load("a")?, load("b")?);
+    let (prompt, steps) = ([5usize, 3], 6usize);
+    let lens = [prompt[0] + steps, prompt[1] + steps / 2];
+    let hs: Vec<Vec<f32>> = lens.iter().map(|&n| g.vec(n * e)).collect();
+    // w [r, e] times every row of h [n, e], in f64
+    let prod = |w: &[f32], h: &[f32], r: usize| -> Vec<f32> {
+        h.chunks_exact(e)
+            .flat_map(|x| {
+                (0..r).map(move |i| {
+                    let row = &w[i * e..(i + 1) * e];
+                    row.iter()
+                        .zip(x)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>() as f32
+                })
+            })
+            .collect()
+    };
+    let want_conv: Vec<Vec<f32>> = hs
+        .iter()
+        .zip(&lens)
+        .map(|(h, &n)| conv_qkv_naive(&prod(&wqkv, h, ch), n, &wconv, d_conv, 2 * kd, group, eps))
+        .collect();
+    let mut s0 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+    let mut s1 = b.new_recurrent_state(&sh).map_err(|e| e.to_string())?;
+    let (mut all, mut got_conv, mut got_ab, mut want_ab) =
+        (Vec::new(), [Vec::new(), Vec::new()], Vec::new(), Vec::new());
+    for call in &conv_calls(prompt, steps) {
+        let rows: Vec<Row> = call
+            .iter()
+            .flat_map(|&(s, a, e)| (a..e).map(move |pos| Row { seq: s, pos }))
+            .collect();
+        let hb: Vec<f32> = call
+            .iter()
+            .flat_map(|&(s, a, z)| hs[s][a * e..z * e].to_vec())
+            .collect();
+        let m = rows.len();
+        let (mut pq, mut pa, mut pb) = (b.zeros(m, ch), b.zeros(m, nh), b.zeros(m, nh));
+        let (mut q, mut k, mut v) = (b.zeros(m, kd), b.zeros(m, kd), b.zeros(m, dv));
+        b.in_proj_conv1d_qkv(
+            &up(b, &hb, m, e)?,
+            &[&lq, &la, &lb],
+            &mut [&mut pq, &mut pa, &mut pb],
+            &lc,
+            &rows,
+            &mut [&mut s0, &mut s1],
+            (2 * kd, group, eps),
+            &[0, kd, 2 * kd],
+            &mut [&mut q, &mut k, &mut v],
+        )
+        .map_err(|e| e.to_string())?;
+        let (ga, gb) = (b.download(&pa), b.download(&pb));
+        want_ab.extend(prod(&wa, &hb, nh));
+        want_ab.extend(prod(&wb, &hb, nh));
+        got_ab.extend_from_slice(&ga);
+        got_ab.extend_from_slice(&gb);
+        all.extend(ga.into_iter().chain(gb));
+        let (q, k, v) = (b.download(&q), b.download(&k), b.download(&v));
+        for (r, row) in rows.iter().enumerate() {
+            for (t, w) in [(&q, kd), (&k, kd), (&v, dv)] {
+                got_conv[row.seq].extend_from_slice(&t[r * w..(r + 1) * w]);
+                all.extend_from_slice(&t[r * w..(r + 1) * w]);
+            }
+        }
+    }
+    check("in_proj_conv1d_qkv gate products", &got_ab, &want_ab, 1e-5)?;
+    for s in 0..2 {
+        check(
+            &format!("in_proj_conv1d_qkv conv seq {s}"),
+            &got_conv[s],
+            &want_conv[s],
+            1e-4,
+        )?;
+    }
+    Ok(all)
 }
 
 /// Token-by-token gated delta rule of one sequence (the documented recurrence), f64 state.

@@ -420,6 +420,32 @@ pub trait Backend: Send + Sync + Sized {
     ) -> Result<(), BackendError> {
         conv1d_qkv_each(self, x, w, rows, states, norm, offsets, outs)
     }
+    /// Gated DeltaNet's in-projections and input chain in one call so a device can fuse them
+    /// (decode steps): [`Backend::matmul_many`] of `ws` (no biases) by `h` into `projs`, then
+    /// [`Backend::conv1d_qkv`] of `projs[0]` (the q|k|v projection) into `outs`, as there.
+    /// Default: the two calls.
+    #[allow(clippy::too_many_arguments)]
+    fn in_proj_conv1d_qkv(
+        &self,
+        h: &Self::Tensor,
+        ws: &[&Self::Weight],
+        projs: &mut [&mut Self::Tensor],
+        w: &Self::Weight,
+        rows: &[Row],
+        states: &mut [&mut Self::RecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<(), BackendError> {
+        self.matmul_many(ws, &[], h, projs)?;
+        let Some(x) = projs.first() else {
+            return Err(BackendError::Shape {
+                op: "in_proj_conv1d_qkv",
+                detail: "no projections (the first is the conv's input)".into(),
+            });
+        };
+        self.conv1d_qkv(x, w, rows, states, norm, offsets, outs)
+    }
     /// Turns the raw projections into the delta-rule gates, in place, both `[n, n_v_heads]`:
     /// `alpha ← softplus(alpha + dt_bias) · a` (log decay, ≤ 0; GGUF `ssm_a` = -exp(A_log)),
     /// `beta ← sigmoid(beta)`.

@@ -104,11 +104,12 @@ pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
 }
 
 /// Kernel parameters by value for a [`launch`]: each scalar or device address is copied into
-/// its own 8-byte slot (little-endian, so a 4-byte parameter is the slot's first 4 bytes), and
-/// a call site lists its arguments once, in the kernel's order.
+/// its own 8-byte slot (little-endian, so a 4-byte parameter is the slot's first 4 bytes), a
+/// struct into as many 8-byte words as it takes, and a call site lists its arguments once, in
+/// the kernel's order.
 #[derive(Default)]
 pub(crate) struct Args {
-    slots: Vec<u64>,
+    slots: Vec<Box<[u64]>>,
 }
 
 impl Args {
@@ -119,13 +120,22 @@ impl Args {
     /// Appends one parameter of at most 8 bytes (`i32`, `i64`, `f32`, a device address).
     pub(crate) fn push<T: Copy>(&mut self, v: T) -> &mut Self {
         const { assert!(std::mem::size_of::<T>() <= 8) };
-        let mut slot = 0u64;
-        // SAFETY: copies size_of::<T>() <= 8 bytes of a Copy value into an 8-byte slot.
+        self.push_struct(v)
+    }
+
+    /// Appends one parameter of any size (a `repr(C)` struct of the kernel's layout, aligned
+    /// to at most 8 bytes), zero-padded to whole 8-byte words.
+    pub(crate) fn push_struct<T: Copy>(&mut self, v: T) -> &mut Self {
+        const { assert!(std::mem::align_of::<T>() <= 8) };
+        let size = std::mem::size_of::<T>();
+        let mut slot = vec![0u64; size.div_ceil(8).max(1)].into_boxed_slice();
+        // SAFETY: copies size_of::<T>() bytes of a Copy value into a zeroed buffer of at least
+        // that many bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 &v as *const T as *const u8,
-                &mut slot as *mut u64 as *mut u8,
-                std::mem::size_of::<T>(),
+                slot.as_mut_ptr() as *mut u8,
+                size,
             )
         };
         self.slots.push(slot);
@@ -144,7 +154,11 @@ impl Args {
         cfg: LaunchConfig,
         pdl: bool,
     ) -> Result<(), DriverError> {
-        let mut params: Vec<*mut c_void> = self.slots.iter_mut().map(arg).collect();
+        let mut params: Vec<*mut c_void> = self
+            .slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr() as *mut c_void)
+            .collect();
         // SAFETY: the caller's contract; the slots outlive the call.
         unsafe { launch(stream, f, cfg, &mut params, pdl) }
     }
@@ -162,10 +176,37 @@ mod tests {
             .push(0x1122_3344_5566_7788u64)
             .push(-3i64);
         assert_eq!(a.slots.len(), 4);
-        assert_eq!(a.slots[0] as u32 as i32, -2);
-        assert_eq!(a.slots[0] >> 32, 0);
-        assert_eq!(f32::from_bits(a.slots[1] as u32), 1.5);
-        assert_eq!(a.slots[2], 0x1122_3344_5566_7788);
-        assert_eq!(a.slots[3] as i64, -3);
+        assert_eq!(a.slots[0][0] as u32 as i32, -2);
+        assert_eq!(a.slots[0][0] >> 32, 0);
+        assert_eq!(f32::from_bits(a.slots[1][0] as u32), 1.5);
+        assert_eq!(a.slots[2][..], [0x1122_3344_5566_7788]);
+        assert_eq!(a.slots[3][0] as i64, -3);
+    }
+
+    #[test]
+    fn args_copy_a_struct_into_whole_words() {
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct S {
+            a: u64,
+            b: i32,
+            c: i32,
+            d: i32,
+        }
+        let mut a = Args::new();
+        a.push_struct(S {
+            a: 7,
+            b: -1,
+            c: 2,
+            d: 3,
+        })
+        .push(5i32);
+        assert_eq!(a.slots.len(), 2);
+        assert_eq!(a.slots[0].len(), 3);
+        assert_eq!(a.slots[0][0], 7);
+        assert_eq!(a.slots[0][1] as u32 as i32, -1);
+        assert_eq!((a.slots[0][1] >> 32) as i32, 2);
+        assert_eq!(a.slots[0][2], 3);
+        assert_eq!(a.slots[1][..], [5]);
     }
 }

@@ -181,6 +181,32 @@ fn conformance_conv1d_qkv_fused_and_not() {
     assert_same_bits("fused vs separate ops", &one, &each);
 }
 
+/// Gated DeltaNet's in-projections and conv chain (`in_proj_conv1d_qkv`): the f32 gate
+/// products riding in the conv's launch (`mo_conv1d_qkv_gates`, norm groups of 32: each thread
+/// runs 8 of `mo_matvec_f32_rows`' 256) and in a launch of their own, both against the naive
+/// host code, and the same bits.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn conformance_in_proj_conv1d_qkv_gates_and_not() {
+    let b = gpu();
+    cuda::backend::set_conv_gates(Some(true));
+    let ride = conformance::in_proj_conv1d_qkv(&b);
+    // the decode steps of one row (sequence 0 alone: 3); two rows outside a recorded step
+    // take no f32-rows launch, so the conv launches alone
+    let calls = b.conv_gates_calls();
+    cuda::backend::set_conv_gates(Some(false));
+    let own = conformance::in_proj_conv1d_qkv(&b);
+    let calls_off = b.conv_gates_calls() - calls;
+    cuda::backend::set_conv_gates(None);
+    let (ride, own) = (ride.unwrap(), own.unwrap());
+    assert_eq!(
+        (calls, calls_off),
+        (3, 0),
+        "calls whose gates rode in the conv"
+    );
+    assert_same_bits("gates in the conv's launch vs their own", &ride, &own);
+}
+
 /// The conv chain for several rows of a sequence in one launch (`mo_conv1d_qkv_rows`,
 /// `StagedFusions::conv_rows`): the prompt call (5 and 3 rows of two sequences) takes it too,
 /// against the naive host code and bit for bit the separate ops.

@@ -676,6 +676,33 @@ fn norm_split_matches_one_block_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// Qwen3.5's f32 alpha / beta projections in the conv's launch (the default,
+/// `cuda::backend::set_conv_gates`) against their own `mo_matvec_f32_rows` launch: each row's
+/// sums in the same order, so the same logits bit for bit over one-row and batched steps and
+/// verify passes; and on the Qwen3.5 cut the riding path must have run (never with it off).
+#[test]
+fn conv_gates_match_own_launch_on_synth_q4_k_m_shapes() {
+    each_cut_side_by_side(
+        "cgates",
+        &|b, _| b.set_staged(StagedFusions::ALL),
+        &|is_s| cuda::backend::set_conv_gates(Some(is_s)),
+        &|name, d, s| {
+            cuda::backend::set_conv_gates(None);
+            let (off, on) = (
+                d.backend().conv_gates_calls(),
+                s.backend().conv_gates_calls(),
+            );
+            assert_eq!(off, 0, "{name}: gates rode in the conv with the switch off");
+            assert_eq!(
+                on > 0,
+                name.starts_with("qwen3.5"),
+                "{name}: calls whose gates rode in the conv: {on}"
+            );
+            println!("{name}: logits with the gates in the conv's launch equal those of their own ({on} calls)");
+        },
+    );
+}
+
 /// The persistent one-token direct kernels (`cuda::matvec::set_persist`, forced onto a third of
 /// the row blocks) against one block a row group: the same dots per row, so the same logits bit
 /// for bit over one-row and batched steps and verify passes (their one-token launches).

@@ -44,7 +44,7 @@ pub(super) struct Holds {
 }
 
 /// Most matrices of one `mo_matvec_f32_rows` launch (F32_MAX_SEGS in kernels/model_ops.cu).
-const F32_MAX_SEGS: usize = 4;
+pub(super) const F32_MAX_SEGS: usize = 4;
 
 /// Values per thread of `mo_rms_norm_q8`'s in-register path (RMS_REGS in kernels/model_ops.cu).
 const RMS_REGS: usize = 8;
@@ -74,6 +74,32 @@ pub fn set_norm_split(on: Option<bool>) {
     );
 }
 
+/// Whether Gated DeltaNet's f32 alpha / beta projections of a decode step ride in the conv's
+/// launch (`mo_conv1d_qkv_gates`, [`backend::Backend::in_proj_conv1d_qkv`]) instead of a
+/// `mo_matvec_f32_rows` launch of their own. `REDLINE_CONV_GATES=0` (a developer's knob for
+/// A/B runs): their own launch, as before session 37. The same bits either way.
+pub(super) fn conv_gates() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match CONV_GATES_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ON
+            .get_or_init(|| std::env::var("REDLINE_CONV_GATES").map_or(true, |v| v.trim() != "0")),
+    }
+}
+
+/// 0: `REDLINE_CONV_GATES` decides; 1: off; 2: on.
+static CONV_GATES_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Forces whether the f32 alpha / beta projections ride in the conv's launch (`None`: back to
+/// `REDLINE_CONV_GATES`). For tests and benchmarks.
+pub fn set_conv_gates(on: Option<bool>) {
+    CONV_GATES_OVERRIDE.store(
+        on.map_or(0, |on| if on { 2 } else { 1 }),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
 /// Kernel parameter of `mo_matvec_f32_rows` (struct F32Seg / F32Segs in kernels/model_ops.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -86,7 +112,7 @@ struct F32Seg {
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct F32Segs {
+pub(super) struct F32Segs {
     seg: [F32Seg; F32_MAX_SEGS],
     n_segs: i32,
     cols: i32,
@@ -389,14 +415,15 @@ impl CudaBackend {
             && w.matrix.as_ref().is_some_and(|m| m.ty == GgmlType::F32)
     }
 
-    /// `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS, 1..=8 tokens).
-    pub(super) fn matvec_f32_rows(
+    /// The segments of `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS,
+    /// 1..=8 tokens; [`Self::f32_rows_take`] checked by the caller) and their row count.
+    pub(super) fn f32_rows_segs(
         &self,
         idx: &[usize],
         ws: &[&CudaWeight],
         x: &CudaTensor,
-        outs: &mut [&mut CudaTensor],
-    ) -> Result<(), BackendError> {
+        outs: &[&mut CudaTensor],
+    ) -> (F32Segs, usize) {
         let stream = self.dev.stream();
         let mut p = F32Segs {
             n_segs: idx.len() as i32,
@@ -415,6 +442,19 @@ impl CudaBackend {
             };
             blocks += m.n_rows;
         }
+        (p, blocks)
+    }
+
+    /// `outs[i] = ws[i] x` for the f32 matrices `idx` (at most F32_MAX_SEGS, 1..=8 tokens).
+    pub(super) fn matvec_f32_rows(
+        &self,
+        idx: &[usize],
+        ws: &[&CudaWeight],
+        x: &CudaTensor,
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        let stream = self.dev.stream();
+        let (p, blocks) = self.f32_rows_segs(idx, ws, x, outs);
         if blocks == 0 {
             return Ok(());
         }

@@ -33,7 +33,7 @@ use crate::device::{CudaDevice, CudaOptions};
 use crate::matvec::{self, DeviceMatrix, MatvecScratch};
 use step::{Mode, StepCtl};
 
-pub use fused::set_norm_split;
+pub use fused::{set_conv_gates, set_norm_split};
 pub use profile::{op_profile_enabled, op_profile_report, op_profile_reset};
 pub use recurrent::{Conv1dForm, DeltaRuleForm, CHUNKED_MIN_RUN};
 pub use sequence::{CudaKvCache, CudaRecurrentState};
@@ -151,6 +151,8 @@ pub struct CudaBackend {
     dn_counters: Mutex<Option<CudaSlice<u32>>>,
     /// `delta_rule_gated_norm` calls that took the one-launch rule and norm.
     dn_norm: AtomicU64,
+    /// `in_proj_conv1d_qkv` calls whose f32 products rode in the conv's launch.
+    conv_gates: AtomicU64,
 }
 
 /// Largest download (f32 values) that goes through the page-locked buffer: 32 rows of a 248k
@@ -314,6 +316,7 @@ impl CudaBackend {
             l2pf: Mutex::new(prefetch::Pending::default()),
             dn_counters: Mutex::new(None),
             dn_norm: AtomicU64::new(0),
+            conv_gates: AtomicU64::new(0),
         };
         b.set_l2_prefetch(prefetch::budget_from_env(b.dev.arch()));
         crate::pdl::set_enabled(crate::pdl::default_on());
@@ -367,6 +370,11 @@ impl CudaBackend {
     /// `delta_rule_gated_norm` calls so far that took the one-launch rule and gated norm.
     pub fn dn_norm_calls(&self) -> u64 {
         self.dn_norm.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `in_proj_conv1d_qkv` calls so far whose f32 products rode in the conv's launch.
+    pub fn conv_gates_calls(&self) -> u64 {
+        self.conv_gates.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `attention_block` calls so far whose query / key preparation took one launch.
@@ -1099,6 +1107,22 @@ impl backend::Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         // timed inside: the fallback's ops time themselves
         self.conv1d_qkv_rec(x, w, rows, states, norm, offsets, outs)
+    }
+
+    fn in_proj_conv1d_qkv(
+        &self,
+        h: &CudaTensor,
+        ws: &[&CudaWeight],
+        projs: &mut [&mut CudaTensor],
+        w: &CudaWeight,
+        rows: &[backend::Row],
+        states: &mut [&mut CudaRecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        // timed inside: each launch as its own op
+        self.in_proj_conv_rec(h, ws, projs, w, rows, states, norm, offsets, outs)
     }
 
     fn delta_rule_gates(

@@ -131,6 +131,19 @@ impl CudaBackend {
         plan(&[(r.p0, r.n0), (r.p1, r.n1)], cap)
     }
 
+    /// Moves a hint given right before the running op on to the op after it: for a call that
+    /// runs another op before the hinted one (`in_proj_conv1d_qkv`'s products before its conv).
+    pub(super) fn pass_prefetch_on(&self) {
+        if self.l2pf_budget() == 0 {
+            return;
+        }
+        let ops = self.ops.load(Ordering::Relaxed);
+        let mut p = self.l2pf.lock().unwrap_or_else(|e| e.into_inner());
+        if p.at_op + 1 == ops {
+            p.at_op = ops;
+        }
+    }
+
     /// Runs a hint given right before the running op (cut to `cap` bytes) on the side stream,
     /// forked here: call it right before the op's own launch, after the replay check.
     pub(super) fn issue_prefetch(&self, cap: u64) -> Result<(), BackendError> {

@@ -492,7 +492,84 @@ impl CudaBackend {
         };
         self.timed(
             || "conv1d_qkv".to_string(),
-            || self.conv1d_qkv_fused(x, w, &by_seq, states, norm, offsets, outs),
+            || self.conv1d_qkv_fused(x, w, &by_seq, states, norm, offsets, outs, None),
+        )
+    }
+
+    /// [`backend::Backend::in_proj_conv1d_qkv`]: the products, then the conv chain; where the
+    /// chain takes one `mo_conv1d_qkv` launch (one row per sequence) with a norm group of 32,
+    /// 64, 128 or 256 and the switch is on ([`super::fused::conv_gates`]), the f32 products
+    /// after the first (Qwen3.5's alpha / beta, which only the delta rule reads) ride in that
+    /// launch (`mo_conv1d_qkv_gates`: their rows as `mo_matvec_f32_rows` computes them, the
+    /// same bits) and the others take `matmul_many`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn in_proj_conv_rec(
+        &self,
+        h: &CudaTensor,
+        ws: &[&CudaWeight],
+        projs: &mut [&mut CudaTensor],
+        w: &CudaWeight,
+        rows: &[Row],
+        states: &mut [&mut CudaRecurrentState],
+        norm: (usize, usize, f32),
+        offsets: &[usize],
+        outs: &mut [&mut CudaTensor],
+    ) -> Result<(), BackendError> {
+        use backend::Backend;
+        if ws.is_empty() || ws.len() != projs.len() {
+            return Err(shape_err(
+                "in_proj_conv1d_qkv",
+                format!("{} weights, {} outputs", ws.len(), projs.len()),
+            ));
+        }
+        let ride: Vec<usize> =
+            if super::fused::conv_gates() && self.fused() && [32, 64, 128, 256].contains(&norm.1) {
+                (1..ws.len())
+                    .filter(|&i| self.f32_rows_take(ws[i], h, projs[i]))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+        let by_seq = if ride.is_empty() || ride.len() > super::fused::F32_MAX_SEGS {
+            None
+        } else {
+            self.conv1d_qkv_takes(projs[0], w, rows, states, norm, offsets, outs)?
+                .filter(|b| b.iter().all(|r| r.len() <= 1))
+        };
+        let Some(by_seq) = by_seq else {
+            self.matmul_many(ws, &[], h, projs)?;
+            self.pass_prefetch_on();
+            return self.conv1d_qkv(projs[0], w, rows, states, norm, offsets, outs);
+        };
+        {
+            let (rest_ws, mut rest): (Vec<&CudaWeight>, Vec<&mut CudaTensor>) = ws
+                .iter()
+                .zip(projs.iter_mut())
+                .enumerate()
+                .filter(|(i, _)| !ride.contains(i))
+                .map(|(_, (w, p))| (*w, &mut **p))
+                .unzip();
+            self.matmul_many(&rest_ws, &[], h, &mut rest)?;
+        }
+        self.pass_prefetch_on();
+        let gates = self.f32_rows_segs(&ride, ws, h, projs);
+        let gx = super::step::dev_ptr(&*h.data, self.dev.stream());
+        self.conv_gates
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.timed(
+            || "conv1d_qkv+gates".to_string(),
+            || {
+                self.conv1d_qkv_fused(
+                    projs[0],
+                    w,
+                    &by_seq,
+                    states,
+                    norm,
+                    offsets,
+                    outs,
+                    Some((gates.0, gates.1, gx)),
+                )
+            },
         )
     }
 
@@ -548,7 +625,8 @@ impl CudaBackend {
     }
 
     /// The `mo_conv1d_qkv` launch, or `mo_conv1d_qkv_rows` when a sequence has several rows;
-    /// `by_seq`: the batch rows of each sequence.
+    /// `by_seq`: the batch rows of each sequence. `gates` (one row per sequence only): f32
+    /// products that ride in the launch (`mo_conv1d_qkv_gates`: their segments, rows and x).
     #[allow(clippy::too_many_arguments)]
     fn conv1d_qkv_fused(
         &self,
@@ -559,6 +637,7 @@ impl CudaBackend {
         norm: (usize, usize, f32),
         offsets: &[usize],
         outs: &mut [&mut CudaTensor],
+        gates: Option<(super::fused::F32Segs, usize, u64)>,
     ) -> Result<(), BackendError> {
         let (ch, d_conv) = (x.cols, w.cols);
         let (norm_cols, group, eps) = norm;
@@ -589,13 +668,19 @@ impl CudaBackend {
         self.issue_prefetch(u64::MAX)?;
         let wd = w.dense.as_ref().expect("checked by conv1d_qkv_takes");
         let several = by_seq.iter().any(|i| i.len() > 1);
-        let f = self.function(if several {
-            "mo_conv1d_qkv_rows"
-        } else {
-            "mo_conv1d_qkv"
+        if several && gates.is_some() {
+            return Err(shape_err(
+                "conv1d_qkv",
+                "f32 products ride only in a launch of one row per sequence".into(),
+            ));
+        }
+        let f = self.function(match (several, gates.is_some()) {
+            (true, _) => "mo_conv1d_qkv_rows",
+            (false, true) => "mo_conv1d_qkv_gates",
+            (false, false) => "mo_conv1d_qkv",
         })?;
         let cfg = LaunchConfig {
-            grid_dim: ((ch / group) as u32, a.n_seqs, 1),
+            grid_dim: ((ch / group + gates.map_or(0, |g| g.1)) as u32, a.n_seqs, 1),
             block_dim: (group as u32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -621,10 +706,16 @@ impl CudaBackend {
             .push(outs[0].cols as i32)
             .push(outs[1].cols as i32)
             .push(outs[2].cols as i32);
+        if let Some((segs, _, gx)) = gates {
+            p.push_struct(segs).push(gx);
+        }
         // SAFETY: matches mo_conv1d_qkv(x, w, rows, state, ch, d_conv, runs, tab, norm_cols,
         // eps, o0, o1, o2, off1, off2, w0, w1, w2), or with `several` mo_conv1d_qkv_rows (the
         // same with n_rows after rows; up to CONV_ROWS_MAX rows per sequence, its rows / n_rows
-        // or runs / tab); one row per sequence with its state
+        // or runs / tab), or with `gates` mo_conv1d_qkv_gates (the same with F32Segs and their
+        // x after w2: live f32 matrices of cols % 4 == 0 and their outputs, f32_rows_take
+        // checked by in_proj_conv_rec for x's 1..=8 rows; block = the norm group of 32..=256
+        // threads); one row per sequence with its state
         // [d_conv - 1, ch] (one sequence: rows / state; several: runs / tab), w [ch, d_conv]
         // with d_conv <= MO_CONV_MAX, the block (the norm group, a multiple of 32) divides ch,
         // norm_cols and each output's range, outputs contiguous over [0, ch) with their rows

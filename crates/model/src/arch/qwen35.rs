@@ -246,21 +246,18 @@ impl<B: Backend> DeltaNet<B> {
         let mut z = b.zeros(n, rows(&self.gate)); // [n, d_inner]
         let mut beta = b.zeros(n, rows(&self.beta)); // [n, n_v_heads]
         let mut g = b.zeros(n, rows(&self.alpha)); // [n, n_v_heads]
-                                                   // the four projections read the same h: one call
-        b.matmul_many(
-            &[&self.qkv, &self.gate, &self.beta, &self.alpha],
-            &[],
-            h,
-            &mut [&mut qkv, &mut z, &mut beta, &mut g],
-        )?;
-        // the conv / delta-rule chain reads little: the out-projection's weights may move
+                                                   // the conv / delta-rule chain reads little: the out-projection's weights may move
+                                                   // meanwhile (a hint the conv takes up)
         b.prefetch(&[&self.out, next])?;
-        // conv1d with the rolling state, silu, then transformers' l2norm of q and k (x *
-        // rsqrt(sum(x²) + 1e-6) per d_state group; the q|k columns of the conv output are
-        // adjacent) and the split of [q | k | v]: one call, which a device may fuse
+        // the four projections read the same h, then conv1d with the rolling state, silu,
+        // transformers' l2norm of q and k (x * rsqrt(sum(x²) + 1e-6) per d_state group; the q|k
+        // columns of the conv output are adjacent) and the split of [q | k | v]: one call, which
+        // a device may fuse (the alpha / beta products, read only by the rule, beside the conv)
         let (mut q, mut k, mut v) = (b.zeros(n, kd), b.zeros(n, kd), b.zeros(n, ssm.d_inner));
-        b.conv1d_qkv(
-            &qkv,
+        b.in_proj_conv1d_qkv(
+            h,
+            &[&self.qkv, &self.gate, &self.beta, &self.alpha],
+            &mut [&mut qkv, &mut z, &mut beta, &mut g],
             &self.conv,
             &batch.rows,
             states,
