@@ -72,6 +72,8 @@
 # s33d:    session 33 (not run, s33e instead): the conv window before the PDL wait
 # s33e:    session 33: s33c and s33d cut short
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
+# s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
+#          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
 # s35g:    session 35: the shipped default at 8 streams against mask 0
 # s35f:    session 35 (written, never run: the gating was taken out): the lookahead for one-row launches only: suites, greedy text, one row
 #          and 8 streams of both models against the old defaults
@@ -626,6 +628,27 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s37a)
+    # session 37: the f32 alpha / beta products in the conv's launch (the default;
+    # REDLINE_CONV_GATES=0 gives their own launch): the bit-for-bit tests, greedy text, one row
+    # of the 27B in three rounds (the 32B has no DeltaNet layer: one round as a control), the
+    # 27B's verify cost (issue 8) both ways, a trace of the new default
+    suite t_backend_conformance --ignored conv1d
+    suite t_gpu_decode conv_gates
+    echo "== checks $(el)"
+    wait $SP
+    greedy m27 X=1 REDLINE_CONV_GATES=0
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_CONV_GATES=0; do ST=$v b m27 -n 128 -r 2; done
+    done
+    for v in X=1 REDLINE_CONV_GATES=0; do ST=$v b m32 -n 128 -r 2; done
+    vb X=1 1,2,3,4 3
+    vb REDLINE_CONV_GATES=0 1,2,3,4 3
+    TSEQ=24 trace_run g27 m27 X=1
+    tail -18 $OUT/g27.txt
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s37a $(el)"
     ;;
 s36d)
     # session 36: a trace of the shipped default (27B), the gated norm in the rule's launch
