@@ -12,8 +12,8 @@ the first end); (3) the step's length and where it goes: the sum of the runs, of
 latencies, and of the time no launch was past its wait.
 
 Records: thread 0 of each block of the instrumented kernels (kernels/common.cuh TRACE_*):
-event 0 start, 1 wait returned, 2 end, 3 a kernel's own mark (the attention decode: its
-pre-wait work done).
+event 0 start, 1 wait returned, 2 end, 3 and up a kernel's own marks (the attention decode: 4 its
+K/V prefetches issued, 5 its RoPE angles computed, 3 its pre-wait work done).
 """
 import struct
 import sys
@@ -56,8 +56,8 @@ def instances(recs):
                 cur = {"tag": tag, "grid": grid, "block": block, "sm": sm, "start": t, "wait": None, "end": None}
             elif cur is not None and ev == 1:
                 cur["wait"] = t
-            elif cur is not None and ev == 3:
-                cur["mark"] = t
+            elif cur is not None and ev >= 3:
+                cur.setdefault("marks", {})[ev] = t
             elif cur is not None and ev == 2:
                 cur["end"] = t
                 out.append(cur)
@@ -76,13 +76,15 @@ def launches(insts):
         for k in range(0, len(lst), grid):
             blk = lst[k:k + grid]
             waits = [b["wait"] for b in blk if b["wait"] is not None]
-            marks = [b["mark"] - b["start"] for b in blk if b.get("mark") is not None]
+            # per mark event: the mean time from a block's start to it
+            evs = sorted({e for b in blk for e in b.get("marks", {})})
+            marks = {e: [b["marks"][e] - b["start"] for b in blk if e in b.get("marks", {})] for e in evs}
             out.append({
                 "tag": tag, "grid": grid, "n": len(blk),
                 "s0": min(b["start"] for b in blk), "s1": max(b["start"] for b in blk),
                 "w0": min(waits) if waits else None, "w1": max(waits) if waits else None,
                 "e0": min(b["end"] for b in blk), "e1": max(b["end"] for b in blk),
-                "mark": sum(marks) / len(marks) if marks else None,
+                "marks": {e: sum(v) / len(v) for e, v in marks.items()},
             })
     out.sort(key=lambda l: l["s0"])
     return out
@@ -130,8 +132,8 @@ def main():
         c["startspread"].append((l["s1"] - l["s0"]) / 1000)
         if prev is not None:
             c["release"].append((w0 - prev["e1"]) / 1000)
-        if l["mark"] is not None:
-            c["mark"].append(l["mark"] / 1000)
+        for e, v in l["marks"].items():
+            c[f"mark{e}"].append(v / 1000)
         prev = l
     print("\nper class (means, µs): count, pre (start to first wait return), release (first wait "
           "return after the previous launch's last end), run (first wait return to last end), "
@@ -142,7 +144,8 @@ def main():
         print(f"{TAGS.get(tag, tag):>9} {grid:>6} {len(c['run']):>5} {mean(c['pre']):7.2f} "
               f"{mean(c['release']):8.2f} {mean(c['run']):8.2f} {mean(c['tail']):7.2f} "
               f"{mean(c['startspread']):7.2f} {sum(c['run']):9.1f}"
-              + (f"  (start to mark 3: {mean(c['mark']):.2f})" if c["mark"] else ""))
+              + "".join(f"  (start to mark {k[4:]}: {mean(v):.2f})" for k, v in sorted(c.items())
+                        if k.startswith("mark")))
     step = (max(l["e1"] for l in ls) - t0) / 1000
     # time covered by some launch past its first wait return (the union of [w0, e1])
     iv = sorted(((l["w0"] if l["w0"] is not None else l["s0"]), l["e1"]) for l in ls)

@@ -610,6 +610,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
+    TRACE_MARK(TRACE_FA, 4);  // the K/V prefetches issued
     // FUSE: scratch in the rings (free until the first chunk load): cos and sin of the RoPE
     // pairs [2][D / 2], norm weights of q and k [2][D], the query heads [FD_MAX_G][D] and the
     // new K head [D] (each head's values in order), norm factors.
@@ -624,13 +625,15 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         const float rp = (float)fz.rpos[i];
         for (int j = tid; j < fz.n_rot / 2; j += FD_THREADS)
             rope_cos_sin(rp, j, fz.n_rot, fz.freq_base, fz.freq_scale, fz.factors, cs_s[j], cs_s[D / 2 + j]);
+        TRACE_MARK(TRACE_FA, 5);  // the RoPE angles computed
         for (int d = tid; d < D; d += FD_THREADS) {
             if (fz.qn) nw_s[d] = fz.qn[d];
             if (fz.kn) nw_s[D + d] = fz.kn[d];
         }
     }
     // (trace mark 3: the pre-wait section done; session 36: 8.9 µs from the block's start on
-    // the 27B, 3.75 on the 32B, the same with its loads asked for together)
+    // the 27B, 3.75 on the 32B, the same with its loads asked for together; marks 4 and 5 above
+    // split it)
     TRACE_MARK(TRACE_FA, 3);
     pdl_enter<PDL_E_ATTN>();
     TRACE_WAITED(TRACE_FA);
