@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s37b:    session 37: the same on 256-thread blocks, and the RoPE angle cache, both A/B
 # s35g:    session 35: the shipped default at 8 streams against mask 0
 # s35f:    session 35 (written, never run: the gating was taken out): the lookahead for one-row launches only: suites, greedy text, one row
 #          and 8 streams of both models against the old defaults
@@ -628,6 +629,29 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s37b)
+    # session 37: the gates in the conv's launch on 256-thread blocks (REDLINE_CONV_GATES=0:
+    # their own launch) and the fused attention's RoPE angle cache (REDLINE_ROPE_CACHE=0: every
+    # launch computes them): the bit-for-bit tests, greedy text, one row of both models in three
+    # rounds, the 27B's verify cost (issue 8), a trace of the new default
+    suite t_backend_conformance --ignored conv1d
+    suite t_backend_conformance --ignored attention
+    suite t_gpu_decode conv_gates
+    suite t_gpu_decode rope_cache
+    suite t_gpu_decode fused
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do greedy $m X=1 REDLINE_CONV_GATES=0 REDLINE_ROPE_CACHE=0; done
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_CONV_GATES=0 REDLINE_ROPE_CACHE=0; do ST=$v b m27 -n 128 -r 2; done
+        for v in X=1 REDLINE_ROPE_CACHE=0; do ST=$v b m32 -n 128 -r 2; done
+    done
+    vb X=1 1,2,3,4 3
+    TSEQ=24 trace_run h27 m27 X=1
+    tail -18 $OUT/h27.txt
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s37b $(el)"
     ;;
 s37a)
     # session 37: the f32 alpha / beta products in the conv's launch (the default;

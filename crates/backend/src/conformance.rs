@@ -980,11 +980,13 @@ fn conv_calls(prompt: [usize; 2], steps: usize) -> Vec<Vec<(usize, usize, usize)
 }
 
 /// [`Backend::in_proj_conv1d_qkv`] against naive host code: the products of an f32 q|k|v
-/// projection and two small f32 gate matrices (alpha / beta of 4 heads), then the conv chain of
+/// projection and two small f32 gate matrices (alpha / beta of 4 rows), then the conv chain of
 /// the first product, over [`conv1d_qkv`]'s calls. Returns the gate products and the conv
 /// outputs of every call, in call order.
 pub fn in_proj_conv1d_qkv<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
-    let (kd, dv, group, d_conv, eps, e, nh) = (64usize, 128usize, 32usize, 4usize, 1e-6f32, 96, 4);
+    // channels and normed channels in whole 256s (a device may then run the gate products in
+    // the conv's launch), norm groups of 32
+    let (kd, dv, group, d_conv, eps, e, nh) = (128usize, 256usize, 32usize, 4usize, 1e-6f32, 96, 4);
     let ch = 2 * kd + dv;
     let sh = RecurrentShape {
         d_conv,

@@ -19,6 +19,21 @@ static __device__ float block_sum(float v) {
     return t;
 }
 
+// block_sum within groups of `group` threads (a multiple of 32 dividing blockDim.x): each group's
+// warp sums added in warp order, so a group's sum is block_sum's for a block of that group.
+static __device__ float group_sum(float v, int group) {
+    __shared__ float partial[32];
+    v = warp_sum(v);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int gw = group / 32, w0 = warp / gw * gw;
+    float t = 0.0f;
+    for (int i = 0; i < gw; i++) t += partial[w0 + i];
+    return t;
+}
+
 // ---- element-wise --------------------------------------------------------------------------
 
 // x[i] += b[i % cols]; x: [n, cols]
@@ -422,15 +437,16 @@ extern "C" __global__ void mo_conv1d(const float* __restrict__ x, const float* _
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
 }
 
-// The conv chain's tail for channel c of batch row r (mo_conv1d_qkv, mo_conv1d_qkv_rows): silu,
-// the L2 norm over the block (one element per thread; `normed` block-uniform), and the split:
-// channel c goes to column c - off_j of output j.
-static __device__ __forceinline__ void conv_qkv_out(float s, bool normed, float eps, long long r, int c, float* o0,
-                                                    float* o1, float* o2, int off1, int off2, int w0, int w1,
-                                                    int w2) {
+// The conv chain's tail for channel c of batch row r (mo_conv1d_qkv, mo_conv1d_qkv_rows,
+// mo_conv1d_qkv_gates): silu, the L2 norm over the thread's group of `group` threads (one
+// element per thread; `normed` block-uniform), and the split: channel c goes to column c - off_j
+// of output j.
+static __device__ __forceinline__ void conv_qkv_out(float s, bool normed, int group, float eps, long long r, int c,
+                                                    float* o0, float* o1, float* o2, int off1, int off2, int w0,
+                                                    int w1, int w2) {
     float v = silu_f(s);
     if (normed) {
-        const float ss = block_sum(v * v);
+        const float ss = group_sum(v * v, group);
         v *= rsqrtf(ss + eps);
     }
     if (c < off1)
@@ -449,13 +465,14 @@ static __device__ __forceinline__ void conv_qkv_out(float s, bool normed, float 
 // are one group of one output. The arithmetic is the separate kernels' (the conv sum in
 // mo_conv1d's order, silu_f, one element per thread into block_sum), so the results are theirs
 // bit for bit. The conv taps are weights: loaded before the wait (REDLINE_PDL).
-// mo_conv1d_qkv's block (blockIdx.x, blockIdx.y); also the conv blocks of mo_conv1d_qkv_gates.
+// mo_conv1d_qkv's block (blockIdx.x, blockIdx.y) with norm groups of `group` threads (its own
+// launch: the block); also the conv blocks of mo_conv1d_qkv_gates.
 static __device__ __forceinline__ void conv1d_qkv_block(const float* __restrict__ x, const float* __restrict__ w,
                                                         const int* __restrict__ rows, float* state, int ch,
                                                         int d_conv, const int* __restrict__ runs,
                                                         const unsigned long long* __restrict__ tab, int norm_cols,
-                                                        float eps, float* o0, float* o1, float* o2, int off1,
-                                                        int off2, int w0, int w1, int w2) {
+                                                        int group, float eps, float* o0, float* o1, float* o2,
+                                                        int off1, int off2, int w0, int w1, int w2) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // < ch: the host checks ch % blockDim.x == 0
     const int nw = d_conv - 1;
     float wt[MO_CONV_MAX];
@@ -480,7 +497,8 @@ static __device__ __forceinline__ void conv1d_qkv_block(const float* __restrict_
     if (nw > 0) win[nw - 1] = xv;
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
     // block-uniform: norm_cols % blockDim.x == 0
-    conv_qkv_out(s, (int)(blockIdx.x * blockDim.x) < norm_cols, eps, r, c, o0, o1, o2, off1, off2, w0, w1, w2);
+    conv_qkv_out(s, (int)(blockIdx.x * blockDim.x) < norm_cols, group, eps, r, c, o0, o1, o2, off1, off2, w0, w1,
+                 w2);
 }
 
 extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const float* __restrict__ w,
@@ -489,7 +507,8 @@ extern "C" __global__ void mo_conv1d_qkv(const float* __restrict__ x, const floa
                                          int norm_cols, float eps, float* o0, float* o1, float* o2, int off1,
                                          int off2, int w0, int w1, int w2) {
     TRACE_SCOPE(TRACE_CONV);
-    conv1d_qkv_block(x, w, rows, state, ch, d_conv, runs, tab, norm_cols, eps, o0, o1, o2, off1, off2, w0, w1, w2);
+    conv1d_qkv_block(x, w, rows, state, ch, d_conv, runs, tab, norm_cols, blockDim.x, eps, o0, o1, o2, off1, off2, w0,
+                     w1, w2);
 }
 
 // mo_conv1d_qkv for runs of several rows per sequence (speculative verify passes: k <= 8 rows):
@@ -538,7 +557,7 @@ extern "C" __global__ void mo_conv1d_qkv_rows(const float* __restrict__ x, const
         }
         for (int j = 0; j + 1 < nw; j++) win[j] = win[j + 1];
         if (nw > 0) win[nw - 1] = xv;
-        conv_qkv_out(s, normed, eps, r, c, o0, o1, o2, off1, off2, w0, w1, w2);
+        conv_qkv_out(s, normed, blockDim.x, eps, r, c, o0, o1, o2, off1, off2, w0, w1, w2);
     }
     for (int j = 0; j < nw; j++) state[(long long)j * ch + c] = win[j];
 }
@@ -820,32 +839,10 @@ struct F32Segs {
     int n_tokens;
 };
 
-// Sum over a block of 256 / V threads, each with V values: value j of thread i stands for thread
-// i + j * blockDim.x of a 256-thread block, so the result is block_sum's over those 256 values
-// bit for bit (warp sums, then added in warp order). V = 1: block_sum itself.
-template <int V> static __device__ __forceinline__ float block_sum_v(const float (&v)[V]) {
-    __shared__ float partial[32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    float s[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) s[j] = warp_sum(v[j]);
-    __syncthreads();
-    if (lane == 0) {
-#pragma unroll
-        for (int j = 0; j < V; j++) partial[j * n_warps + warp] = s[j];
-    }
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < V * n_warps; i++) t += partial[i];
-    return t;
-}
-
-// Row `blk` of the segments (every token's), as one 256-thread block: the block has 256 / V
-// threads, each running V of the 256 ("virtual" thread i + j * blockDim.x for j < V) with
-// their own sums, vectors and order, so the results do not depend on V. BIT: the PDL bit of
-// the launch (pdl_enter), TAG: its trace tag.
+// Row `blk` of the segments, every token's, on a block of 256 threads. BIT: the PDL bit of the
+// launch (pdl_enter), TAG: its trace tag.
 #define F32_PRE 8
-template <int V, int BIT, int TAG>
+template <int BIT, int TAG>
 static __device__ __forceinline__ void f32_rows_block(const F32Segs& p, const float* __restrict__ x, int blk) {
     const float* W = p.seg[0].W;
     float* y = p.seg[0].y;
@@ -864,51 +861,40 @@ static __device__ __forceinline__ void f32_rows_block(const F32Segs& p, const fl
     const int nt = min(p.n_tokens, F32_MAX_TOKENS);
     const f32x4* wr = (const f32x4*)(W + (long long)row * p.cols);
     const f32x4* x4 = (const f32x4*)x;
-    float acc[V][F32_MAX_TOKENS];
+    float acc[F32_MAX_TOKENS];
 #pragma unroll
-    for (int j = 0; j < V; j++)
+    for (int t = 0; t < F32_MAX_TOKENS; t++) acc[t] = 0.0f;
+    // the row's first F32_PRE vectors per thread before the wait (REDLINE_PDL): weights, so
+    // their DRAM round trip overlaps the previous kernel (a 5120-wide row on 256 threads is 5)
+    f32x4 pre[F32_PRE];
 #pragma unroll
-        for (int t = 0; t < F32_MAX_TOKENS; t++) acc[j][t] = 0.0f;
-    // each virtual thread's first PRE vectors before the wait (REDLINE_PDL): weights, so their
-    // DRAM round trip overlaps the previous kernel (a 5120-wide row on 256 threads is 5)
-    constexpr int PRE = V == 1 ? F32_PRE : (V == 2 ? 5 : 2);
-    f32x4 pre[V][PRE];
-#pragma unroll
-    for (int j = 0; j < V; j++)
-#pragma unroll
-        for (int k = 0; k < PRE; k++) {
-            const int i = threadIdx.x + j * blockDim.x + k * 256;
-            pre[j][k] = i < n4 ? wr[i] : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-        }
+    for (int k = 0; k < F32_PRE; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        pre[k] = i < n4 ? wr[i] : f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
     pdl_enter<BIT>();
     TRACE_WAITED(TAG);
-    // acc[j][t] += row vector i . x_t vector i
-    auto dot = [&](float(&a_j)[F32_MAX_TOKENS], const f32x4 a, int i) {
+    // acc[t] += row vector i . x_t vector i
+    auto dot = [&](const f32x4 a, int i) {
 #pragma unroll
         for (int t = 0; t < F32_MAX_TOKENS; t++) {
             if (t < nt) {
                 const f32x4 b = x4[(long long)t * n4 + i];
-                a_j[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+                acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
         }
     };
 #pragma unroll
-    for (int j = 0; j < V; j++) {
-#pragma unroll
-        for (int k = 0; k < PRE; k++) {
-            const int i = threadIdx.x + j * blockDim.x + k * 256;
-            if (i < n4) dot(acc[j], pre[j][k], i);
-        }
-#pragma unroll 4
-        for (int i = threadIdx.x + j * blockDim.x + PRE * 256; i < n4; i += 256) dot(acc[j], wr[i], i);
+    for (int k = 0; k < F32_PRE; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) dot(pre[k], i);
     }
+#pragma unroll 4
+    for (int i = threadIdx.x + F32_PRE * blockDim.x; i < n4; i += blockDim.x) dot(wr[i], i);
 #pragma unroll
     for (int t = 0; t < F32_MAX_TOKENS; t++) {
         if (t < nt) {
-            float v[V];
-#pragma unroll
-            for (int j = 0; j < V; j++) v[j] = acc[j][t];
-            const float s = block_sum_v<V>(v);
+            const float s = block_sum(acc[t]);
             if (threadIdx.x == 0) y[(long long)t * nrows + row] = s;
         }
     }
@@ -917,39 +903,36 @@ static __device__ __forceinline__ void f32_rows_block(const F32Segs& p, const fl
 // grid (rows of all segments), block 256.
 extern "C" __global__ void mo_matvec_f32_rows(const F32Segs p, const float* __restrict__ x) {
     TRACE_SCOPE(TRACE_F32ROWS);
-    f32_rows_block<1, PDL_E_F32, TRACE_F32ROWS>(p, x, blockIdx.x);
+    f32_rows_block<PDL_E_F32, TRACE_F32ROWS>(p, x, blockIdx.x);
 }
 
 // mo_conv1d_qkv and mo_matvec_f32_rows in one launch (CudaBackend::in_proj_conv1d_qkv; session
 // 37): Gated DeltaNet's alpha / beta projections, which only the delta rule after the conv
 // reads, ride in the conv's launch instead of a launch of their own between the in-projection
 // and the conv (session 36's timeline: ~3.1 µs of run and ~0.9 µs of release a DeltaNet layer).
-// grid (ch / group + the segments' rows, n_seqs), block = the norm group (32, 64, 128 or 256
-// threads; the host checks). Blocks below ch / group are mo_conv1d_qkv's; the others, in grid
-// row 0, compute f32 row blockIdx.x - ch / group for every token of gx as mo_matvec_f32_rows'
-// 256-thread block does (f32_rows_block with V = 256 / group): the same bits.
-extern "C" __global__ void mo_conv1d_qkv_gates(const float* __restrict__ x, const float* __restrict__ w,
-                                               const int* __restrict__ rows, float* state, int ch, int d_conv,
-                                               const int* __restrict__ runs,
-                                               const unsigned long long* __restrict__ tab, int norm_cols, float eps,
-                                               float* o0, float* o1, float* o2, int off1, int off2, int w0, int w1,
-                                               int w2, const F32Segs gp, const float* __restrict__ gx) {
+// grid (ch / 256 + the segments' rows, n_seqs), block 256 (mo_matvec_f32_rows' block; the host
+// checks ch % 256 == 0, norm_cols % 256 == 0 and a norm group of 32..256 threads dividing 256).
+// Blocks below ch / 256 are mo_conv1d_qkv's work for 256 channels, each norm group summed by
+// group_sum (block_sum's order for a block of the group); the others, in grid row 0, are
+// mo_matvec_f32_rows' blocks, row blockIdx.x - ch / 256, for every token of gx: the same bits.
+// (A first version on the norm group's 128 threads, two of the rows' 256 threads per thread,
+// lost 1.6-2.3 % on the 27B: its rows ran 5 µs against 3.1.)
+extern "C" __global__ void __launch_bounds__(256)
+    mo_conv1d_qkv_gates(const float* __restrict__ x, const float* __restrict__ w, const int* __restrict__ rows,
+                        float* state, int ch, int d_conv, const int* __restrict__ runs,
+                        const unsigned long long* __restrict__ tab, int norm_cols, int group, float eps, float* o0,
+                        float* o1, float* o2, int off1, int off2, int w0, int w1, int w2, const F32Segs gp,
+                        const float* __restrict__ gx) {
     const int n_conv = ch / blockDim.x;
     if ((int)blockIdx.x < n_conv) {
         TRACE_SCOPE(TRACE_CONV);
-        conv1d_qkv_block(x, w, rows, state, ch, d_conv, runs, tab, norm_cols, eps, o0, o1, o2, off1, off2, w0, w1,
-                         w2);
+        conv1d_qkv_block(x, w, rows, state, ch, d_conv, runs, tab, norm_cols, group, eps, o0, o1, o2, off1, off2, w0,
+                         w1, w2);
         return;
     }
     if (blockIdx.y != 0) return;
     TRACE_SCOPE(TRACE_F32ROWS);
-    const int blk = (int)blockIdx.x - n_conv;
-    switch (blockDim.x) {
-        case 32: f32_rows_block<8, PDL_E_CONV, TRACE_F32ROWS>(gp, gx, blk); break;
-        case 64: f32_rows_block<4, PDL_E_CONV, TRACE_F32ROWS>(gp, gx, blk); break;
-        case 128: f32_rows_block<2, PDL_E_CONV, TRACE_F32ROWS>(gp, gx, blk); break;
-        default: f32_rows_block<1, PDL_E_CONV, TRACE_F32ROWS>(gp, gx, blk); break;
-    }
+    f32_rows_block<PDL_E_CONV, TRACE_F32ROWS>(gp, gx, (int)blockIdx.x - n_conv);
 }
 
 // ---- split of a fused projection into several tensors (decode fusion) ------------------------

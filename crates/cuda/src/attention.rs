@@ -465,6 +465,9 @@ pub struct FusedInputs {
     /// Device addresses of a q8_1 copy of out (int8 values, f32 (d, d * sum) per 32) that the
     /// kernel writing out fills too, for the product after it; (0, 0): none.
     pub q8: (u64, u64),
+    /// The RoPE angle cache of these RoPE parameters (`n_rot / 2` entries of 16 bytes, zeroed
+    /// at first: flash_attn.cu `FdFuse::rc`), or 0: the angles computed in every launch.
+    pub rope_cache: u64,
 }
 
 /// The fused decode chain of one new token per launch row (`fa_decode_fused_*`, kernel `name`
@@ -547,10 +550,12 @@ pub fn launch_decode_fused(
         .push(f.freq_scale)
         .push(f.eps)
         .push(f.q8.0)
-        .push(f.q8.1);
+        .push(f.q8.1)
+        .push(f.rope_cache);
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
     // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
-    // neox, freq_base, freq_scale, eps, xq, xds); the caller vouches for the device addresses: q of
+    // neox, freq_base, freq_scale, eps, xq, xds, rc); rc 0 or n_rot / 2 16-byte entries kept for
+    // these RoPE parameters alone; the caller vouches for the device addresses: q of
     // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
     // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of
     // n_rows, part of partials_len when splits > 1, each cache (kvp: a table of n_rows K, V

@@ -182,9 +182,9 @@ fn conformance_conv1d_qkv_fused_and_not() {
 }
 
 /// Gated DeltaNet's in-projections and conv chain (`in_proj_conv1d_qkv`): the f32 gate
-/// products riding in the conv's launch (`mo_conv1d_qkv_gates`, norm groups of 32: each thread
-/// runs 8 of `mo_matvec_f32_rows`' 256) and in a launch of their own, both against the naive
-/// host code, and the same bits.
+/// products riding in the conv's launch (`mo_conv1d_qkv_gates`: blocks of 256 threads, eight
+/// norm groups of 32 a conv block) and in a launch of their own, both against the naive host
+/// code, and the same bits.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn conformance_in_proj_conv1d_qkv_gates_and_not() {

@@ -703,6 +703,20 @@ fn conv_gates_match_own_launch_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// The fused one-row attention's RoPE angle cache (the default, `cuda::backend::set_rope_cache`:
+/// the first attention layer of a step computes the angles, the others read them) against
+/// computing them in every launch: a position's angles are the same function's bits whoever
+/// computes them, so the same logits bit for bit (the 1.5B cut's second attention layer reads
+/// the first's).
+#[test]
+fn rope_cache_matches_computed_angles_on_synth_q4_k_m_shapes() {
+    same_logits_under_switch(
+        "ropec",
+        "logits with the RoPE angle cache equal those computed in every launch",
+        &|on| cuda::backend::set_rope_cache(on),
+    );
+}
+
 /// The persistent one-token direct kernels (`cuda::matvec::set_persist`, forced onto a third of
 /// the row blocks) against one block a row group: the same dots per row, so the same logits bit
 /// for bit over one-row and batched steps and verify passes (their one-token launches).

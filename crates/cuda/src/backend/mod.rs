@@ -21,6 +21,7 @@ mod recurrent;
 mod sequence;
 mod step;
 
+use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,7 +37,7 @@ use step::{Mode, StepCtl};
 pub use fused::{set_conv_gates, set_norm_split};
 pub use profile::{op_profile_enabled, op_profile_report, op_profile_reset};
 pub use recurrent::{Conv1dForm, DeltaRuleForm, CHUNKED_MIN_RUN};
-pub use sequence::{CudaKvCache, CudaRecurrentState};
+pub use sequence::{set_rope_cache, CudaKvCache, CudaRecurrentState};
 
 /// Tensors of at most this many elements are also kept as f32 on the device (norm weights,
 /// biases, conv taps, small test matrices), like the CPU backend's small-tensor copies.
@@ -153,6 +154,10 @@ pub struct CudaBackend {
     dn_norm: AtomicU64,
     /// `in_proj_conv1d_qkv` calls whose f32 products rode in the conv's launch.
     conv_gates: AtomicU64,
+    /// The fused attention's RoPE angle caches, one per set of RoPE parameters (base, scale,
+    /// rotated dims, factors as bits), made at first use outside a capture.
+    #[allow(clippy::type_complexity)]
+    rope_caches: Mutex<HashMap<(u32, u32, usize, Option<Vec<u32>>), CudaSlice<f32>>>,
 }
 
 /// Largest download (f32 values) that goes through the page-locked buffer: 32 rows of a 248k
@@ -317,6 +322,7 @@ impl CudaBackend {
             dn_counters: Mutex::new(None),
             dn_norm: AtomicU64::new(0),
             conv_gates: AtomicU64::new(0),
+            rope_caches: Mutex::new(HashMap::new()),
         };
         b.set_l2_prefetch(prefetch::budget_from_env(b.dev.arch()));
         crate::pdl::set_enabled(crate::pdl::default_on());

@@ -498,7 +498,8 @@ impl CudaBackend {
 
     /// [`backend::Backend::in_proj_conv1d_qkv`]: the products, then the conv chain; where the
     /// chain takes one `mo_conv1d_qkv` launch (one row per sequence) with a norm group of 32,
-    /// 64, 128 or 256 and the switch is on ([`super::fused::conv_gates`]), the f32 products
+    /// 64, 128 or 256, channels and normed channels in whole 256s, and the switch is on
+    /// ([`super::fused::conv_gates`]), the f32 products
     /// after the first (Qwen3.5's alpha / beta, which only the delta rule reads) ride in that
     /// launch (`mo_conv1d_qkv_gates`: their rows as `mo_matvec_f32_rows` computes them, the
     /// same bits) and the others take `matmul_many`.
@@ -522,14 +523,20 @@ impl CudaBackend {
                 format!("{} weights, {} outputs", ws.len(), projs.len()),
             ));
         }
-        let ride: Vec<usize> =
-            if super::fused::conv_gates() && self.fused() && [32, 64, 128, 256].contains(&norm.1) {
-                (1..ws.len())
-                    .filter(|&i| self.f32_rows_take(ws[i], h, projs[i]))
-                    .collect()
-            } else {
-                Vec::new()
-            };
+        // the launch's blocks are the rows' 256 threads: whole blocks of channels and of normed
+        // channels, whole norm groups in a block
+        let ride: Vec<usize> = if super::fused::conv_gates()
+            && self.fused()
+            && [32, 64, 128, 256].contains(&norm.1)
+            && projs[0].cols.is_multiple_of(256)
+            && norm.0.is_multiple_of(256)
+        {
+            (1..ws.len())
+                .filter(|&i| self.f32_rows_take(ws[i], h, projs[i]))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let by_seq = if ride.is_empty() || ride.len() > super::fused::F32_MAX_SEGS {
             None
         } else {
@@ -679,9 +686,11 @@ impl CudaBackend {
             (false, true) => "mo_conv1d_qkv_gates",
             (false, false) => "mo_conv1d_qkv",
         })?;
+        // with gates: blocks of the rows' 256 threads, several norm groups a conv block
+        let block = if gates.is_some() { 256 } else { group };
         let cfg = LaunchConfig {
-            grid_dim: ((ch / group + gates.map_or(0, |g| g.1)) as u32, a.n_seqs, 1),
-            block_dim: (group as u32, 1, 1),
+            grid_dim: ((ch / block + gates.map_or(0, |g| g.1)) as u32, a.n_seqs, 1),
+            block_dim: (block as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut p = pdl::Args::new();
@@ -696,8 +705,11 @@ impl CudaBackend {
             .push(d_conv as i32)
             .push(a.runs)
             .push(a.tab)
-            .push(norm_cols as i32)
-            .push(eps);
+            .push(norm_cols as i32);
+        if gates.is_some() {
+            p.push(group as i32);
+        }
+        p.push(eps);
         for o in outs.iter() {
             p.push(dev_ptr(&o.data, stream));
         }
@@ -712,10 +724,11 @@ impl CudaBackend {
         // SAFETY: matches mo_conv1d_qkv(x, w, rows, state, ch, d_conv, runs, tab, norm_cols,
         // eps, o0, o1, o2, off1, off2, w0, w1, w2), or with `several` mo_conv1d_qkv_rows (the
         // same with n_rows after rows; up to CONV_ROWS_MAX rows per sequence, its rows / n_rows
-        // or runs / tab), or with `gates` mo_conv1d_qkv_gates (the same with F32Segs and their
-        // x after w2: live f32 matrices of cols % 4 == 0 and their outputs, f32_rows_take
-        // checked by in_proj_conv_rec for x's 1..=8 rows; block = the norm group of 32..=256
-        // threads); one row per sequence with its state
+        // or runs / tab), or with `gates` mo_conv1d_qkv_gates (the same with the group after
+        // norm_cols and F32Segs and their x after w2: live f32 matrices of cols % 4 == 0 and
+        // their outputs, f32_rows_take checked by in_proj_conv_rec for x's 1..=8 rows; blocks of
+        // 256 threads over ch and norm_cols in whole 256s, the group of 32..=256 dividing 256);
+        // one row per sequence with its state
         // [d_conv - 1, ch] (one sequence: rows / state; several: runs / tab), w [ch, d_conv]
         // with d_conv <= MO_CONV_MAX, the block (the norm group, a multiple of 32) divides ch,
         // norm_cols and each output's range, outputs contiguous over [0, ch) with their rows

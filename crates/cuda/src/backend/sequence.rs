@@ -448,6 +448,37 @@ impl CudaBackend {
         takes.then_some(kernel)
     }
 
+    /// The RoPE angle cache of these parameters for `fa_decode_fused_*` (kernels/flash_attn.cu
+    /// `FdFuse::rc`: `n_rot / 2` entries of (position + 1, cos, sin), which the first attention
+    /// layer of a step fills and the others read), made at first use outside a capture; 0
+    /// (every launch computes its angles) when off ([`rope_cache_on`]) or inside a capture
+    /// before an eager run made it.
+    fn rope_cache(&self, rope: &backend::RopeParams) -> Result<u64, BackendError> {
+        if !rope_cache_on() {
+            return Ok(0);
+        }
+        let key = (
+            rope.freq_base.to_bits(),
+            rope.freq_scale.to_bits(),
+            rope.n_rot,
+            rope.freq_factors
+                .as_ref()
+                .map(|f| f.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()),
+        );
+        let stream = self.dev.stream();
+        let mut m = self.rope_caches.lock().unwrap_or_else(|e| e.into_inner());
+        if !m.contains_key(&key) {
+            if self.mode() == Mode::Capture {
+                return Ok(0);
+            }
+            let buf = stream
+                .alloc_zeros::<f32>(4 * (rope.n_rot / 2).max(1))
+                .map_err(dev_err)?;
+            m.insert(key.clone(), buf);
+        }
+        Ok(super::step::dev_ptr(&m[&key], stream))
+    }
+
     /// One launch of `kernel` for [`Self::attention_block_impl`]'s one row (see
     /// [`attention::launch_decode_fused`]); splits and partials as [`Self::attend_flash`].
     fn attention_block_fused(
@@ -502,6 +533,7 @@ impl CudaBackend {
             q_stride: a.q_head_stride,
             gate_offset: a.gate_offset,
             q8: (0, 0),
+            rope_cache: self.rope_cache(a.rope)?,
         };
         let kv = cache.kv_ref(0);
         let out_ptr = super::step::dev_ptr(&*out.data, stream);
@@ -965,4 +997,29 @@ impl CudaBackend {
         let (form, _) = super::recurrent::configured_forms();
         self.delta_rule_with(q, k, v, g, beta, rows, states, out, form)
     }
+}
+
+/// Whether the fused one-row attention keeps the RoPE angles of a step for the layers after the
+/// first ([`CudaBackend::rope_cache`]). `REDLINE_ROPE_CACHE=0` (a developer's knob for A/B runs):
+/// every launch computes them, as before session 37. The same bits either way.
+fn rope_cache_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match ROPE_CACHE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *ON
+            .get_or_init(|| std::env::var("REDLINE_ROPE_CACHE").map_or(true, |v| v.trim() != "0")),
+    }
+}
+
+/// 0: `REDLINE_ROPE_CACHE` decides; 1: off; 2: on.
+static ROPE_CACHE_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Forces whether the fused one-row attention keeps a step's RoPE angles for the layers after
+/// the first (`None`: back to `REDLINE_ROPE_CACHE`). For tests and benchmarks.
+pub fn set_rope_cache(on: Option<bool>) {
+    ROPE_CACHE_OVERRIDE.store(
+        on.map_or(0, |on| if on { 2 } else { 1 }),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
