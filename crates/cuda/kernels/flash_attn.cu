@@ -590,6 +590,27 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     const int s = blockIdx.x, S = gridDim.x, i = blockIdx.z;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
+    // FUSE: what the pre-wait section reads besides rows / pos, asked for with them: the RoPE
+    // position, this thread's angle-cache entry (pair tid) and its norm weights (registers
+    // until the scratch below is laid out)
+    constexpr int NWR = (D + FD_THREADS - 1) / FD_THREADS;
+    int rpi = 0;
+    float4 rce = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float qn_r[NWR], kn_r[NWR];
+    if constexpr (FUSE) {
+        rpi = fz.rpos[i];
+        // through L2 (.cg): other blocks' and launches' stores
+        if (fz.rc && tid < fz.n_rot / 2)
+            asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(rce.x), "=f"(rce.y), "=f"(rce.z), "=f"(rce.w)
+                         : "l"(fz.rc + tid));
+#pragma unroll
+        for (int u = 0; u < NWR; u++) {
+            const int d = tid + u * FD_THREADS;
+            qn_r[u] = fz.qn && d < D ? fz.qn[d] : 0.0f;
+            kn_r[u] = fz.kn && d < D ? fz.kn[d] : 0.0f;
+        }
+    }
     const int r = rows[i];
     const int len = pos[i] + 1;
     const int per = max((len + S - 1) / S, min_per);
@@ -622,22 +643,21 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     float* const inv_s = kt_s + D;
     static_assert((4 + FD_MAX_G) * D + FD_MAX_G + 1 <= 4 * FD_WARPS * Sh::RING, "fused scratch fits the rings");
     if constexpr (FUSE) {
-        // positions come from the host and norm weights are weights: before the wait
+        // (positions come from the host and norm weights are weights: all before the wait.)
         // The angles from the cache when an earlier layer of this step (the same parameters and
         // position: the key) left them there, else computed (the double-precision pow, cos and
         // sin: ~4.5 µs of one warp on the 27B, session 37's trace) and left for the next layer.
         // An entry is one 16-byte store and load, so a block reads a whole old or new entry,
         // and a key's values are the same bits whoever computed them: a stale or racing entry
-        // only misses. Through L2 (.cg): other blocks' and launches' stores.
-        const int rpi = fz.rpos[i];
+        // only misses. Pairs past the block's threads (n_rot / 2 > FD_THREADS) load here.
         const float rp = (float)rpi;
         for (int j = tid; j < fz.n_rot / 2; j += FD_THREADS) {
-            float c, sn;
-            float4 e = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (fz.rc)
+            float4 e = rce;
+            if (fz.rc && j != tid)
                 asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
                              : "=f"(e.x), "=f"(e.y), "=f"(e.z), "=f"(e.w)
                              : "l"(fz.rc + j));
+            float c, sn;
             if (fz.rc && __float_as_int(e.x) == rpi + 1) {
                 c = e.y;
                 sn = e.z;
@@ -648,10 +668,14 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             cs_s[j] = c;
             cs_s[D / 2 + j] = sn;
         }
-        TRACE_MARK(TRACE_FA, 5);  // the RoPE angles computed
-        for (int d = tid; d < D; d += FD_THREADS) {
-            if (fz.qn) nw_s[d] = fz.qn[d];
-            if (fz.kn) nw_s[D + d] = fz.kn[d];
+        TRACE_MARK(TRACE_FA, 5);  // the RoPE angles in place
+#pragma unroll
+        for (int u = 0; u < NWR; u++) {
+            const int d = tid + u * FD_THREADS;
+            if (d < D) {
+                if (fz.qn) nw_s[d] = qn_r[u];
+                if (fz.kn) nw_s[D + d] = kn_r[u];
+            }
         }
     }
     // (trace mark 3: the pre-wait section done; session 36: 8.9 µs from the block's start on
