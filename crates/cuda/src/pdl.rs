@@ -185,13 +185,15 @@ mod tests {
 
     #[test]
     fn args_copy_a_struct_into_whole_words() {
+        // (no padding: a struct's padding bytes are copied as they are, never read here)
         #[repr(C)]
         #[derive(Clone, Copy)]
         struct S {
             a: u64,
             b: i32,
             c: i32,
-            d: i32,
+            d: u32,
+            e: u32,
         }
         let mut a = Args::new();
         a.push_struct(S {
@@ -199,6 +201,7 @@ mod tests {
             b: -1,
             c: 2,
             d: 3,
+            e: 4,
         })
         .push(5i32);
         assert_eq!(a.slots.len(), 2);
@@ -206,7 +209,7 @@ mod tests {
         assert_eq!(a.slots[0][0], 7);
         assert_eq!(a.slots[0][1] as u32 as i32, -1);
         assert_eq!((a.slots[0][1] >> 32) as i32, 2);
-        assert_eq!(a.slots[0][2], 3);
+        assert_eq!(a.slots[0][2], 4 << 32 | 3);
         assert_eq!(a.slots[1][..], [5]);
     }
 }
