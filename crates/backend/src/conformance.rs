@@ -866,14 +866,7 @@ pub fn conv1d_qkv<B: Backend>(b: &B) -> Result<(), String> {
 pub fn conv1d_qkv_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     let (kd, dv, group, d_conv, eps) = (64usize, 128usize, 32usize, 4usize, 1e-6f32);
     let ch = 2 * kd + dv;
-    let sh = RecurrentShape {
-        d_conv,
-        conv_channels: ch,
-        n_k_heads: kd / group,
-        n_v_heads: dv / group,
-        d_k: group,
-        d_v: group,
-    };
+    let sh = conv_shape(kd, dv, group, d_conv);
     let mut g = Lcg(21);
     let wconv = g.vec(ch * d_conv);
     let file = gguf_with(&[("conv", ch, d_conv, GgmlType::F32, &wconv)]);
@@ -891,14 +884,7 @@ pub fn conv1d_qkv_outputs<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     let calls = conv_calls(prompt, steps);
     let mut got = [Vec::new(), Vec::new()];
     for call in &calls {
-        let rows: Vec<Row> = call
-            .iter()
-            .flat_map(|&(s, a, e)| (a..e).map(move |pos| Row { seq: s, pos }))
-            .collect();
-        let xb: Vec<f32> = call
-            .iter()
-            .flat_map(|&(s, a, e)| xs[s][a * ch..e * ch].to_vec())
-            .collect();
+        let (rows, xb) = call_rows(call, &xs, ch);
         let m = rows.len();
         let (mut q, mut k, mut v) = (b.zeros(m, kd), b.zeros(m, kd), b.zeros(m, dv));
         b.conv1d_qkv(
@@ -979,6 +965,36 @@ fn conv_calls(prompt: [usize; 2], steps: usize) -> Vec<Vec<(usize, usize, usize)
     calls
 }
 
+/// The recurrent state of the conv checks: q|k of `kd` and v of `dv` channels in heads of `group`.
+fn conv_shape(kd: usize, dv: usize, group: usize, d_conv: usize) -> RecurrentShape {
+    RecurrentShape {
+        d_conv,
+        conv_channels: 2 * kd + dv,
+        n_k_heads: kd / group,
+        n_v_heads: dv / group,
+        d_k: group,
+        d_v: group,
+    }
+}
+
+/// One call of [`conv_calls`]: its batch rows and their inputs, row t of sequence s being
+/// `xs[s][t * width..]`.
+fn call_rows(
+    call: &[(usize, usize, usize)],
+    xs: &[Vec<f32>],
+    width: usize,
+) -> (Vec<Row>, Vec<f32>) {
+    let rows = call
+        .iter()
+        .flat_map(|&(s, a, e)| (a..e).map(move |pos| Row { seq: s, pos }))
+        .collect();
+    let x = call
+        .iter()
+        .flat_map(|&(s, a, e)| xs[s][a * width..e * width].to_vec())
+        .collect();
+    (rows, x)
+}
+
 /// [`Backend::in_proj_conv1d_qkv`] against naive host code: the products of an f32 q|k|v
 /// projection and two small f32 gate matrices (alpha / beta of 4 rows), then the conv chain of
 /// the first product, over [`conv1d_qkv`]'s calls. Returns the gate products and the conv
@@ -988,14 +1004,7 @@ pub fn in_proj_conv1d_qkv<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     // the conv's launch), norm groups of 32
     let (kd, dv, group, d_conv, eps, e, nh) = (128usize, 256usize, 32usize, 4usize, 1e-6f32, 96, 4);
     let ch = 2 * kd + dv;
-    let sh = RecurrentShape {
-        d_conv,
-        conv_channels: ch,
-        n_k_heads: kd / group,
-        n_v_heads: dv / group,
-        d_k: group,
-        d_v: group,
-    };
+    let sh = conv_shape(kd, dv, group, d_conv);
     let mut g = Lcg(23);
     let (wconv, wqkv, wa, wb) = (
         g.vec(ch * d_conv),
@@ -1038,14 +1047,7 @@ pub fn in_proj_conv1d_qkv<B: Backend>(b: &B) -> Result<Vec<f32>, String> {
     let (mut all, mut got_conv, mut got_ab, mut want_ab) =
         (Vec::new(), [Vec::new(), Vec::new()], Vec::new(), Vec::new());
     for call in &conv_calls(prompt, steps) {
-        let rows: Vec<Row> = call
-            .iter()
-            .flat_map(|&(s, a, e)| (a..e).map(move |pos| Row { seq: s, pos }))
-            .collect();
-        let hb: Vec<f32> = call
-            .iter()
-            .flat_map(|&(s, a, z)| hs[s][a * e..z * e].to_vec())
-            .collect();
+        let (rows, hb) = call_rows(call, &hs, e);
         let m = rows.len();
         let (mut pq, mut pa, mut pb) = (b.zeros(m, ch), b.zeros(m, nh), b.zeros(m, nh));
         let (mut q, mut k, mut v) = (b.zeros(m, kd), b.zeros(m, kd), b.zeros(m, dv));

@@ -5,20 +5,6 @@
 // Activations are row-major f32. sm_70-safe: f32 math only.
 #include "common.cuh"
 
-// Sum over a block of blockDim.x threads (a multiple of 32, <= 1024).
-static __device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    v = warp_sum(v);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    __syncthreads();
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    const int n_warps = blockDim.x / 32;
-    float t = 0.0f;
-    for (int i = 0; i < n_warps; i++) t += partial[i];
-    return t;
-}
-
 // block_sum within groups of `group` threads (a multiple of 32 dividing blockDim.x): each group's
 // warp sums added in warp order, so a group's sum is block_sum's for a block of that group.
 static __device__ float group_sum(float v, int group) {
@@ -33,6 +19,10 @@ static __device__ float group_sum(float v, int group) {
     for (int i = 0; i < gw; i++) t += partial[w0 + i];
     return t;
 }
+
+// Sum over a block of blockDim.x threads (a multiple of 32, <= 1024): warp sums, then added in
+// warp order.
+static __device__ float block_sum(float v) { return group_sum(v, blockDim.x); }
 
 // ---- element-wise --------------------------------------------------------------------------
 

@@ -49,55 +49,64 @@ pub(super) const F32_MAX_SEGS: usize = 4;
 /// Values per thread of `mo_rms_norm_q8`'s in-register path (RMS_REGS in kernels/model_ops.cu).
 const RMS_REGS: usize = 8;
 
-/// Whether `mo_rms_norm_q8` spreads a row's writes over one block per pass of the block
-/// (grid.y; the kernel's note says why). `REDLINE_NORM_SPLIT=0` (a developer's knob for A/B
-/// runs): one block a row, as before session 36. The results are the same bits either way.
-fn norm_split() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match NORM_SPLIT_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ON
-            .get_or_init(|| std::env::var("REDLINE_NORM_SPLIT").map_or(true, |v| v.trim() != "0")),
+/// A developer's on / off knob for A/B runs: an environment variable (on unless it is `0`) that
+/// tests and benchmarks may override for the whole process.
+pub(crate) struct Switch {
+    var: &'static str,
+    env: std::sync::OnceLock<bool>,
+    /// 0: the variable decides; 1: off; 2: on.
+    over: std::sync::atomic::AtomicU32,
+}
+
+impl Switch {
+    pub(crate) const fn new(var: &'static str) -> Self {
+        Self {
+            var,
+            env: std::sync::OnceLock::new(),
+            over: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        match self.over.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => *self
+                .env
+                .get_or_init(|| std::env::var(self.var).map_or(true, |v| v.trim() != "0")),
+        }
+    }
+
+    /// Forces it on or off (`None`: back to the variable).
+    pub(crate) fn set(&self, on: Option<bool>) {
+        self.over.store(
+            on.map_or(0, |on| if on { 2 } else { 1 }),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
-/// 0: `REDLINE_NORM_SPLIT` decides; 1: off; 2: on.
-static NORM_SPLIT_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Whether `mo_rms_norm_q8` spreads a row's writes over one block per pass of the block
+/// (grid.y; the kernel's note says why). `REDLINE_NORM_SPLIT=0` (a developer's knob for A/B
+/// runs): one block a row, as before session 36. The results are the same bits either way.
+static NORM_SPLIT: Switch = Switch::new("REDLINE_NORM_SPLIT");
 
 /// Forces whether the fused RMS norm spreads a row's writes over several blocks (`None`: back
 /// to `REDLINE_NORM_SPLIT`). For tests and benchmarks.
 pub fn set_norm_split(on: Option<bool>) {
-    NORM_SPLIT_OVERRIDE.store(
-        on.map_or(0, |on| if on { 2 } else { 1 }),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    NORM_SPLIT.set(on);
 }
 
 /// Whether Gated DeltaNet's f32 alpha / beta projections of a decode step ride in the conv's
 /// launch (`mo_conv1d_qkv_gates`, [`backend::Backend::in_proj_conv1d_qkv`]) instead of a
 /// `mo_matvec_f32_rows` launch of their own. `REDLINE_CONV_GATES=0` (a developer's knob for
 /// A/B runs): their own launch, as before session 37. The same bits either way.
-pub(super) fn conv_gates() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match CONV_GATES_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ON
-            .get_or_init(|| std::env::var("REDLINE_CONV_GATES").map_or(true, |v| v.trim() != "0")),
-    }
-}
-
-/// 0: `REDLINE_CONV_GATES` decides; 1: off; 2: on.
-static CONV_GATES_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+pub(super) static CONV_GATES: Switch = Switch::new("REDLINE_CONV_GATES");
 
 /// Forces whether the f32 alpha / beta projections ride in the conv's launch (`None`: back to
 /// `REDLINE_CONV_GATES`). For tests and benchmarks.
 pub fn set_conv_gates(on: Option<bool>) {
-    CONV_GATES_OVERRIDE.store(
-        on.map_or(0, |on| if on { 2 } else { 1 }),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    CONV_GATES.set(on);
 }
 
 /// Kernel parameter of `mo_matvec_f32_rows` (struct F32Seg / F32Segs in kernels/model_ops.cu).
@@ -622,7 +631,7 @@ impl CudaBackend {
         // wide blocks: the row sits in registers (RMS_REGS per thread), loads in flight together
         let threads = cols.min(1024);
         // each pass of `threads` values written by its own block (the same sum in each)
-        let split = if norm_split() && cols <= RMS_REGS * threads {
+        let split = if NORM_SPLIT.on() && cols <= RMS_REGS * threads {
             cols.div_ceil(threads)
         } else {
             1

@@ -499,7 +499,7 @@ impl CudaBackend {
     /// [`backend::Backend::in_proj_conv1d_qkv`]: the products, then the conv chain; where the
     /// chain takes one `mo_conv1d_qkv` launch (one row per sequence) with a norm group of 32,
     /// 64, 128 or 256, channels and normed channels in whole 256s, and the switch is on
-    /// ([`super::fused::conv_gates`]), the f32 products
+    /// ([`super::fused::CONV_GATES`]), the f32 products
     /// after the first (Qwen3.5's alpha / beta, which only the delta rule reads) ride in that
     /// launch (`mo_conv1d_qkv_gates`: their rows as `mo_matvec_f32_rows` computes them, the
     /// same bits) and the others take `matmul_many`.
@@ -525,7 +525,7 @@ impl CudaBackend {
         }
         // the launch's blocks are the rows' 256 threads: whole blocks of channels and of normed
         // channels, whole norm groups in a block
-        let ride: Vec<usize> = if super::fused::conv_gates()
+        let ride: Vec<usize> = if super::fused::CONV_GATES.on()
             && self.fused()
             && [32, 64, 128, 256].contains(&norm.1)
             && projs[0].cols.is_multiple_of(256)

@@ -451,10 +451,10 @@ impl CudaBackend {
     /// The RoPE angle cache of these parameters for `fa_decode_fused_*` (kernels/flash_attn.cu
     /// `FdFuse::rc`: `n_rot / 2` entries of (position + 1, cos, sin), which the first attention
     /// layer of a step fills and the others read), made at first use outside a capture; 0
-    /// (every launch computes its angles) when off ([`rope_cache_on`]) or inside a capture
+    /// (every launch computes its angles) when off ([`ROPE_CACHE`]) or inside a capture
     /// before an eager run made it.
     fn rope_cache(&self, rope: &backend::RopeParams) -> Result<u64, BackendError> {
-        if !rope_cache_on() {
+        if !ROPE_CACHE.on() {
             return Ok(0);
         }
         let key = (
@@ -1002,24 +1002,10 @@ impl CudaBackend {
 /// Whether the fused one-row attention keeps the RoPE angles of a step for the layers after the
 /// first ([`CudaBackend::rope_cache`]). `REDLINE_ROPE_CACHE=0` (a developer's knob for A/B runs):
 /// every launch computes them, as before session 37. The same bits either way.
-fn rope_cache_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match ROPE_CACHE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *ON
-            .get_or_init(|| std::env::var("REDLINE_ROPE_CACHE").map_or(true, |v| v.trim() != "0")),
-    }
-}
-
-/// 0: `REDLINE_ROPE_CACHE` decides; 1: off; 2: on.
-static ROPE_CACHE_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static ROPE_CACHE: super::fused::Switch = super::fused::Switch::new("REDLINE_ROPE_CACHE");
 
 /// Forces whether the fused one-row attention keeps a step's RoPE angles for the layers after
 /// the first (`None`: back to `REDLINE_ROPE_CACHE`). For tests and benchmarks.
 pub fn set_rope_cache(on: Option<bool>) {
-    ROPE_CACHE_OVERRIDE.store(
-        on.map_or(0, |on| if on { 2 } else { 1 }),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    ROPE_CACHE.set(on);
 }
