@@ -24,6 +24,7 @@ pub mod ops;
 pub mod pdl;
 pub mod reference;
 pub mod sources;
+mod switch;
 pub mod synthetic;
 pub mod trace;
 

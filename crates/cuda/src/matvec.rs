@@ -34,26 +34,22 @@ pub fn set_ksplit_override(k: u32) {
     KSPLIT_OVERRIDE.store(k, Ordering::Relaxed);
 }
 
-/// The tiled q8_1 layout's switch (on unless `REDLINE_Q8_1_TILED=0`, read once;
-/// [`set_q8_1_tiled`] overrides): 0 unset, 1 off, 2 on.
-static Q8_1_TILED_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+/// The tiled q8_1 layout's switch (on unless `REDLINE_Q8_1_TILED=0`; [`set_q8_1_tiled`]
+/// overrides).
+static Q8_1_TILED: crate::switch::Switch = crate::switch::Switch::new("REDLINE_Q8_1_TILED");
 
 /// Forces the tiled q8_1 layout on or off for every device of this process (`None`: back to
 /// `REDLINE_Q8_1_TILED`). For tests and benchmarks; set it between steps, not between a
 /// product's quantize and the product.
 pub fn set_q8_1_tiled(on: Option<bool>) {
-    Q8_1_TILED_OVERRIDE.store(on.map_or(0, |b| 1 + b as u32), Ordering::Relaxed);
+    Q8_1_TILED.set(on);
 }
 
 /// Whether the tiled q8_1 layout is switched on ([`set_q8_1_tiled`], else `REDLINE_Q8_1_TILED`,
 /// on by default: an H100 measured the 27B's verify passes of 2 rows 0.4 ms faster, one-row
 /// decode unchanged; BENCHMARKS.md session 18).
 pub fn q8_1_tiled_enabled() -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match Q8_1_TILED_OVERRIDE.load(Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| std::env::var("REDLINE_Q8_1_TILED").map_or(true, |v| v != "0")),
-        v => v == 2,
-    }
+    Q8_1_TILED.on()
 }
 
 /// Whether the q8_1 copy of x of `n_tokens` x `cols` is stored tiled (kernels/common.cuh
@@ -125,12 +121,7 @@ pub fn ksplit() -> u32 {
 /// verify k = 2 10.56 -> 10.45 ms; at one token the staging lost (32B 104.0 -> 102.8), so
 /// one-token products keep reading x through L1.
 fn x_in_shared() -> bool {
-    static XS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match X_IN_SHARED_OVERRIDE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => *XS.get_or_init(|| std::env::var("REDLINE_MV_XSMEM").map_or(true, |v| v != "0")),
-    }
+    X_IN_SHARED.on()
 }
 
 /// Whether two-token products whose x does not fit the default 48 KB beside the kernel's
@@ -141,13 +132,12 @@ fn x_in_shared_wide() -> bool {
     *XS.get_or_init(|| std::env::var("REDLINE_MV_XSMEM_WIDE").is_ok_and(|v| v == "1"))
 }
 
-/// 0: `REDLINE_MV_XSMEM` decides; 1: off; 2: on.
-static X_IN_SHARED_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+static X_IN_SHARED: crate::switch::Switch = crate::switch::Switch::new("REDLINE_MV_XSMEM");
 
 /// Forces whether the two-token Q4_K / Q6_K segment products stage x in shared memory
 /// (`None`: back to `REDLINE_MV_XSMEM`). For tests and benchmarks.
 pub fn set_x_in_shared(on: Option<bool>) {
-    X_IN_SHARED_OVERRIDE.store(on.map_or(0, |b| if b { 2 } else { 1 }), Ordering::Relaxed);
+    X_IN_SHARED.set(on);
 }
 
 /// 0: `REDLINE_MV_DIRECT` decides; 1: off; 2: on.

@@ -49,47 +49,10 @@ pub(super) const F32_MAX_SEGS: usize = 4;
 /// Values per thread of `mo_rms_norm_q8`'s in-register path (RMS_REGS in kernels/model_ops.cu).
 const RMS_REGS: usize = 8;
 
-/// A developer's on / off knob for A/B runs: an environment variable (on unless it is `0`) that
-/// tests and benchmarks may override for the whole process.
-pub(crate) struct Switch {
-    var: &'static str,
-    env: std::sync::OnceLock<bool>,
-    /// 0: the variable decides; 1: off; 2: on.
-    over: std::sync::atomic::AtomicU32,
-}
-
-impl Switch {
-    pub(crate) const fn new(var: &'static str) -> Self {
-        Self {
-            var,
-            env: std::sync::OnceLock::new(),
-            over: std::sync::atomic::AtomicU32::new(0),
-        }
-    }
-
-    pub(crate) fn on(&self) -> bool {
-        match self.over.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => false,
-            2 => true,
-            _ => *self
-                .env
-                .get_or_init(|| std::env::var(self.var).map_or(true, |v| v.trim() != "0")),
-        }
-    }
-
-    /// Forces it on or off (`None`: back to the variable).
-    pub(crate) fn set(&self, on: Option<bool>) {
-        self.over.store(
-            on.map_or(0, |on| if on { 2 } else { 1 }),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-}
-
 /// Whether `mo_rms_norm_q8` spreads a row's writes over one block per pass of the block
 /// (grid.y; the kernel's note says why). `REDLINE_NORM_SPLIT=0` (a developer's knob for A/B
 /// runs): one block a row, as before session 36. The results are the same bits either way.
-static NORM_SPLIT: Switch = Switch::new("REDLINE_NORM_SPLIT");
+static NORM_SPLIT: crate::switch::Switch = crate::switch::Switch::new("REDLINE_NORM_SPLIT");
 
 /// Forces whether the fused RMS norm spreads a row's writes over several blocks (`None`: back
 /// to `REDLINE_NORM_SPLIT`). For tests and benchmarks.
@@ -101,7 +64,8 @@ pub fn set_norm_split(on: Option<bool>) {
 /// launch (`mo_conv1d_qkv_gates`, [`backend::Backend::in_proj_conv1d_qkv`]) instead of a
 /// `mo_matvec_f32_rows` launch of their own. `REDLINE_CONV_GATES=0` (a developer's knob for
 /// A/B runs): their own launch, as before session 37. The same bits either way.
-pub(super) static CONV_GATES: Switch = Switch::new("REDLINE_CONV_GATES");
+pub(super) static CONV_GATES: crate::switch::Switch =
+    crate::switch::Switch::new("REDLINE_CONV_GATES");
 
 /// Forces whether the f32 alpha / beta projections ride in the conv's launch (`None`: back to
 /// `REDLINE_CONV_GATES`). For tests and benchmarks.

@@ -1002,7 +1002,7 @@ impl CudaBackend {
 /// Whether the fused one-row attention keeps the RoPE angles of a step for the layers after the
 /// first ([`CudaBackend::rope_cache`]). `REDLINE_ROPE_CACHE=0` (a developer's knob for A/B runs):
 /// every launch computes them, as before session 37. The same bits either way.
-static ROPE_CACHE: super::fused::Switch = super::fused::Switch::new("REDLINE_ROPE_CACHE");
+static ROPE_CACHE: crate::switch::Switch = crate::switch::Switch::new("REDLINE_ROPE_CACHE");
 
 /// Forces whether the fused one-row attention keeps a step's RoPE angles for the layers after
 /// the first (`None`: back to `REDLINE_ROPE_CACHE`). For tests and benchmarks.
