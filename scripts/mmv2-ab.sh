@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s38a:    session 38: the queue one-token products (REDLINE_MV_QUEUE=0: one block a group) A/B
 # s37b:    session 37: the same on 256-thread blocks, and the RoPE angle cache, both A/B
 # s35g:    session 35: the shipped default at 8 streams against mask 0
 # s35f:    session 35 (written, never run: the gating was taken out): the lookahead for one-row launches only: suites, greedy text, one row
@@ -629,6 +630,27 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s38a)
+    # session 38: the one-token products' groups handed out by a queue (the default;
+    # REDLINE_MV_QUEUE=0: one block a group): the bit-for-bit tests, greedy text, one row of
+    # both models in three rounds, a trace of the new default
+    suite t_gpu_matvec
+    suite t_gpu_decode queue
+    suite t_gpu_decode persist
+    echo "== checks $(el)"
+    wait $SP
+    for m in m27 m32; do greedy $m X=1 REDLINE_MV_QUEUE=0; done
+    for r in 1 2 3; do
+        for v in X=1 REDLINE_MV_QUEUE=0; do
+            ST=$v b m27 -n 128 -r 2
+            ST=$v b m32 -n 128 -r 2
+        done
+    done
+    TSEQ=24 trace_run q27 m27 X=1
+    tail -18 $OUT/q27.txt
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    echo "== s38a $(el)"
     ;;
 s37b)
     # session 37: the gates in the conv's launch on 256-thread blocks (REDLINE_CONV_GATES=0:

@@ -864,6 +864,132 @@ static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t
     }
 }
 
+// ---- one token, groups handed out by a queue (REDLINE_MV_QUEUE; session 38) -----------------------
+//
+// Why: as mvd_persist (a multi-wave product's waves start and end together, the weight stream
+// stalling at each ramp), but its fixed lists left the slowest SM's warps ending up to 10 µs after
+// the others. Here the grid is the card's resident blocks and a warp's first group of R rows is
+// its own (block x MV_WARPS + warp, so nothing is asked of the queue before the weights are
+// asked for, before the PDL wait); every later group is a ticket drawn from a counter in global
+// memory (q[0]), drawn at the store of the group before the one that needs it, so its round trip
+// hides behind a whole group's iterations. A warp whose ticket is past the last group ends; the
+// last warp of the launch to end puts both counters back to zero (q[1] counts the warps ended),
+// so the next launch on this slot starts from zero. Tickets are drawn after the PDL wait only:
+// every launch before this one has then ended, its resets done. Groups are numbered over the
+// segments' rows in order (a segment's last group may be short: its rows past nrows computed on
+// the last row and not stored, as mvd_rows does), the same dots in the same order per row and the
+// same store: bit for bit mvd_rows' results. Whole 1024-value iterations.
+template <typename F, int R>
+static __device__ __forceinline__ void mvd_queue(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                 const float* __restrict__ xds, int load_mode,
+                                                 unsigned int* __restrict__ q) {
+    TRACE_SCOPE(TRACE_MVD);
+    constexpr int IT = 4 * F::SB;
+    const bool tiled = (load_mode & 256) != 0;
+    const int lane = threadIdx.x, nit = p.ncols / 1024;
+    const typename F::C c = F::consts(lane);
+    const long long rb = p.row_bytes;
+    const int nwarps = (int)gridDim.x * MV_WARPS;
+    int ng = 0;
+#pragma unroll
+    for (int s = 0; s < MV_MAX_SEGS; s++)
+        if (s < p.n_segs) ng += (p.seg[s].nrows + R - 1) / R;
+    // group g's segment and its first row there
+    auto group_at = [&](int g, MvSegSel& sel) -> int {
+        sel = mv_select_at(p, 0);
+        int row0 = g * R;
+#pragma unroll
+        for (int s = 0; s < MV_MAX_SEGS; s++) {
+            if (s + 1 < MV_MAX_SEGS && s + 1 < p.n_segs && row0 >= ((p.seg[s].nrows + R - 1) / R) * R) {
+                row0 -= ((p.seg[s].nrows + R - 1) / R) * R;
+                const MvSeg& n = p.seg[s + 1];
+                sel = MvSegSel{n.W, n.y, n.bias, n.nrows, n.block0, n.accumulate};
+            } else {
+                break;
+            }
+        }
+        return row0;
+    };
+    auto rows_at = [&](int g, const uint8_t* (&h)[R]) {
+        MvSegSel sel;
+        const int row0 = group_at(g, sel);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            h[r] = sel.W + (long long)min(row0 + r, sel.nrows - 1) * rb + (lane >> 3) * F::SB;
+    };
+    auto finish = [&]() {
+        if (lane == 0) {
+            if (atomicAdd(q + 1, 1u) == (unsigned int)nwarps - 1) {
+                atomicExch(q, 0u);
+                atomicExch(q + 1, 0u);
+            }
+        }
+    };
+    const int8_t* pa0 = xq + q8_1_at(F::xe0(lane), tiled);
+    const int8_t* pb0 = xq + q8_1_at(F::xe1(lane), tiled);
+    const float* pd0 = xds + F::xd(lane);
+    int it = 0;
+    int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
+    const uint8_t* ph[R];
+    typename F::W wa[R], wb[R];
+    typename F::X xa[1], xb[1];
+    if (v < ng) {
+        rows_at(v, ph);
+#pragma unroll
+        for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wa[r]);
+    }
+    pdl_wait();
+    TRACE_WAITED(TRACE_MVD);
+    pdl_trigger();
+    if (v >= ng) {
+        finish();
+        return;
+    }
+    // the ticket of the group after this one (lane 0's register until it is needed)
+    unsigned int tk = 0;
+    if (lane == 0) tk = atomicAdd(q, 1u);
+    mvd_load_x<F, 1, 0, 0>(pa0, pb0, pd0, p.ncols, 1, c, xa);
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+    auto step = [&](typename F::W(&wc)[R], typename F::X(&xc)[1], typename F::W(&wn)[R],
+                    typename F::X(&xn)[1]) -> bool {
+        const bool last = it + 1 == nit;
+        int nv = v;
+        if (last) {
+            nv = nwarps + (int)__shfl_sync(0xffffffffu, tk, 0);
+            if (nv >= ng) nv = -1;
+        }
+        const int nx = last ? 0 : it + 1;
+        if (nv >= 0) {
+            if (last) {
+                rows_at(nv, ph);
+            } else {
+#pragma unroll
+                for (int r = 0; r < R; r++) ph[r] += IT;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wn[r]);
+            mvd_load_x<F, 1, 0, 0>(pa0 + 1024LL * nx, pb0 + 1024LL * nx, pd0 + 64LL * nx, p.ncols, 1, c, xn);
+        }
+        mvd_dot<F, 1, R>(wc, xc, c, acc);
+        if (last) {
+            if (nv >= 0 && lane == 0) tk = atomicAdd(q, 1u);
+            MvSegSel sel;
+            const int row0 = group_at(v, sel);
+            mv_seg_store<1, R>(sel, row0, acc, 1, lane);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+        }
+        v = nv;
+        it = nx;
+        return nv >= 0;
+    };
+    while (step(wa, xa, wb, xb) && step(wb, xb, wa, xa)) {
+    }
+    finish();
+}
+
 // mvd_<fmt>_n<NT>_r<R>: rows of a multiple of 1024 values; mvd_<fmt>_n<NT>_r<R>_t: any whole
 // number of super-blocks (the partial last iteration compiled in: its code alone took the
 // one-token Q4_K 4-row kernel from 128 registers to 155, and capped at 128 it spilled and its
@@ -911,6 +1037,20 @@ MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 1)
 MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 2)
 MVD_KERNEL_PERSIST(iq4_xs, MvdIQ4XS, 2)
 MVD_KERNEL_PERSIST(q4_0, MvdQ4_0, 2)
+
+// mvd_<fmt>_n1_r<R>_q: one token, groups from a queue (mvd_queue; the host's REDLINE_MV_QUEUE).
+// q: this launch's two counters (zero on entry, zero again at the end).
+#define MVD_KERNEL_QUEUE(name, F, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                        \
+        mvd_##name##_n1_r##R##_q(const MvSegs p, const int8_t* __restrict__ xq,                       \
+                                 const float* __restrict__ xds, int n_tokens, int load_mode,           \
+                                 unsigned int* __restrict__ q) {                                       \
+        mvd_queue<F, R>(p, xq, xds, load_mode, q);                                                     \
+    }
+MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 1)
+MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 2)
+MVD_KERNEL_QUEUE(iq4_xs, MvdIQ4XS, 2)
+MVD_KERNEL_QUEUE(q4_0, MvdQ4_0, 2)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

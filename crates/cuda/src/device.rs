@@ -10,7 +10,7 @@ use crate::kernel_cache::{cache_key, default_cache_dir, KernelCache};
 use crate::nvrtc::{Nvrtc, Target};
 use crate::sources::Program;
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -198,9 +198,28 @@ pub struct CudaDevice {
     matvec_load_mode: AtomicI32,
     /// Prefill GEMM: cuBLAS (loaded at first use) and its scratch (crate::gemm).
     pub(crate) gemm: crate::gemm::GemmState,
+    /// The queue products' counters: [`crate::matvec::QUEUE_SLOTS`] slots of two u32, zero
+    /// between launches ([`Self::queue_slot`]).
+    queue: CudaSlice<u32>,
+    /// The next slot [`Self::queue_slot`] hands out.
+    queue_next: std::sync::atomic::AtomicUsize,
 }
 
 impl CudaDevice {
+    /// The address of the next queue slot (two u32 counters at zero) for one launch of a queue
+    /// product (kernels/matvec_direct.cu `mvd_queue`), slots in turn. A launch puts its slot
+    /// back to zero before it ends, and draws from it only after its PDL wait, when every
+    /// launch before it on the stream has ended: so a slot handed out again (after
+    /// [`crate::matvec::QUEUE_SLOTS`] launches, or to another graph's launch) is at zero when
+    /// drawn from.
+    pub(crate) fn queue_slot(&self) -> u64 {
+        let i = self
+            .queue_next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % crate::matvec::QUEUE_SLOTS;
+        self.device_address(&self.queue) + 8 * i as u64
+    }
+
     /// Opens device `opts.ordinal` and loads NVRTC. Kernels compile lazily on first use.
     pub fn open(opts: &CudaOptions) -> Result<CudaDevice> {
         let n = device_count()?;
@@ -238,6 +257,7 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
+        let queue = stream.alloc_zeros::<u32>(2 * crate::matvec::QUEUE_SLOTS)?;
         let dev = CudaDevice {
             ctx,
             stream,
@@ -250,6 +270,8 @@ impl CudaDevice {
             functions: Mutex::new(HashMap::new()),
             matvec_load_mode: AtomicI32::new(DEFAULT_MATVEC_LOAD_MODE),
             gemm: crate::gemm::GemmState::default(),
+            queue,
+            queue_next: std::sync::atomic::AtomicUsize::new(0),
         };
         if crate::trace::config().is_some() && crate::trace::buffer().is_none() {
             // the block-timeline probe's buffer (crate::trace), kept for the process

@@ -471,6 +471,39 @@ fn persist_mode() -> u32 {
     }
 }
 
+/// Whether one-token direct products of more blocks than the card holds at once take the queue
+/// kernels (`mvd_<fmt>_n1_r<R>_q`: a grid of the resident blocks, each warp's first group of rows
+/// its own and every later one a ticket from a counter of the launch's queue slot
+/// ([`CudaDevice::queue_slot`]); kernels/matvec_direct.cu `mvd_queue`): on unless
+/// `REDLINE_MV_QUEUE=0`, or the test override. Why: the persistent kernels above removed the
+/// waves' ramps but each warp's fixed share left the slowest SM ending last; a queue hands the
+/// next group to whichever warp is free. Tried before the persistent kernels where both apply.
+fn queue_mode() -> u32 {
+    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    match QUEUE_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MV_QUEUE").map_or(1, |v| u32::from(v.trim() != "0"))
+        }),
+        c => c - 1,
+    }
+}
+
+/// 0: `REDLINE_MV_QUEUE` decides; 1 off; 2 on (multi-wave launches); 3 forced on every one-token
+/// launch it can take, with a third of the blocks as the grid (tests).
+static QUEUE_OVERRIDE: AtomicU32 = AtomicU32::new(0);
+
+/// Forces the queue one-token kernels (`Some(true)`: on every launch they can take, with a third
+/// of the row blocks as the grid, for tests; `Some(false)`: off; `None`: back to
+/// `REDLINE_MV_QUEUE`).
+pub fn set_queue(on: Option<bool>) {
+    QUEUE_OVERRIDE.store(on.map_or(0, |on| if on { 3 } else { 1 }), Ordering::Relaxed);
+}
+
+/// Launches of queue kernels whose counters the device may hold at once ([`CudaDevice::queue_slot`]
+/// hands them out in turn; a slot is back to zero when its launch ends, so a slot reused by a
+/// later launch, even one in the same graph, starts from zero).
+pub(crate) const QUEUE_SLOTS: usize = 1024;
+
 /// 0: `REDLINE_MV_PERSIST` decides; 1 off; 2 on (multi-wave launches); 3 forced on every
 /// one-token launch it can take, with a third of the blocks (tests: each warp walks several
 /// row blocks and crosses segments).
@@ -963,15 +996,28 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        // one token, more row blocks than the card holds: the persistent kernel on a grid of
-        // the resident blocks
-        let persist = if direct && nt == 1 && stage.is_none() && cols.is_multiple_of(1024) {
-            self.persist_grid(stem, r, blocks)?
+        // one token, more row blocks than the card holds: the queue (or persistent) kernel on a
+        // grid of the resident blocks
+        let whole = direct && nt == 1 && stage.is_none() && cols.is_multiple_of(1024);
+        let queue = if whole {
+            self.resident_grid(stem, r, blocks, queue_mode(), "q")?
         } else {
             None
         };
-        let grid = persist.unwrap_or(blocks);
-        let base = if persist.is_some() {
+        let persist = if whole && queue.is_none() {
+            self.resident_grid(stem, r, blocks, persist_mode(), "p")?
+        } else {
+            None
+        };
+        let mut slot = if queue.is_some() {
+            self.queue_slot()
+        } else {
+            0
+        };
+        let grid = queue.or(persist).unwrap_or(blocks);
+        let base = if queue.is_some() {
+            format!("mvd_{stem}_n1_r{r}_q")
+        } else if persist.is_some() {
             format!("mvd_{stem}_n1_r{r}_p")
         } else if let Some((rs, _)) = stage {
             format!("mvd_{stem}_n1_r{rs}_s")
@@ -1032,6 +1078,9 @@ impl CudaDevice {
                 params.push(crate::pdl::arg(&mut n_i));
             }
             params.push(crate::pdl::arg(&mut load_mode));
+            if queue.is_some() {
+                params.push(crate::pdl::arg(&mut slot));
+            }
             // SAFETY: as below; the mvm kernels wait for the previous kernel before reading
             // x or the outputs and before writing anything.
             unsafe { crate::pdl::launch(self.stream(), &f, cfg, &mut params, true) }?;
@@ -1043,10 +1092,14 @@ impl CudaDevice {
             b.arg(&n_i);
         }
         b.arg(&load_mode);
+        if queue.is_some() {
+            b.arg(&slot);
+        }
         // SAFETY: matches mvm_<fmt>_r<R>(MvSegs, xq, xds, load_mode) for one token and
         // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT, and
         // mvd_<fmt>_n<NT>_r<R>[_g<G>][_t](MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows
-        // of a multiple of 1024 values, or of 256 with _t, whose loads stay inside every row);
+        // of a multiple of 1024 values, or of 256 with _t, whose loads stay inside every row),
+        // the _q ones with the address of a queue slot of two u32 counters at zero;
         // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
         // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
         // for n_tokens tokens of `cols`.
@@ -1142,11 +1195,18 @@ impl CudaDevice {
         Ok((blocks <= places).then_some((r, bytes as u32)))
     }
 
-    /// The grid of a persistent one-token launch (`mvd_<stem>_n1_r<r>_p`) of `blocks` row
-    /// blocks, or None where it is off, has no kernel for these rows a warp, or the launch fits
-    /// the card's resident blocks in one wave (forced for tests: a third of the blocks).
-    fn persist_grid(&self, stem: &str, r: u32, blocks: usize) -> Result<Option<usize>> {
-        let mode = persist_mode();
+    /// The grid of a persistent (`kind` "p") or queue ("q") one-token launch
+    /// (`mvd_<stem>_n1_r<r>_<kind>`) of `blocks` row blocks, or None where `mode` is off, there
+    /// is no kernel for these rows a warp, or the launch fits the card's resident blocks in one
+    /// wave (mode 2, forced for tests: a third of the blocks).
+    fn resident_grid(
+        &self,
+        stem: &str,
+        r: u32,
+        blocks: usize,
+        mode: u32,
+        kind: &str,
+    ) -> Result<Option<usize>> {
         let has_kernel = match stem {
             "q4_k" => r == 1 || r == 2,
             "iq4_xs" | "q4_0" => r == 2,
@@ -1158,7 +1218,7 @@ impl CudaDevice {
         if mode == 2 {
             return Ok(Some(blocks.div_ceil(3).max(1)));
         }
-        let name = format!("mvd_{stem}_n1_r{r}_p");
+        let name = format!("mvd_{stem}_n1_r{r}_{kind}");
         let places = self.resident_blocks(&name, Program::MatvecDirect)?
             * self.info().sm_count.max(1) as usize;
         Ok((places > 0 && blocks > places).then_some(places))

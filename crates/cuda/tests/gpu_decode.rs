@@ -725,7 +725,25 @@ fn persist_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
     same_logits_under_switch(
         "persist",
         "logits with the persistent one-token kernels equal those of one block a row group",
-        &|on| cuda::matvec::set_persist(on),
+        &|on| {
+            // (the queue kernels, where on, take the multi-wave launches first)
+            cuda::matvec::set_queue(on.map(|_| false));
+            cuda::matvec::set_persist(on)
+        },
+    );
+}
+
+/// The queue one-token direct kernels (`cuda::matvec::set_queue`, forced onto a third of the row
+/// blocks, so each warp takes several groups from the launch's counter) against one block a row
+/// group: the same dots per row, so the same logits bit for bit over one-row and batched steps
+/// and verify passes (their one-token launches), replayed graphs among them (each replay must
+/// find its counters back at zero).
+#[test]
+fn queue_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
+    same_logits_under_switch(
+        "queue",
+        "logits with the queue one-token kernels equal those of one block a row group",
+        &|on| cuda::matvec::set_queue(on),
     );
 }
 

@@ -556,9 +556,27 @@ fn direct_segments_match_cpu_reference() {
                         rerun(
                             "persistent",
                             "one-block-a-group",
-                            &|| cuda::matvec::set_persist(Some(true)),
-                            &|| cuda::matvec::set_persist(None),
+                            &|| {
+                                cuda::matvec::set_queue(Some(false));
+                                cuda::matvec::set_persist(Some(true))
+                            },
+                            &|| {
+                                cuda::matvec::set_queue(None);
+                                cuda::matvec::set_persist(None)
+                            },
                         );
+                        // the queue one-token kernels (REDLINE_MV_QUEUE), forced onto a third
+                        // of the row blocks: each warp draws further groups from the launch's
+                        // counter; twice, so the second launch finds its slot's counters back
+                        // at zero (the slots go round: each launch takes the next)
+                        for round in ["queue", "queue again"] {
+                            rerun(
+                                round,
+                                "one-block-a-group",
+                                &|| cuda::matvec::set_queue(Some(true)),
+                                &|| cuda::matvec::set_queue(None),
+                            );
+                        }
                     }
                     // the staged one-token kernels (REDLINE_MV_STAGE; sm_90, where the launch
                     // fits in one wave): the same loop on a shared-memory copy of the rows, so
