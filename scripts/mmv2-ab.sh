@@ -650,6 +650,8 @@ s38a)
     TSEQ=24 trace_run q27 m27 X=1
     tail -18 $OUT/q27.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    vb X=1 1,2,3,4 3
+    suite t_gpu_speculative --ignored
     echo "== s38a $(el)"
     ;;
 s37b)
