@@ -641,14 +641,18 @@ s38a)
     echo "== checks $(el)"
     wait $SP
     for m in m27 m32; do greedy $m X=1 REDLINE_MV_QUEUE=0; done
+    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K"
+    greedy m27 "$q6=1" "$q6=1 REDLINE_MV_QUEUE=0" "$q6=2"
     for r in 1 2 3; do
-        for v in X=1 REDLINE_MV_QUEUE=0; do
+        for v in X=1 REDLINE_MV_QUEUE=0 "$q6=1" "$q6=2"; do
             ST=$v b m27 -n 128 -r 2
             ST=$v b m32 -n 128 -r 2
         done
     done
     TSEQ=24 trace_run q27 m27 X=1
     tail -18 $OUT/q27.txt
+    TSEQ=24 trace_run k27 m27 REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1
+    tail -18 $OUT/k27.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
     vb X=1 1,2,3,4 3
     suite t_gpu_speculative --ignored

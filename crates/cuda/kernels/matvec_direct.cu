@@ -1051,6 +1051,11 @@ MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 1)
 MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 2)
 MVD_KERNEL_QUEUE(iq4_xs, MvdIQ4XS, 2)
 MVD_KERNEL_QUEUE(q4_0, MvdQ4_0, 2)
+// Q6_K (the host's REDLINE_MV_DIRECT_Q6K): a down projection's 5120 rows of 17408-27648 values
+// are one wave of the staged kernel's 320 blocks, 2-3 an SM, and its blocks end up to 7.6 µs
+// apart (session 37's trace): one or two rows a warp from the queue instead.
+MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 1)
+MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 2)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

@@ -1210,6 +1210,7 @@ impl CudaDevice {
         let has_kernel = match stem {
             "q4_k" => r == 1 || r == 2,
             "iq4_xs" | "q4_0" => r == 2,
+            "q6_k" => kind == "q" && (r == 1 || r == 2),
             _ => false,
         };
         if mode == 0 || !has_kernel {
