@@ -879,25 +879,46 @@ static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t
 // segments' rows in order (a segment's last group may be short: its rows past nrows computed on
 // the last row and not stored, as mvd_rows does), the same dots in the same order per row and the
 // same store: bit for bit mvd_rows' results. Whole 1024-value iterations.
-template <typename F, int R>
-static __device__ __forceinline__ void mvd_queue(const MvSegs& p, const int8_t* __restrict__ xq,
-                                                 const float* __restrict__ xds, int load_mode,
-                                                 unsigned int* __restrict__ q) {
+//
+// GU (REDLINE_MV_SWIGLU; session 38): a gate / up product (two segments of the same rows) whose
+// warp takes R rows of each, and whose epilogue is the SwiGLU and its q8_1 copy (what
+// mo_swiglu_q8 computes, so the down projection reads the same bits): act = silu(gate) * up per
+// row (the warp sums of mv_seg_store, unbiased), and the warp that completes a 32-row unit
+// (u[unit] counts its groups; the 32 / R-th) reads the unit's 32 values back through L2 and
+// writes its q8_1 unit, then puts the counter back to zero. Saves the SwiGLU's launch and its
+// release (~2.4 µs a layer, session 37's trace). Q false: one group a warp on a grid of all
+// the groups' blocks (no queue); true: the queue above.
+struct MvdSwiglu {
+    float* act;       // [nrows] f32
+    int8_t* aq;       // act's q8_1 copy (int8 per value)
+    float* ads;       // (d, d * sum) per 32 values; tagged with the layout (q8_1_tagged)
+    unsigned int* u;  // nrows / 32 counters, zero on entry and again at the end
+};
+template <typename F, int R, bool Q, bool GU>
+static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                  const float* __restrict__ xds, int load_mode,
+                                                  unsigned int* __restrict__ q, const MvdSwiglu& sw) {
     TRACE_SCOPE(TRACE_MVD);
     constexpr int IT = 4 * F::SB;
+    constexpr int RR = GU ? 2 * R : R;  // rows a warp
     const bool tiled = (load_mode & 256) != 0;
     const int lane = threadIdx.x, nit = p.ncols / 1024;
     const typename F::C c = F::consts(lane);
     const long long rb = p.row_bytes;
     const int nwarps = (int)gridDim.x * MV_WARPS;
     int ng = 0;
+    if (GU) {
+        ng = (p.seg[0].nrows + R - 1) / R;
+    } else {
 #pragma unroll
-    for (int s = 0; s < MV_MAX_SEGS; s++)
-        if (s < p.n_segs) ng += (p.seg[s].nrows + R - 1) / R;
-    // group g's segment and its first row there
+        for (int s = 0; s < MV_MAX_SEGS; s++)
+            if (s < p.n_segs) ng += (p.seg[s].nrows + R - 1) / R;
+    }
+    // group g's segment and its first row there (GU: the gate's)
     auto group_at = [&](int g, MvSegSel& sel) -> int {
         sel = mv_select_at(p, 0);
         int row0 = g * R;
+        if (GU) return row0;
 #pragma unroll
         for (int s = 0; s < MV_MAX_SEGS; s++) {
             if (s + 1 < MV_MAX_SEGS && s + 1 < p.n_segs && row0 >= ((p.seg[s].nrows + R - 1) / R) * R) {
@@ -910,15 +931,48 @@ static __device__ __forceinline__ void mvd_queue(const MvSegs& p, const int8_t* 
         }
         return row0;
     };
-    auto rows_at = [&](int g, const uint8_t* (&h)[R]) {
+    auto rows_at = [&](int g, const uint8_t* (&h)[RR]) {
         MvSegSel sel;
         const int row0 = group_at(g, sel);
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            h[r] = sel.W + (long long)min(row0 + r, sel.nrows - 1) * rb + (lane >> 3) * F::SB;
+        for (int r = 0; r < R; r++) {
+            const long long at = (long long)min(row0 + r, sel.nrows - 1) * rb + (lane >> 3) * F::SB;
+            h[r] = sel.W + at;
+            if (GU) h[R + r] = p.seg[1].W + at;
+        }
+    };
+    // the store of group g's rows
+    auto store = [&](int g, float (&acc)[RR][1]) {
+        MvSegSel sel;
+        const int row0 = group_at(g, sel);
+        if constexpr (!GU) {
+            mv_seg_store<1, R>(sel, row0, acc, 1, lane);
+            return;
+        }
+        float a[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float gv = warp_sum(acc[r][0]), uv = warp_sum(acc[R + r][0]);
+            a[r] = silu_f(gv) * uv;
+        }
+        const int unit = row0 / 32;
+        bool last = false;
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (row0 + r < sel.nrows) sw.act[row0 + r] = a[r];
+            __threadfence();
+            last = atomicAdd(sw.u + unit, 1u) == 32 / R - 1;
+        }
+        if (__shfl_sync(0xffffffffu, (int)last, 0)) {
+            __threadfence();
+            const float v = __ldcg(sw.act + 32 * unit + lane);
+            q8_1_unit(v, sw.aq, sw.ads, 32 * unit + lane, unit);
+            if (lane == 0) sw.u[unit] = 0u;
+        }
     };
     auto finish = [&]() {
-        if (lane == 0) {
+        if (Q && lane == 0) {
             if (atomicAdd(q + 1, 1u) == (unsigned int)nwarps - 1) {
                 atomicExch(q, 0u);
                 atomicExch(q + 1, 0u);
@@ -930,13 +984,13 @@ static __device__ __forceinline__ void mvd_queue(const MvSegs& p, const int8_t* 
     const float* pd0 = xds + F::xd(lane);
     int it = 0;
     int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
-    const uint8_t* ph[R];
-    typename F::W wa[R], wb[R];
+    const uint8_t* ph[RR];
+    typename F::W wa[RR], wb[RR];
     typename F::X xa[1], xb[1];
     if (v < ng) {
         rows_at(v, ph);
 #pragma unroll
-        for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wa[r]);
+        for (int r = 0; r < RR; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wa[r]);
     }
     pdl_wait();
     TRACE_WAITED(TRACE_MVD);
@@ -947,17 +1001,17 @@ static __device__ __forceinline__ void mvd_queue(const MvSegs& p, const int8_t* 
     }
     // the ticket of the group after this one (lane 0's register until it is needed)
     unsigned int tk = 0;
-    if (lane == 0) tk = atomicAdd(q, 1u);
+    if (Q && lane == 0) tk = atomicAdd(q, 1u);
     mvd_load_x<F, 1, 0, 0>(pa0, pb0, pd0, p.ncols, 1, c, xa);
-    float acc[R][1];
+    float acc[RR][1];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
-    auto step = [&](typename F::W(&wc)[R], typename F::X(&xc)[1], typename F::W(&wn)[R],
+    for (int r = 0; r < RR; r++) acc[r][0] = 0.0f;
+    auto step = [&](typename F::W(&wc)[RR], typename F::X(&xc)[1], typename F::W(&wn)[RR],
                     typename F::X(&xn)[1]) -> bool {
         const bool last = it + 1 == nit;
         int nv = v;
         if (last) {
-            nv = nwarps + (int)__shfl_sync(0xffffffffu, tk, 0);
+            nv = Q ? nwarps + (int)__shfl_sync(0xffffffffu, tk, 0) : ng;
             if (nv >= ng) nv = -1;
         }
         const int nx = last ? 0 : it + 1;
@@ -966,20 +1020,18 @@ static __device__ __forceinline__ void mvd_queue(const MvSegs& p, const int8_t* 
                 rows_at(nv, ph);
             } else {
 #pragma unroll
-                for (int r = 0; r < R; r++) ph[r] += IT;
+                for (int r = 0; r < RR; r++) ph[r] += IT;
             }
 #pragma unroll
-            for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wn[r]);
+            for (int r = 0; r < RR; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wn[r]);
             mvd_load_x<F, 1, 0, 0>(pa0 + 1024LL * nx, pb0 + 1024LL * nx, pd0 + 64LL * nx, p.ncols, 1, c, xn);
         }
-        mvd_dot<F, 1, R>(wc, xc, c, acc);
+        mvd_dot<F, 1, RR>(wc, xc, c, acc);
         if (last) {
-            if (nv >= 0 && lane == 0) tk = atomicAdd(q, 1u);
-            MvSegSel sel;
-            const int row0 = group_at(v, sel);
-            mv_seg_store<1, R>(sel, row0, acc, 1, lane);
+            if (Q && nv >= 0 && lane == 0) tk = atomicAdd(q, 1u);
+            store(v, acc);
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+            for (int r = 0; r < RR; r++) acc[r][0] = 0.0f;
         }
         v = nv;
         it = nx;
@@ -1038,14 +1090,14 @@ MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 2)
 MVD_KERNEL_PERSIST(iq4_xs, MvdIQ4XS, 2)
 MVD_KERNEL_PERSIST(q4_0, MvdQ4_0, 2)
 
-// mvd_<fmt>_n1_r<R>_q: one token, groups from a queue (mvd_queue; the host's REDLINE_MV_QUEUE).
+// mvd_<fmt>_n1_r<R>_q: one token, groups from a queue (mvd_groups; the host's REDLINE_MV_QUEUE).
 // q: this launch's two counters (zero on entry, zero again at the end).
 #define MVD_KERNEL_QUEUE(name, F, R)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                        \
         mvd_##name##_n1_r##R##_q(const MvSegs p, const int8_t* __restrict__ xq,                       \
                                  const float* __restrict__ xds, int n_tokens, int load_mode,           \
                                  unsigned int* __restrict__ q) {                                       \
-        mvd_queue<F, R>(p, xq, xds, load_mode, q);                                                     \
+        mvd_groups<F, R, true, false>(p, xq, xds, load_mode, q, MvdSwiglu{});                          \
     }
 MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 1)
 MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 2)
@@ -1056,6 +1108,26 @@ MVD_KERNEL_QUEUE(q4_0, MvdQ4_0, 2)
 // apart (session 37's trace): one or two rows a warp from the queue instead.
 MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 1)
 MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 2)
+
+// mvd_<fmt>_n1_gu<R>[_q]: one token, gate / up (segments 0 and 1, the same rows) R rows of each a
+// warp, the SwiGLU and its q8_1 copy as the epilogue (mvd_groups' GU; the host's
+// REDLINE_MV_SWIGLU); _q: groups from the queue (q: its two counters), else one group a warp.
+#define MVD_KERNEL_GU(name, F, R)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 5)                                     \
+        mvd_##name##_n1_gu##R(const MvSegs p, const int8_t* __restrict__ xq,                          \
+                              const float* __restrict__ xds, int n_tokens, int load_mode,              \
+                              unsigned int* __restrict__ q, const MvdSwiglu sw) {                      \
+        mvd_groups<F, R, false, true>(p, xq, xds, load_mode, q, sw);                                   \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 5)                                     \
+        mvd_##name##_n1_gu##R##_q(const MvSegs p, const int8_t* __restrict__ xq,                      \
+                                  const float* __restrict__ xds, int n_tokens, int load_mode,          \
+                                  unsigned int* __restrict__ q, const MvdSwiglu sw) {                  \
+        mvd_groups<F, R, true, true>(p, xq, xds, load_mode, q, sw);                                    \
+    }
+MVD_KERNEL_GU(q4_k, MvdQ4K, 1)
+MVD_KERNEL_GU(iq4_xs, MvdIQ4XS, 1)
+MVD_KERNEL_GU(q4_0, MvdQ4_0, 1)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

@@ -499,6 +499,31 @@ pub fn set_queue(on: Option<bool>) {
     QUEUE_OVERRIDE.store(on.map_or(0, |on| if on { 3 } else { 1 }), Ordering::Relaxed);
 }
 
+/// Whether gate / up products of one token take the SwiGLU-epilogue kernels
+/// ([`CudaDevice::gate_up_swiglu`]): on unless `REDLINE_MV_SWIGLU=0`, or the test override.
+static SWIGLU: crate::switch::Switch = crate::switch::Switch::new("REDLINE_MV_SWIGLU");
+
+/// Forces the SwiGLU-epilogue gate / up kernels on or off (`None`: back to `REDLINE_MV_SWIGLU`).
+pub fn set_swiglu(on: Option<bool>) {
+    SWIGLU.set(on);
+}
+
+/// Slots of unit counters for the SwiGLU-epilogue launches ([`CudaDevice::unit_slot`]), and
+/// counters (32-row units) a slot holds.
+pub(crate) const UNIT_SLOTS: usize = 64;
+pub(crate) const UNIT_SLOT_COUNTERS: usize = 1024;
+
+/// kernels/matvec_direct.cu `MvdSwiglu`: act, its q8_1 copy (xds tagged with the layout), the
+/// unit counters.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SwigluArgs {
+    act: u64,
+    aq: u64,
+    ads: u64,
+    units: u64,
+}
+
 /// Launches of queue kernels whose counters the device may hold at once ([`CudaDevice::queue_slot`]
 /// hands them out in turn; a slot is back to zero when its launch ends, so a slot reused by a
 /// later launch, even one in the same graph, starts from zero).
@@ -1196,9 +1221,8 @@ impl CudaDevice {
     }
 
     /// The grid of a persistent (`kind` "p") or queue ("q") one-token launch
-    /// (`mvd_<stem>_n1_r<r>_<kind>`) of `blocks` row blocks, or None where `mode` is off, there
-    /// is no kernel for these rows a warp, or the launch fits the card's resident blocks in one
-    /// wave (mode 2, forced for tests: a third of the blocks).
+    /// (`mvd_<stem>_n1_r<r>_<kind>`) of `blocks` row blocks, or None where `mode` is off or
+    /// there is no kernel for these rows a warp; else as [`Self::resident_grid_of`].
     fn resident_grid(
         &self,
         stem: &str,
@@ -1216,13 +1240,122 @@ impl CudaDevice {
         if mode == 0 || !has_kernel {
             return Ok(None);
         }
+        self.resident_grid_of(&format!("mvd_{stem}_n1_r{r}_{kind}"), blocks, mode)
+    }
+
+    /// The grid of a launch of resident-grid kernel `name` (a persistent or queue kernel) of
+    /// `blocks` row blocks: the card's resident blocks, or None where the launch fits them in
+    /// one wave (`mode` 2, forced for tests: a third of the blocks).
+    fn resident_grid_of(&self, name: &str, blocks: usize, mode: u32) -> Result<Option<usize>> {
         if mode == 2 {
             return Ok(Some(blocks.div_ceil(3).max(1)));
         }
-        let name = format!("mvd_{stem}_n1_r{r}_{kind}");
-        let places = self.resident_blocks(&name, Program::MatvecDirect)?
+        let places = self.resident_blocks(name, Program::MatvecDirect)?
             * self.info().sm_count.max(1) as usize;
         Ok((places > 0 && blocks > places).then_some(places))
+    }
+
+    /// Whether [`Self::gate_up_swiglu`] takes `gate` and `up` (one token): the switch on, one
+    /// direct format (Q4_K, IQ4_XS, Q4_0) and shape, rows of a multiple of 1024 values, a multiple
+    /// of 32 rows and at most [`UNIT_SLOT_COUNTERS`] units, and the two as one segment launch
+    /// would take the direct kernels (so the fused results are the same bits).
+    pub fn gate_up_swiglu_takes(&self, gate: &DeviceMatrix, up: &DeviceMatrix) -> bool {
+        let (ty, rows, cols) = (gate.ty, gate.n_rows, gate.n_cols);
+        SWIGLU.on()
+            && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q4_0)
+            && (up.ty, up.n_rows, up.n_cols) == (ty, rows, cols)
+            && cols.is_multiple_of(1024)
+            && rows.is_multiple_of(32)
+            && rows / 32 <= UNIT_SLOT_COUNTERS
+            && direct_applies(ty, cols, 1, 2 * rows)
+            && self.segments_on_matvec(ty, 1, 2 * rows)
+    }
+
+    /// `act = silu(gate x) * (up x)` for one token (x quantized in `xq`), and act's q8_1 copy
+    /// into `aq` (which then holds act, one token of `gate.n_rows`), in one launch: gate and up
+    /// rows side by side in each warp, the SwiGLU and the quantization as the epilogue
+    /// (kernels/matvec_direct.cu `mvd_<fmt>_n1_gu1[_q]`; the queue kernel where
+    /// [`queue_mode`] takes multi-wave launches). The same bits as the gate / up segment launch
+    /// followed by `mo_swiglu_q8`. `act`: the device address of `gate.n_rows` f32. The caller
+    /// checks [`Self::gate_up_swiglu_takes`].
+    pub fn gate_up_swiglu(
+        &self,
+        gate: &DeviceMatrix,
+        up: &DeviceMatrix,
+        xq: &MatvecScratch,
+        act: u64,
+        aq: &mut MatvecScratch,
+    ) -> Result<()> {
+        let (ty, rows, cols) = (gate.ty, gate.n_rows, gate.n_cols);
+        if !self.gate_up_swiglu_takes(gate, up) || xq.n_tokens != 1 || xq.cols != cols {
+            return Err(CudaError::Shape(format!(
+                "gate / up SwiGLU of {} x {cols} with x quantized as {}x{}",
+                ty.name(),
+                xq.n_tokens,
+                xq.cols
+            )));
+        }
+        let (stem, _) = kernel_stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
+        let segs = [gate, up].map(|w| Segment {
+            w,
+            y: act,
+            bias: None,
+            accumulate: false,
+        });
+        // one row of each matrix a warp
+        let (p, _) = self.segment_params(&segs, WARPS_PER_BLOCK as usize);
+        let blocks = rows.div_ceil(WARPS_PER_BLOCK as usize);
+        let name_q = format!("mvd_{stem}_n1_gu1_q");
+        let queue = match queue_mode() {
+            0 => None,
+            mode => self.resident_grid_of(&name_q, blocks, mode)?,
+        };
+        let (name, grid, mut q) = match queue {
+            Some(g) => (name_q, g, self.queue_slot()),
+            None => (format!("mvd_{stem}_n1_gu1"), blocks, 0),
+        };
+        let (aq_q, aq_ds, tiled) = aq.buffers_for(1, rows)?;
+        let mut sw = SwigluArgs {
+            act,
+            aq: self.device_address(aq_q),
+            ads: self.q8_1_xds_address(aq_ds, tiled),
+            units: self.unit_slot(),
+        };
+        let f = self.function(Program::MatvecDirect, &name)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: (32, WARPS_PER_BLOCK, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut n_i = 1i32;
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
+        let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
+        let mut p = p;
+        let mut params = vec![
+            crate::pdl::arg(&mut p),
+            crate::pdl::arg(&mut pq),
+            crate::pdl::arg(&mut pd),
+            crate::pdl::arg(&mut n_i),
+            crate::pdl::arg(&mut load_mode),
+            crate::pdl::arg(&mut q),
+            crate::pdl::arg(&mut sw),
+        ];
+        // SAFETY: matches mvd_<fmt>_n1_gu1[_q](MvSegs, xq, xds, n_tokens, load_mode, q,
+        // MvdSwiglu): two segments of live matrices of this type and shape (rows of whole
+        // 1024-value iterations), x quantized for one token of `cols`, q a queue slot at zero
+        // (or unused), act `rows` f32 (the caller's contract), aq's buffers hold one token of
+        // `rows` (buffers_for), the unit slot `rows / 32` counters at zero. With PDL the kernel
+        // reads only weights before its wait.
+        unsafe {
+            crate::pdl::launch(
+                self.stream(),
+                &f,
+                cfg,
+                &mut params,
+                crate::pdl::enabled(self.arch()),
+            )
+        }?;
+        Ok(())
     }
 
     /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared

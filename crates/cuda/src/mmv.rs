@@ -258,6 +258,20 @@ pub fn warps_per_block(tiles: usize, n_cols: usize, n: usize) -> u32 {
 }
 
 impl CudaDevice {
+    /// Whether [`Self::few_token_segments`] of one launch of `rows` rows of format `ty` (the same
+    /// width), `n` tokens, takes the matvec segment kernels ([`Self::matvec_segments`]).
+    pub(crate) fn segments_on_matvec(&self, ty: GgmlType, n: usize, rows: usize) -> bool {
+        let small = small_rows2();
+        let small2 = small > 0
+            && mmv2_enabled()
+            && self.arch() >= 80
+            && (1..=MAX_TOKENS).contains(&n)
+            && dispatched2_format(ty)
+            && grid_allows(ty)
+            && rows <= small;
+        !(dispatch2(self, ty, n) || small2 || dispatch(self, ty, n, rows))
+    }
+
     /// Few-token products of several matrices (one format and width, x already quantized
     /// into `xq`), on the path the dispatch picks: this module's tensor-core kernels when
     /// [`dispatch`] says so, the dp4a segment kernels otherwise. Same contract as

@@ -747,6 +747,43 @@ fn queue_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// The SwiGLU MLP's gate / up product with the SwiGLU and its q8_1 copy as its epilogue
+/// (`cuda::matvec::set_swiglu`; `mlp_add`'s fused launch) against the gate / up segment launch
+/// followed by the SwiGLU's own: the same warp sums, the same expressions and quantization, so
+/// the same logits bit for bit over one-row and batched steps and verify passes (only one-row
+/// MLPs fuse); once with one group a warp and once with the groups from the queue (forced onto
+/// a third of the blocks); and the fused path must have run.
+#[test]
+fn mlp_swiglu_epilogue_matches_separate_launch_on_synth_q4_k_m_shapes() {
+    for queue in [false, true] {
+        each_cut_side_by_side(
+            if queue { "swiglu_q" } else { "swiglu" },
+            &|_, _| {},
+            &|is_s| {
+                cuda::matvec::set_queue(Some(queue));
+                cuda::matvec::set_swiglu(Some(is_s))
+            },
+            &|name, d, s| {
+                cuda::matvec::set_queue(None);
+                cuda::matvec::set_swiglu(None);
+                assert_eq!(
+                    d.backend().mlp_swiglu_calls(),
+                    0,
+                    "{name}: the plain model fused"
+                );
+                assert!(
+                    s.backend().mlp_swiglu_calls() > 0,
+                    "{name}: the gate / up product never took the SwiGLU epilogue"
+                );
+                println!(
+                    "{name}: logits with the SwiGLU in the gate / up launch (queue {queue}) equal \
+                     the separate launch's"
+                );
+            },
+        );
+    }
+}
+
 /// Qwen3.5's gated output norm as the tail of the delta rule's launch (the staged `dn_norm`:
 /// the last of each head's blocks normalizes the head) against the separate norm launch: the
 /// same loads, sum order and expressions, so the same logits bit for bit over one-row and

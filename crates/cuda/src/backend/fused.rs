@@ -571,6 +571,86 @@ impl CudaBackend {
         })
     }
 
+    /// Whether `mlp_add` takes the fused gate / up SwiGLU launch
+    /// ([`crate::matvec::CudaDevice::gate_up_swiglu`]): the fused paths on, one row, gate and up
+    /// as the device takes them, and the down projection a segment launch with the residual
+    /// (no temporary: the three-call path's arena use is the same then).
+    pub(super) fn mlp_fused_takes(
+        &self,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        down: &CudaWeight,
+        h: &CudaTensor,
+        act: &CudaTensor,
+        x: &CudaTensor,
+    ) -> bool {
+        let (Some(g), Some(u)) = (self.fusable(gate, h), self.fusable(up, h)) else {
+            return false;
+        };
+        self.fused()
+            && h.rows == 1
+            && self.ntile_takes(gate, h).is_none()
+            && !self.q8k_with(h, [g.ty])
+            && self.dev.gate_up_swiglu_takes(g, u)
+            && (act.rows, act.cols) == (1, g.n_rows)
+            && self.fusable(down, act).is_some()
+            && !self.q8k_with(act, down.matrix.as_ref().map(|m| m.ty))
+            && !self.matmul_add_uses_temp(down, act, x)
+    }
+
+    /// `mlp_add` as two launches: gate / up with the SwiGLU and its q8_1 copy (into `mlp_q8`),
+    /// then the down projection with the residual from that copy; `Ok(false)` (nothing done)
+    /// inside a capture before an eager step made `mlp_q8`. The caller checked
+    /// [`Self::mlp_fused_takes`].
+    pub(super) fn mlp_fused_impl(
+        &self,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        down: &CudaWeight,
+        h: &CudaTensor,
+        act: &mut CudaTensor,
+        x: &mut CudaTensor,
+    ) -> Result<bool, BackendError> {
+        let (Some(g), Some(u), Some(d)) = (
+            gate.matrix.as_ref(),
+            up.matrix.as_ref(),
+            down.matrix.as_ref(),
+        ) else {
+            return Err(shape_err("mlp_add", "unquantized weights".into()));
+        };
+        let stream = self.dev.stream();
+        let pa = dev_ptr(&*act.data, stream);
+        let mut aq = self.mlp_q8.lock().unwrap_or_else(|e| e.into_inner());
+        if aq.is_none() {
+            if self.mode() == Mode::Capture {
+                return Ok(false);
+            }
+            // Recorded steps point at the buffers in use when they were recorded.
+            self.step_ctl().forget_graphs();
+            *aq = Some(
+                self.dev
+                    .matvec_scratch(1, crate::matvec::UNIT_SLOT_COUNTERS * 32)
+                    .map_err(dev_err)?,
+            );
+        }
+        let aq = aq.as_mut().expect("made above");
+        self.with_q8(h.rows, h.cols, |s, holds| {
+            self.ensure_q8(h, s, holds, false)?;
+            self.dev.gate_up_swiglu(g, u, s, pa, aq).map_err(dev_err)
+        })?;
+        self.mlp_swiglu.fetch_add(1, Ordering::Relaxed);
+        let seg = Segment {
+            w: d,
+            y: dev_ptr(&*x.data, stream),
+            bias: None,
+            accumulate: true,
+        };
+        self.dev
+            .few_token_segments(&[seg], aq, &act.data)
+            .map_err(dev_err)?;
+        Ok(true)
+    }
+
     /// `rms_norm` of whole rows that also writes the q8_1 copy of `out`; `Ok(false)` when
     /// the case is not taken (the caller runs the plain kernel).
     pub(super) fn rms_norm_q8_impl(
