@@ -918,15 +918,16 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
     auto group_at = [&](int g, MvSegSel& sel) -> int {
         sel = mv_select_at(p, 0);
         int row0 = g * R;
-        if (GU) return row0;
+        if constexpr (!GU) {
 #pragma unroll
-        for (int s = 0; s < MV_MAX_SEGS; s++) {
-            if (s + 1 < MV_MAX_SEGS && s + 1 < p.n_segs && row0 >= ((p.seg[s].nrows + R - 1) / R) * R) {
-                row0 -= ((p.seg[s].nrows + R - 1) / R) * R;
-                const MvSeg& n = p.seg[s + 1];
-                sel = MvSegSel{n.W, n.y, n.bias, n.nrows, n.block0, n.accumulate};
-            } else {
-                break;
+            for (int s = 0; s < MV_MAX_SEGS; s++) {
+                if (s + 1 < MV_MAX_SEGS && s + 1 < p.n_segs && row0 >= ((p.seg[s].nrows + R - 1) / R) * R) {
+                    row0 -= ((p.seg[s].nrows + R - 1) / R) * R;
+                    const MvSeg& n = p.seg[s + 1];
+                    sel = MvSegSel{n.W, n.y, n.bias, n.nrows, n.block0, n.accumulate};
+                } else {
+                    break;
+                }
             }
         }
         return row0;
@@ -947,28 +948,28 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
         const int row0 = group_at(g, sel);
         if constexpr (!GU) {
             mv_seg_store<1, R>(sel, row0, acc, 1, lane);
-            return;
-        }
-        float a[R];
+        } else {
+            float a[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float gv = warp_sum(acc[r][0]), uv = warp_sum(acc[R + r][0]);
-            a[r] = silu_f(gv) * uv;
-        }
-        const int unit = row0 / 32;
-        bool last = false;
-        if (lane == 0) {
+            for (int r = 0; r < R; r++) {
+                const float gv = warp_sum(acc[r][0]), uv = warp_sum(acc[R + r][0]);
+                a[r] = silu_f(gv) * uv;
+            }
+            const int unit = row0 / 32;
+            bool last = false;
+            if (lane == 0) {
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                if (row0 + r < sel.nrows) sw.act[row0 + r] = a[r];
-            __threadfence();
-            last = atomicAdd(sw.u + unit, 1u) == 32 / R - 1;
-        }
-        if (__shfl_sync(0xffffffffu, (int)last, 0)) {
-            __threadfence();
-            const float v = __ldcg(sw.act + 32 * unit + lane);
-            q8_1_unit(v, sw.aq, sw.ads, 32 * unit + lane, unit);
-            if (lane == 0) sw.u[unit] = 0u;
+                for (int r = 0; r < R; r++)
+                    if (row0 + r < sel.nrows) sw.act[row0 + r] = a[r];
+                __threadfence();
+                last = atomicAdd(sw.u + unit, 1u) == 32 / R - 1;
+            }
+            if (__shfl_sync(0xffffffffu, (int)last, 0)) {
+                __threadfence();
+                const float v = __ldcg(sw.act + 32 * unit + lane);
+                q8_1_unit(v, sw.aq, sw.ads, 32 * unit + lane, unit);
+                if (lane == 0) sw.u[unit] = 0u;
+            }
         }
     };
     auto finish = [&]() {
