@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s38d:    session 38: s38c in two rounds, without the speculative suite (a short window)
 # s38c:    session 38, one window for both: the queue products and the SwiGLU epilogue against the
 #          old default (both off), each alone, the queue Q6_K kernels; suites, greedy text, rounds
 # s38b:    session 38: the SwiGLU as the gate / up product's epilogue (REDLINE_MV_SWIGLU=0: its own
@@ -634,6 +635,30 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s38d)
+    # session 38: s38c cut to fit a short window (two rounds; no speculative suite)
+    suite t_gpu_decode swiglu
+    suite t_gpu_decode queue
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $SP
+    old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
+    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1"
+    for m in m27 m32; do greedy $m X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0; done
+    greedy m27 "$q6" "$q6 REDLINE_MV_QUEUE=0"
+    for r in 1 2; do
+        for v in X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0 "$q6"; do
+            ST=$v b m27 -n 128 -r 2
+            ST=$v b m32 -n 128 -r 2
+        done
+    done
+    echo "== rounds $(el)"
+    TSEQ=24 trace_run w27 m27 X=1
+    tail -18 $OUT/w27.txt
+    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
+    vb X=1 1,2,3,4 3
+    echo "== s38d $(el)"
     ;;
 s38c)
     # session 38, one window: the queue products (REDLINE_MV_QUEUE) and the SwiGLU as the gate /
