@@ -212,7 +212,7 @@ pub struct CudaDevice {
 
 impl CudaDevice {
     /// The address of the next queue slot (two u32 counters at zero) for one launch of a queue
-    /// product (kernels/matvec_direct.cu `mvd_queue`), slots in turn. A launch puts its slot
+    /// product (kernels/matvec_direct.cu `mvd_groups`), slots in turn. A launch puts its slot
     /// back to zero before it ends, and draws from it only after its PDL wait, when every
     /// launch before it on the stream has ended: so a slot handed out again (after
     /// [`crate::matvec::QUEUE_SLOTS`] launches, or to another graph's launch) is at zero when

@@ -474,15 +474,15 @@ fn persist_mode() -> u32 {
 /// Whether one-token direct products of more blocks than the card holds at once take the queue
 /// kernels (`mvd_<fmt>_n1_r<R>_q`: a grid of the resident blocks, each warp's first group of rows
 /// its own and every later one a ticket from a counter of the launch's queue slot
-/// ([`CudaDevice::queue_slot`]); kernels/matvec_direct.cu `mvd_queue`): on unless
-/// `REDLINE_MV_QUEUE=0`, or the test override. Why: the persistent kernels above removed the
+/// ([`CudaDevice::queue_slot`]); kernels/matvec_direct.cu `mvd_groups`): `REDLINE_MV_QUEUE=1`,
+/// or the test override (opt-in until measured on a card). Why: the persistent kernels above removed the
 /// waves' ramps but each warp's fixed share left the slowest SM ending last; a queue hands the
 /// next group to whichever warp is free. Tried before the persistent kernels where both apply.
 fn queue_mode() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     match QUEUE_OVERRIDE.load(Ordering::Relaxed) {
         0 => *ENV.get_or_init(|| {
-            std::env::var("REDLINE_MV_QUEUE").map_or(1, |v| u32::from(v.trim() != "0"))
+            std::env::var("REDLINE_MV_QUEUE").map_or(0, |v| u32::from(v.trim() == "1"))
         }),
         c => c - 1,
     }
@@ -500,8 +500,9 @@ pub fn set_queue(on: Option<bool>) {
 }
 
 /// Whether gate / up products of one token take the SwiGLU-epilogue kernels
-/// ([`CudaDevice::gate_up_swiglu`]): on unless `REDLINE_MV_SWIGLU=0`, or the test override.
-static SWIGLU: crate::switch::Switch = crate::switch::Switch::new("REDLINE_MV_SWIGLU");
+/// ([`CudaDevice::gate_up_swiglu`]): `REDLINE_MV_SWIGLU=1`, or the test override (opt-in until
+/// measured on a card).
+static SWIGLU: crate::switch::Switch = crate::switch::Switch::opt_in("REDLINE_MV_SWIGLU");
 
 /// Forces the SwiGLU-epilogue gate / up kernels on or off (`None`: back to `REDLINE_MV_SWIGLU`).
 pub fn set_swiglu(on: Option<bool>) {
