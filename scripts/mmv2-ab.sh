@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s38e:    session 38: s38d in the order of what matters most, for a window of ~250 s
 # s38d:    session 38: s38c in two rounds, without the speculative suite (a short window)
 # s38c:    session 38, one window for both: the queue products and the SwiGLU epilogue against the
 #          old default (both off), each alone, the queue Q6_K kernels; suites, greedy text, rounds
@@ -635,6 +636,27 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s38e)
+    suite t_gpu_decode swiglu
+    suite t_gpu_decode queue
+    echo "== checks $(el)"
+    wait $SP
+    old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
+    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1"
+    for m in m27 m32; do greedy $m X=1 "$old"; done
+    for r in 1 2; do
+        for v in X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0; do
+            ST=$v b m27 -n 128 -r 2
+            ST=$v b m32 -n 128 -r 2
+        done
+        ST="$q6" b m27 -n 128 -r 2
+    done
+    echo "== rounds $(el)"
+    greedy m27 "$q6" "$q6 REDLINE_MV_QUEUE=0"
+    suite t_gpu_matvec
+    vb X=1 1,2,3,4 3
+    echo "== s38e $(el)"
     ;;
 s38d)
     # session 38: s38c cut to fit a short window (two rounds; no speculative suite)
