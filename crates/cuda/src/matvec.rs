@@ -463,10 +463,14 @@ const STAGE_MAX_BYTES: u32 = 96 * 1024;
 /// the one-block-a-group launch hands the free places new blocks). Stays off.
 fn persist_mode() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    match PERSIST_OVERRIDE.load(Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| {
-            std::env::var("REDLINE_MV_PERSIST").map_or(0, |v| u32::from(v.trim() == "1"))
-        }),
+    resident_mode(&ENV, "REDLINE_MV_PERSIST", &PERSIST_OVERRIDE)
+}
+
+/// A resident-grid kernel family's mode: the override's (`c - 1` when set), else 1 where the
+/// opt-in variable `var` is `1` (read once into `env`), else 0 (off).
+fn resident_mode(env: &std::sync::OnceLock<u32>, var: &str, over: &AtomicU32) -> u32 {
+    match over.load(Ordering::Relaxed) {
+        0 => *env.get_or_init(|| std::env::var(var).map_or(0, |v| u32::from(v.trim() == "1"))),
         c => c - 1,
     }
 }
@@ -475,17 +479,13 @@ fn persist_mode() -> u32 {
 /// kernels (`mvd_<fmt>_n1_r<R>_q`: a grid of the resident blocks, each warp's first group of rows
 /// its own and every later one a ticket from a counter of the launch's queue slot
 /// ([`CudaDevice::queue_slot`]); kernels/matvec_direct.cu `mvd_groups`): `REDLINE_MV_QUEUE=1`,
-/// or the test override (opt-in until measured on a card). Why: the persistent kernels above removed the
-/// waves' ramps but each warp's fixed share left the slowest SM ending last; a queue hands the
-/// next group to whichever warp is free. Tried before the persistent kernels where both apply.
+/// or the test override (opt-in until measured on a card). Why: the persistent kernels above
+/// removed the waves' ramps but each warp's fixed share left the slowest SM ending last; a queue
+/// hands the next group to whichever warp is free. Tried before the persistent kernels where
+/// both apply.
 fn queue_mode() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    match QUEUE_OVERRIDE.load(Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| {
-            std::env::var("REDLINE_MV_QUEUE").map_or(0, |v| u32::from(v.trim() == "1"))
-        }),
-        c => c - 1,
-    }
+    resident_mode(&ENV, "REDLINE_MV_QUEUE", &QUEUE_OVERRIDE)
 }
 
 /// 0: `REDLINE_MV_QUEUE` decides; 1 off; 2 on (multi-wave launches); 3 forced on every one-token
