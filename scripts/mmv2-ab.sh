@@ -78,6 +78,9 @@
 # s38d:    session 38: s38c in two rounds, without the speculative suite (a short window)
 # s38c:    session 38, one window for both: the queue products and the SwiGLU epilogue against the
 #          old default (both off), each alone, the queue Q6_K kernels; suites, greedy text, rounds
+#          (every variant names both switches, so it does not matter which default the pack has)
+# (s38a / s38b were written for a pack with both session-38 switches on by default: their X=1
+#  rows are the new kernels only there; since 17eb3ce both are opt-in, so use s38c / s38e)
 # s38b:    session 38: the SwiGLU as the gate / up product's epilogue (REDLINE_MV_SWIGLU=0: its own
 #          launch) beside the queue products: suites, greedy text, one row of both models
 # s38a:    session 38: the queue one-token products (REDLINE_MV_QUEUE=0: one block a group) A/B
@@ -642,20 +645,21 @@ s38e)
     suite t_gpu_decode queue
     echo "== checks $(el)"
     wait $SP
+    new="REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
     old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
-    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1"
-    for m in m27 m32; do greedy $m X=1 "$old"; done
+    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
+    for m in m27 m32; do greedy $m "$new" "$old"; done
     for r in 1 2; do
-        for v in X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0; do
+        for v in "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0"; do
             ST=$v b m27 -n 128 -r 2
             ST=$v b m32 -n 128 -r 2
         done
         ST="$q6" b m27 -n 128 -r 2
     done
     echo "== rounds $(el)"
-    greedy m27 "$q6" "$q6 REDLINE_MV_QUEUE=0"
+    greedy m27 "$q6" "${q6/QUEUE=1/QUEUE=0}"
     suite t_gpu_matvec
-    vb X=1 1,2,3,4 3
+    vb "$new" 1,2,3,4 3
     echo "== s38e $(el)"
     ;;
 s38d)
@@ -665,21 +669,22 @@ s38d)
     suite t_gpu_matvec
     echo "== checks $(el)"
     wait $SP
+    new="REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
     old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
-    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1"
-    for m in m27 m32; do greedy $m X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0; done
-    greedy m27 "$q6" "$q6 REDLINE_MV_QUEUE=0"
+    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
+    for m in m27 m32; do greedy $m "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0"; done
+    greedy m27 "$q6" "${q6/QUEUE=1/QUEUE=0}"
     for r in 1 2; do
-        for v in X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0 "$q6"; do
+        for v in "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0" "$q6"; do
             ST=$v b m27 -n 128 -r 2
             ST=$v b m32 -n 128 -r 2
         done
     done
     echo "== rounds $(el)"
-    TSEQ=24 trace_run w27 m27 X=1
+    TSEQ=24 trace_run w27 m27 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1
     tail -18 $OUT/w27.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
-    vb X=1 1,2,3,4 3
+    vb "$new" 1,2,3,4 3
     echo "== s38d $(el)"
     ;;
 s38c)
@@ -693,21 +698,22 @@ s38c)
     suite t_gpu_matvec
     echo "== checks $(el)"
     wait $SP
+    new="REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
     old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
-    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1"
-    for m in m27 m32; do greedy $m X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0; done
-    greedy m27 "$q6" "$q6 REDLINE_MV_QUEUE=0"
+    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
+    for m in m27 m32; do greedy $m "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0"; done
+    greedy m27 "$q6" "${q6/QUEUE=1/QUEUE=0}"
     for r in 1 2 3; do
-        for v in X=1 "$old" REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0 "$q6"; do
+        for v in "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0" "$q6"; do
             ST=$v b m27 -n 128 -r 2
             ST=$v b m32 -n 128 -r 2
         done
     done
     echo "== rounds $(el)"
-    TSEQ=24 trace_run w27 m27 X=1
+    TSEQ=24 trace_run w27 m27 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1
     tail -18 $OUT/w27.txt
     echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
-    vb X=1 1,2,3,4 3
+    vb "$new" 1,2,3,4 3
     suite t_gpu_speculative --ignored
     echo "== s38c $(el)"
     ;;
