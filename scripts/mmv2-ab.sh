@@ -74,16 +74,10 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
-# s38e:    session 38: s38d in the order of what matters most, for a window of ~250 s
-# s38d:    session 38: s38c in two rounds, without the speculative suite (a short window)
+# s38e:    session 38: s38c in two rounds, in the order of what matters most, for a window of ~250 s
 # s38c:    session 38, one window for both: the queue products and the SwiGLU epilogue against the
 #          old default (both off), each alone, the queue Q6_K kernels; suites, greedy text, rounds
 #          (every variant names both switches, so it does not matter which default the pack has)
-# (s38a / s38b were written for a pack with both session-38 switches on by default: their X=1
-#  rows are the new kernels only there; since 17eb3ce both are opt-in, so use s38c / s38e)
-# s38b:    session 38: the SwiGLU as the gate / up product's epilogue (REDLINE_MV_SWIGLU=0: its own
-#          launch) beside the queue products: suites, greedy text, one row of both models
-# s38a:    session 38: the queue one-token products (REDLINE_MV_QUEUE=0: one block a group) A/B
 # s37b:    session 37: the same on 256-thread blocks, and the RoPE angle cache, both A/B
 # s35g:    session 35: the shipped default at 8 streams against mask 0
 # s35f:    session 35 (written, never run: the gating was taken out): the lookahead for one-row launches only: suites, greedy text, one row
@@ -662,31 +656,6 @@ s38e)
     vb "$new" 1,2,3,4 3
     echo "== s38e $(el)"
     ;;
-s38d)
-    # session 38: s38c cut to fit a short window (two rounds; no speculative suite)
-    suite t_gpu_decode swiglu
-    suite t_gpu_decode queue
-    suite t_gpu_matvec
-    echo "== checks $(el)"
-    wait $SP
-    new="REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
-    old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
-    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1"
-    for m in m27 m32; do greedy $m "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0"; done
-    greedy m27 "$q6" "${q6/QUEUE=1/QUEUE=0}"
-    for r in 1 2; do
-        for v in "$new" "$old" "REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=0" "$q6"; do
-            ST=$v b m27 -n 128 -r 2
-            ST=$v b m32 -n 128 -r 2
-        done
-    done
-    echo "== rounds $(el)"
-    TSEQ=24 trace_run w27 m27 REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1
-    tail -18 $OUT/w27.txt
-    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
-    vb "$new" 1,2,3,4 3
-    echo "== s38d $(el)"
-    ;;
 s38c)
     # session 38, one window: the queue products (REDLINE_MV_QUEUE) and the SwiGLU as the gate /
     # up product's epilogue (REDLINE_MV_SWIGLU), both on by default: the bit-for-bit tests,
@@ -716,58 +685,6 @@ s38c)
     vb "$new" 1,2,3,4 3
     suite t_gpu_speculative --ignored
     echo "== s38c $(el)"
-    ;;
-s38b)
-    # session 38: the SwiGLU and its q8_1 copy as the gate / up product's epilogue (the default;
-    # REDLINE_MV_SWIGLU=0: mo_swiglu_q8 after the product) beside the queue products
-    # (REDLINE_MV_QUEUE=0: one block a group): the bit-for-bit tests, greedy text, one row of
-    # both models in three rounds, a trace of the new default, the verify cost
-    suite t_gpu_decode swiglu
-    suite t_gpu_decode queue
-    suite t_gpu_matvec
-    suite t_backend_conformance --ignored
-    echo "== checks $(el)"
-    wait $SP
-    for m in m27 m32; do greedy $m X=1 REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0; done
-    for r in 1 2 3; do
-        for v in X=1 REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0 ${S38B_EXTRA:-}; do
-            ST=$v b m27 -n 128 -r 2
-            ST=$v b m32 -n 128 -r 2
-        done
-    done
-    TSEQ=24 trace_run w27 m27 X=1
-    tail -18 $OUT/w27.txt
-    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
-    vb X=1 1,2,3,4 3
-    suite t_gpu_decode
-    echo "== s38b $(el)"
-    ;;
-s38a)
-    # session 38: the one-token products' groups handed out by a queue (the default;
-    # REDLINE_MV_QUEUE=0: one block a group): the bit-for-bit tests, greedy text, one row of
-    # both models in three rounds, a trace of the new default
-    suite t_gpu_matvec
-    suite t_gpu_decode queue
-    suite t_gpu_decode persist
-    echo "== checks $(el)"
-    wait $SP
-    for m in m27 m32; do greedy $m X=1 REDLINE_MV_QUEUE=0; done
-    q6="REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K"
-    greedy m27 "$q6=1" "$q6=1 REDLINE_MV_QUEUE=0" "$q6=2"
-    for r in 1 2 3; do
-        for v in X=1 REDLINE_MV_QUEUE=0 "$q6=1" "$q6=2"; do
-            ST=$v b m27 -n 128 -r 2
-            ST=$v b m32 -n 128 -r 2
-        done
-    done
-    TSEQ=24 trace_run q27 m27 X=1
-    tail -18 $OUT/q27.txt
-    TSEQ=24 trace_run k27 m27 REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1
-    tail -18 $OUT/k27.txt
-    echo "capture errors: $(grep -ci 'capture' "$OUT/err.txt")"
-    vb X=1 1,2,3,4 3
-    suite t_gpu_speculative --ignored
-    echo "== s38a $(el)"
     ;;
 s37b)
     # session 37: the gates in the conv's launch on 256-thread blocks (REDLINE_CONV_GATES=0:
