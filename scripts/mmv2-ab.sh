@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s39a:    session 39: the queue with nk ticket counters (REDLINE_MV_QUEUE_K) against queue off
 # s38e:    session 38: s38c in two rounds, in the order of what matters most, for a window of ~250 s
 # s38c:    session 38, one window for both: the queue products and the SwiGLU epilogue against the
 #          old default (both off), each alone, the queue Q6_K kernels; suites, greedy text, rounds
@@ -633,6 +634,31 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s39a)
+    # session 39: the queue with nk ticket counters (REDLINE_MV_QUEUE_K; s38e: one counter lost
+    # 12.5 % on the 27B) against the default (queue off): the bit-for-bit tests, greedy text, one
+    # row of both models at K = 1 / 4 / 16 / 32 in two rounds, the SwiGLU epilogue and the queue
+    # Q6_K kernels on the queue, a trace with K = 16
+    suite t_gpu_decode queue
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $SP
+    old="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=0"
+    qk="REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1 REDLINE_MV_QUEUE_K"
+    greedy m27 "$old" "$qk=16" "$qk=4"
+    greedy m32 "$qk=16"
+    for r in 1 2; do
+        for v in "$old" "$qk=1" "$qk=4" "$qk=16" "$qk=32" "REDLINE_MV_SWIGLU=1 REDLINE_MV_QUEUE=1 REDLINE_MV_QUEUE_K=16" \
+            "$qk=16 REDLINE_MV_DIRECT_Q6K=1 REDLINE_MV_DIRECT_R_Q6K=1"; do
+            ST=$v b m27 -n 128 -r 2
+        done
+        for v in "$old" "$qk=16"; do ST=$v b m32 -n 128 -r 2; done
+        echo "round $r $(el)"
+    done
+    TSEQ=24 trace_run q27 m27 REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1 REDLINE_MV_QUEUE_K=16
+    tail -18 $OUT/q27.txt
+    echo "== s39a $(el)"
     ;;
 s38e)
     suite t_gpu_decode swiglu

@@ -870,11 +870,14 @@ static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t
 // stalling at each ramp), but its fixed lists left the slowest SM's warps ending up to 10 µs after
 // the others. Here the grid is the card's resident blocks and a warp's first group of R rows is
 // its own (block x MV_WARPS + warp, so nothing is asked of the queue before the weights are
-// asked for, before the PDL wait); every later group is a ticket drawn from a counter in global
-// memory (q[0]), drawn at the store of the group before the one that needs it, so its round trip
-// hides behind a whole group's iterations. A warp whose ticket is past the last group ends; the
-// last warp of the launch to end puts both counters back to zero (q[1] counts the warps ended),
-// so the next launch on this slot starts from zero. Tickets are drawn after the PDL wait only:
+// asked for, before the PDL wait); every later group is a ticket drawn from one of nk counters in
+// global memory (each on its own line: warp v's is v % nk, and counter k hands out groups
+// nwarps + k, + 2k, ...), drawn at the store of the group before the one that needs it, so its
+// round trip hides behind a whole group's iterations. Why nk counters: with one, session 39's
+// window measured the 27B 12.5 % slower (17 408 tickets a gate / up launch on one address). A
+// warp whose ticket is past the last group ends; the last warp of the launch to end puts the
+// counters back to zero (line MVQ_LINES counts the warps ended), so the next launch on this slot
+// starts from zero. Tickets are drawn after the PDL wait only:
 // every launch before this one has then ended, its resets done. Groups are numbered over the
 // segments' rows in order (a segment's last group may be short: its rows past nrows computed on
 // the last row and not stored, as mvd_rows does), the same dots in the same order per row and the
@@ -906,6 +909,9 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
     const typename F::C c = F::consts(lane);
     const long long rb = p.row_bytes;
     const int nwarps = (int)gridDim.x * MV_WARPS;
+    // the queue's counters (load_mode bits 16-21, 1..MVQ_LINES): a warp draws from counter
+    // v % nk of its first group v, and counter k's n-th ticket is group nwarps + k + n * nk
+    const int nk = Q ? min(max((load_mode >> 16) & 63, 1), MVQ_LINES) : 1;
     int ng = 0;
     if (GU) {
         ng = (p.seg[0].nrows + R - 1) / R;
@@ -973,10 +979,12 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
         }
     };
     auto finish = [&]() {
-        if (Q && lane == 0) {
-            if (atomicAdd(q + 1, 1u) == (unsigned int)nwarps - 1) {
-                atomicExch(q, 0u);
-                atomicExch(q + 1, 0u);
+        if constexpr (Q) {
+            bool last = false;
+            if (lane == 0) last = atomicAdd(q + 32 * MVQ_LINES, 1u) == (unsigned int)nwarps - 1;
+            if (__shfl_sync(0xffffffffu, (int)last, 0)) {
+                if (lane < nk) atomicExch(q + 32 * lane, 0u);
+                if (lane == 0) atomicExch(q + 32 * MVQ_LINES, 0u);
             }
         }
     };
@@ -985,6 +993,8 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
     const float* pd0 = xds + F::xd(lane);
     int it = 0;
     int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
+    const int kc = v % nk;
+    unsigned int* const qc = q + 32 * kc;
     const uint8_t* ph[RR];
     typename F::W wa[RR], wb[RR];
     typename F::X xa[1], xb[1];
@@ -1002,7 +1012,7 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
     }
     // the ticket of the group after this one (lane 0's register until it is needed)
     unsigned int tk = 0;
-    if (Q && lane == 0) tk = atomicAdd(q, 1u);
+    if (Q && lane == 0) tk = atomicAdd(qc, 1u);
     mvd_load_x<F, 1, 0, 0>(pa0, pb0, pd0, p.ncols, 1, c, xa);
     float acc[RR][1];
 #pragma unroll
@@ -1012,7 +1022,7 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
         const bool last = it + 1 == nit;
         int nv = v;
         if (last) {
-            nv = Q ? nwarps + (int)__shfl_sync(0xffffffffu, tk, 0) : ng;
+            nv = Q ? nwarps + kc + nk * (int)__shfl_sync(0xffffffffu, tk, 0) : ng;
             if (nv >= ng) nv = -1;
         }
         const int nx = last ? 0 : it + 1;
@@ -1029,7 +1039,7 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
         }
         mvd_dot<F, 1, RR>(wc, xc, c, acc);
         if (last) {
-            if (Q && nv >= 0 && lane == 0) tk = atomicAdd(q, 1u);
+            if (Q && nv >= 0 && lane == 0) tk = atomicAdd(qc, 1u);
             store(v, acc);
 #pragma unroll
             for (int r = 0; r < RR; r++) acc[r][0] = 0.0f;
@@ -1092,7 +1102,8 @@ MVD_KERNEL_PERSIST(iq4_xs, MvdIQ4XS, 2)
 MVD_KERNEL_PERSIST(q4_0, MvdQ4_0, 2)
 
 // mvd_<fmt>_n1_r<R>_q: one token, groups from a queue (mvd_groups; the host's REDLINE_MV_QUEUE).
-// q: this launch's two counters (zero on entry, zero again at the end).
+// q: this launch's counters (MVQ_LINES + 1 lines; zero on entry, zero again at the end); load_mode bits
+// 16-21: how many of them hand out tickets.
 #define MVD_KERNEL_QUEUE(name, F, R)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                        \
         mvd_##name##_n1_r##R##_q(const MvSegs p, const int8_t* __restrict__ xq,                       \
@@ -1112,7 +1123,7 @@ MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 2)
 
 // mvd_<fmt>_n1_gu<R>[_q]: one token, gate / up (segments 0 and 1, the same rows) R rows of each a
 // warp, the SwiGLU and its q8_1 copy as the epilogue (mvd_groups' GU; the host's
-// REDLINE_MV_SWIGLU); _q: groups from the queue (q: its two counters), else one group a warp.
+// REDLINE_MV_SWIGLU); _q: groups from the queue (q: its counters), else one group a warp.
 #define MVD_KERNEL_GU(name, F, R)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 5)                                     \
         mvd_##name##_n1_gu##R(const MvSegs p, const int8_t* __restrict__ xq,                          \

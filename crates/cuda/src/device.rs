@@ -198,7 +198,8 @@ pub struct CudaDevice {
     matvec_load_mode: AtomicI32,
     /// Prefill GEMM: cuBLAS (loaded at first use) and its scratch (crate::gemm).
     pub(crate) gemm: crate::gemm::GemmState,
-    /// The queue products' counters: [`crate::matvec::QUEUE_SLOTS`] slots of two u32, zero
+    /// The queue products' counters: [`crate::matvec::QUEUE_SLOTS`] slots of
+    /// [`crate::matvec::QUEUE_SLOT_WORDS`] u32, zero
     /// between launches ([`Self::queue_slot`]).
     queue: CudaSlice<u32>,
     /// The next slot [`Self::queue_slot`] hands out.
@@ -211,7 +212,7 @@ pub struct CudaDevice {
 }
 
 impl CudaDevice {
-    /// The address of the next queue slot (two u32 counters at zero) for one launch of a queue
+    /// The address of the next queue slot (its counters at zero) for one launch of a queue
     /// product (kernels/matvec_direct.cu `mvd_groups`), slots in turn. A launch puts its slot
     /// back to zero before it ends, and draws from it only after its PDL wait, when every
     /// launch before it on the stream has ended: so a slot handed out again (after
@@ -222,7 +223,7 @@ impl CudaDevice {
             .queue_next
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             % crate::matvec::QUEUE_SLOTS;
-        self.device_address(&self.queue) + 8 * i as u64
+        self.device_address(&self.queue) + (4 * crate::matvec::QUEUE_SLOT_WORDS * i) as u64
     }
 
     /// The address of the next slot of unit counters ([`crate::matvec::UNIT_SLOT_COUNTERS`] u32
@@ -274,7 +275,8 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
-        let queue = stream.alloc_zeros::<u32>(2 * crate::matvec::QUEUE_SLOTS)?;
+        let queue = stream
+            .alloc_zeros::<u32>(crate::matvec::QUEUE_SLOT_WORDS * crate::matvec::QUEUE_SLOTS)?;
         let units = stream
             .alloc_zeros::<u32>(crate::matvec::UNIT_SLOTS * crate::matvec::UNIT_SLOT_COUNTERS)?;
         let dev = CudaDevice {

@@ -528,7 +528,24 @@ struct SwigluArgs {
 /// Launches of queue kernels whose counters the device may hold at once ([`CudaDevice::queue_slot`]
 /// hands them out in turn; a slot is back to zero when its launch ends, so a slot reused by a
 /// later launch, even one in the same graph, starts from zero).
-pub(crate) const QUEUE_SLOTS: usize = 1024;
+pub(crate) const QUEUE_SLOTS: usize = 256;
+
+/// u32 a queue slot holds: kernels/matvec_common.cuh `MVQ_LINES` (32) ticket counters and the
+/// warps-ended counter, each on its own 128-byte line.
+pub(crate) const QUEUE_SLOT_WORDS: usize = 33 * 32;
+
+/// How many of a slot's counters hand out a queue launch's tickets (load_mode bits 16-21;
+/// kernels/matvec_direct.cu `mvd_groups`): `REDLINE_MV_QUEUE_K` (1-32), else 16. Why several:
+/// one counter, 17 408 tickets a 27B gate / up launch on one address, lost 12.5 % (session 39).
+fn queue_counters() -> i32 {
+    static K: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        std::env::var("REDLINE_MV_QUEUE_K")
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .map_or(16, |k| k.clamp(1, 32))
+    })
+}
 
 /// 0: `REDLINE_MV_PERSIST` decides; 1 off; 2 on (multi-wave launches); 3 forced on every
 /// one-token launch it can take, with a third of the blocks (tests: each warp walks several
@@ -1092,6 +1109,9 @@ impl CudaDevice {
             shared_mem_bytes,
         };
         let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
+        if queue.is_some() {
+            load_mode |= queue_counters() << 16;
+        }
         if crate::pdl::enabled(self.arch()) {
             let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
             let mut p = p;
@@ -1125,7 +1145,7 @@ impl CudaDevice {
         // mvm_<fmt>_n<NT>_r<R>(MvSegs, xq, xds, n_tokens, load_mode) for n_tokens <= NT, and
         // mvd_<fmt>_n<NT>_r<R>[_g<G>][_t](MvSegs, xq, xds, n_tokens, load_mode) (Q4_K / IQ4_XS, rows
         // of a multiple of 1024 values, or of 256 with _t, whose loads stay inside every row),
-        // the _q ones with the address of a queue slot of two u32 counters at zero;
+        // the _q ones with the address of a queue slot (QUEUE_SLOT_WORDS u32) at zero;
         // every segment's matrix is a live DeviceMatrix of this type and width, outputs hold
         // n_tokens * n_rows f32 and biases n_rows (the caller's contract), x was quantized
         // for n_tokens tokens of `cols`.
@@ -1329,7 +1349,7 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let mut n_i = 1i32;
-        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq);
+        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq) | (queue_counters() << 16);
         let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
         let mut p = p;
         let mut params = vec![
