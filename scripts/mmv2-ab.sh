@@ -639,7 +639,7 @@ s39a)
     # session 39: the queue with nk ticket counters (REDLINE_MV_QUEUE_K; s38e: one counter lost
     # 12.5 % on the 27B) against the default (queue off): the bit-for-bit tests, greedy text, one
     # row of both models at K = 1 / 4 / 16 / 32 in two rounds, the SwiGLU epilogue and the queue
-    # Q6_K kernels on the queue, a trace with K = 16
+    # Q6_K kernels on the queue, a trace with K = 16, the verify cost and the speculative suite
     suite t_gpu_decode queue
     suite t_gpu_matvec
     echo "== checks $(el)"
@@ -658,6 +658,8 @@ s39a)
     done
     TSEQ=24 trace_run q27 m27 REDLINE_MV_SWIGLU=0 REDLINE_MV_QUEUE=1 REDLINE_MV_QUEUE_K=16
     tail -18 $OUT/q27.txt
+    vb "$qk=16" 1,2,3,4 3
+    echo "queue K=16: $(REDLINE_MV_QUEUE=1 REDLINE_MV_QUEUE_K=16 suite t_gpu_speculative --ignored)"
     echo "== s39a $(el)"
     ;;
 s38e)
