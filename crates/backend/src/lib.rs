@@ -651,7 +651,6 @@ pub fn matmul_many_each<B: Backend>(
     Ok(())
 }
 
-/// [`Backend::matmul_add`] as separate ops: the product into a temporary, then `add`.
 /// [`Backend::mlp_add`] as three calls: gate and up (one `matmul_many`), the SwiGLU, the down
 /// projection with the residual add; the temporaries from [`Backend::zeros`].
 pub fn mlp_add_each<B: Backend>(
@@ -673,6 +672,7 @@ pub fn mlp_add_each<B: Backend>(
     b.matmul_add(down, &act, x)
 }
 
+/// [`Backend::matmul_add`] as separate ops: the product into a temporary, then `add`.
 pub fn matmul_add_via_temp<B: Backend>(
     b: &B,
     w: &B::Weight,

@@ -764,61 +764,94 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
     mv_seg_store<NT, R>(sel, row0, acc, n_tokens, lane);
 }
 
-// ---- one token, persistent (REDLINE_MV_PERSIST; session 36) ------------------------------------
+// ---- one token, groups handed out by a queue (REDLINE_MV_QUEUE; sessions 38-39) ------------------
 //
 // Why: the block-timeline trace (session 36, H100, 27B) showed the 4352 blocks of a gate/up
-// product (6.6 waves of 660 places) finishing in bursts: a wave's blocks start together, run
-// the same 23 KB each and end together, so every ~6 µs all warps of the card ramp up at once
-// and the weight stream stalls (~1 µs a wave; 2.70 TB/s over the launch against the 1 GB
-// head's 2.9). Here the grid is the card's resident blocks (the host's choice) and each warp
-// walks its rows of the virtual blocks blockIdx.x, + gridDim.x, ... (numbered as the
-// one-block-per-group launch numbers them), the next group's first iteration in flight while
-// the current group's last one computes and stores: a warp's stream does not stop between
-// groups. The same dots in the same order per row as mvd_rows, and the same store: bit for bit
-// its results. Whole 1024-value iterations; PDL: the first group's first weights before the wait.
-// Measured a loss (H100, session 36: 27B -4.5 to -5.4 %, 32B -5.5 to -7.7 %; a launch's blocks
-// ending up to 10 µs apart, each warp with a fixed share): opt-in only, kept for a version that hands out groups as places free.
+// product (6.6 waves of 660 places) finishing in bursts: a wave's blocks start together and end
+// together, so every ~6 µs all warps of the card ramp up at once and the weight stream stalls.
+// Session 36's persistent kernels (each warp a fixed list of groups; taken out in session 39)
+// removed the ramps but lost 5-8 %: the slowest SM's warps ended up to 10 µs after the others.
+// Here the grid is the card's resident blocks and a warp's first group of R rows is its own
+// (block x MV_WARPS + warp, so nothing is asked of the queue before the weights are asked for,
+// before the PDL wait); every later group is a ticket drawn from one of nk counters in global
+// memory (each on its own line: warp v's is v % nk, and counter k hands out groups nwarps + k,
+// + 2k, ...), drawn at the store of the group before the one that needs it, so its round trip
+// hides behind a whole group's iterations. Why nk counters: with one, session 39's window
+// measured the 27B 12.5 % slower (17 408 tickets a gate / up launch on one address); with 16,
+// 2.2 % slower than one block a group (so opt-in). A warp whose ticket is past the last group
+// ends; the last warp of the launch to end puts the counters back to zero (line MVQ_LINES counts
+// the warps ended), so the next launch on this slot starts from zero. Tickets are drawn after
+// the PDL wait only: every launch before this one has then ended, its resets done. Groups are
+// numbered over the segments' rows in order (a segment's last group may be short: its rows past
+// nrows computed on the last row and not stored, as mvd_rows does), the same dots in the same
+// order per row and the same store: bit for bit mvd_rows' results. Whole 1024-value iterations.
 template <typename F, int R>
-static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t* __restrict__ xq,
-                                                   const float* __restrict__ xds, int load_mode) {
+static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t* __restrict__ xq,
+                                                  const float* __restrict__ xds, int load_mode,
+                                                  unsigned int* __restrict__ q) {
     TRACE_SCOPE(TRACE_MVD);
     constexpr int IT = 4 * F::SB;
     const bool tiled = (load_mode & 256) != 0;
     const int lane = threadIdx.x, nit = p.ncols / 1024;
     const typename F::C c = F::consts(lane);
     const long long rb = p.row_bytes;
-    // the virtual blocks: the segments' blocks of R * MV_WARPS rows
-    int nvb = 0;
+    const int nwarps = (int)gridDim.x * MV_WARPS;
+    // the queue's counters (load_mode bits 16-21, 1..MVQ_LINES, and no more than the warps, so
+    // every counter has warps drawing from it): a warp draws from counter v % nk of its first
+    // group v, and counter k's n-th ticket is group nwarps + k + n * nk
+    const int nk = min(min(max((load_mode >> 16) & 63, 1), MVQ_LINES), nwarps);
+    int ng = 0;
 #pragma unroll
     for (int s = 0; s < MV_MAX_SEGS; s++)
-        if (s < p.n_segs) nvb = p.seg[s].block0 + (p.seg[s].nrows + MV_WARPS * R - 1) / (MV_WARPS * R);
-    // this warp's first row in virtual block b (past its segment's rows where it has none)
-    auto first_row = [&](int b, const MvSegSel& sel) { return ((b - sel.block0) * MV_WARPS + (int)threadIdx.y) * R; };
-    // the first virtual block >= from (steps of gridDim.x) with rows for this warp, or -1
-    auto find = [&](int from) -> int {
-        for (int b = from; b < nvb; b += gridDim.x) {
-            const MvSegSel sel = mv_select_at(p, b);
-            if (first_row(b, sel) < sel.nrows) return b;
+        if (s < p.n_segs) ng += (p.seg[s].nrows + R - 1) / R;
+    // group g's segment and its first row there
+    auto group_at = [&](int g, MvSegSel& sel) -> int {
+        sel = mv_select_at(p, 0);
+        int row0 = g * R;
+#pragma unroll
+        for (int s = 0; s < MV_MAX_SEGS; s++) {
+            if (s + 1 < MV_MAX_SEGS && s + 1 < p.n_segs && row0 >= ((p.seg[s].nrows + R - 1) / R) * R) {
+                row0 -= ((p.seg[s].nrows + R - 1) / R) * R;
+                const MvSeg& n = p.seg[s + 1];
+                sel = MvSegSel{n.W, n.y, n.bias, n.nrows, n.block0, n.accumulate};
+            } else {
+                break;
+            }
         }
-        return -1;
+        return row0;
     };
-    // virtual block b's row pointers (rows past nrows computed on the last row, as mvd_rows)
-    auto rows_at = [&](int b, const uint8_t* (&h)[R]) {
-        const MvSegSel sel = mv_select_at(p, b);
-        const int row0 = first_row(b, sel);
+    auto rows_at = [&](int g, const uint8_t* (&h)[R]) {
+        MvSegSel sel;
+        const int row0 = group_at(g, sel);
 #pragma unroll
         for (int r = 0; r < R; r++)
             h[r] = sel.W + (long long)min(row0 + r, sel.nrows - 1) * rb + (lane >> 3) * F::SB;
+    };
+    // the store of group g's rows
+    auto store = [&](int g, float (&acc)[R][1]) {
+        MvSegSel sel;
+        const int row0 = group_at(g, sel);
+        mv_seg_store<1, R>(sel, row0, acc, 1, lane);
+    };
+    auto finish = [&]() {
+        bool last = false;
+        if (lane == 0) last = atomicAdd(q + 32 * MVQ_LINES, 1u) == (unsigned int)nwarps - 1;
+        if (__shfl_sync(0xffffffffu, (int)last, 0)) {
+            if (lane < nk) atomicExch(q + 32 * lane, 0u);
+            if (lane == 0) atomicExch(q + 32 * MVQ_LINES, 0u);
+        }
     };
     const int8_t* pa0 = xq + q8_1_at(F::xe0(lane), tiled);
     const int8_t* pb0 = xq + q8_1_at(F::xe1(lane), tiled);
     const float* pd0 = xds + F::xd(lane);
     int it = 0;
-    int v = find(blockIdx.x);
+    int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
+    const int kc = v % nk;
+    unsigned int* const qc = q + 32 * kc;
     const uint8_t* ph[R];
     typename F::W wa[R], wb[R];
     typename F::X xa[1], xb[1];
-    if (v >= 0) {
+    if (v < ng) {
         rows_at(v, ph);
 #pragma unroll
         for (int r = 0; r < R; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wa[r]);
@@ -826,17 +859,25 @@ static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t
     pdl_wait();
     TRACE_WAITED(TRACE_MVD);
     pdl_trigger();
-    if (v < 0) return;
+    if (v >= ng) {
+        finish();
+        return;
+    }
+    // the ticket of the group after this one (lane 0's register until it is needed)
+    unsigned int tk = 0;
+    if (lane == 0) tk = atomicAdd(qc, 1u);
     mvd_load_x<F, 1, 0, 0>(pa0, pb0, pd0, p.ncols, 1, c, xa);
     float acc[R][1];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
-    // one item (a group's iteration) in (wc, xc): the next item's loads, its dots, at a group's
-    // last iteration the store; false when this warp has no next item
     auto step = [&](typename F::W(&wc)[R], typename F::X(&xc)[1], typename F::W(&wn)[R],
                     typename F::X(&xn)[1]) -> bool {
         const bool last = it + 1 == nit;
-        const int nv = last ? find(v + (int)gridDim.x) : v;
+        int nv = v;
+        if (last) {
+            nv = nwarps + kc + nk * (int)__shfl_sync(0xffffffffu, tk, 0);
+            if (nv >= ng) nv = -1;
+        }
         const int nx = last ? 0 : it + 1;
         if (nv >= 0) {
             if (last) {
@@ -851,198 +892,10 @@ static __device__ __forceinline__ void mvd_persist(const MvSegs& p, const int8_t
         }
         mvd_dot<F, 1, R>(wc, xc, c, acc);
         if (last) {
-            const MvSegSel sel = mv_select_at(p, v);
-            mv_seg_store<1, R>(sel, first_row(v, sel), acc, 1, lane);
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
-        }
-        v = nv;
-        it = nx;
-        return nv >= 0;
-    };
-    while (step(wa, xa, wb, xb) && step(wb, xb, wa, xa)) {
-    }
-}
-
-// ---- one token, groups handed out by a queue (REDLINE_MV_QUEUE; session 38) -----------------------
-//
-// Why: as mvd_persist (a multi-wave product's waves start and end together, the weight stream
-// stalling at each ramp), but its fixed lists left the slowest SM's warps ending up to 10 µs after
-// the others. Here the grid is the card's resident blocks and a warp's first group of R rows is
-// its own (block x MV_WARPS + warp, so nothing is asked of the queue before the weights are
-// asked for, before the PDL wait); every later group is a ticket drawn from one of nk counters in
-// global memory (each on its own line: warp v's is v % nk, and counter k hands out groups
-// nwarps + k, + 2k, ...), drawn at the store of the group before the one that needs it, so its
-// round trip hides behind a whole group's iterations. Why nk counters: with one, session 39's
-// window measured the 27B 12.5 % slower (17 408 tickets a gate / up launch on one address). A
-// warp whose ticket is past the last group ends; the last warp of the launch to end puts the
-// counters back to zero (line MVQ_LINES counts the warps ended), so the next launch on this slot
-// starts from zero. Tickets are drawn after the PDL wait only:
-// every launch before this one has then ended, its resets done. Groups are numbered over the
-// segments' rows in order (a segment's last group may be short: its rows past nrows computed on
-// the last row and not stored, as mvd_rows does), the same dots in the same order per row and the
-// same store: bit for bit mvd_rows' results. Whole 1024-value iterations.
-//
-// GU (REDLINE_MV_SWIGLU; session 38): a gate / up product (two segments of the same rows) whose
-// warp takes R rows of each, and whose epilogue is the SwiGLU and its q8_1 copy (what
-// mo_swiglu_q8 computes, so the down projection reads the same bits): act = silu(gate) * up per
-// row (the warp sums of mv_seg_store, unbiased), and the warp that completes a 32-row unit
-// (u[unit] counts its groups; the 32 / R-th) reads the unit's 32 values back through L2 and
-// writes its q8_1 unit, then puts the counter back to zero. Saves the SwiGLU's launch and its
-// release (~2.4 µs a layer, session 37's trace). Q false: one group a warp on a grid of all
-// the groups' blocks (no queue); true: the queue above.
-struct MvdSwiglu {
-    float* act;       // [nrows] f32
-    int8_t* aq;       // act's q8_1 copy (int8 per value)
-    float* ads;       // (d, d * sum) per 32 values; tagged with the layout (q8_1_tagged)
-    unsigned int* u;  // nrows / 32 counters, zero on entry and again at the end
-};
-template <typename F, int R, bool Q, bool GU>
-static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t* __restrict__ xq,
-                                                  const float* __restrict__ xds, int load_mode,
-                                                  unsigned int* __restrict__ q, const MvdSwiglu& sw) {
-    TRACE_SCOPE(TRACE_MVD);
-    constexpr int IT = 4 * F::SB;
-    constexpr int RR = GU ? 2 * R : R;  // rows a warp
-    const bool tiled = (load_mode & 256) != 0;
-    const int lane = threadIdx.x, nit = p.ncols / 1024;
-    const typename F::C c = F::consts(lane);
-    const long long rb = p.row_bytes;
-    const int nwarps = (int)gridDim.x * MV_WARPS;
-    // the queue's counters (load_mode bits 16-21, 1..MVQ_LINES): a warp draws from counter
-    // v % nk of its first group v, and counter k's n-th ticket is group nwarps + k + n * nk
-    const int nk = Q ? min(max((load_mode >> 16) & 63, 1), MVQ_LINES) : 1;
-    int ng = 0;
-    if (GU) {
-        ng = (p.seg[0].nrows + R - 1) / R;
-    } else {
-#pragma unroll
-        for (int s = 0; s < MV_MAX_SEGS; s++)
-            if (s < p.n_segs) ng += (p.seg[s].nrows + R - 1) / R;
-    }
-    // group g's segment and its first row there (GU: the gate's)
-    auto group_at = [&](int g, MvSegSel& sel) -> int {
-        sel = mv_select_at(p, 0);
-        int row0 = g * R;
-        if constexpr (!GU) {
-#pragma unroll
-            for (int s = 0; s < MV_MAX_SEGS; s++) {
-                if (s + 1 < MV_MAX_SEGS && s + 1 < p.n_segs && row0 >= ((p.seg[s].nrows + R - 1) / R) * R) {
-                    row0 -= ((p.seg[s].nrows + R - 1) / R) * R;
-                    const MvSeg& n = p.seg[s + 1];
-                    sel = MvSegSel{n.W, n.y, n.bias, n.nrows, n.block0, n.accumulate};
-                } else {
-                    break;
-                }
-            }
-        }
-        return row0;
-    };
-    auto rows_at = [&](int g, const uint8_t* (&h)[RR]) {
-        MvSegSel sel;
-        const int row0 = group_at(g, sel);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const long long at = (long long)min(row0 + r, sel.nrows - 1) * rb + (lane >> 3) * F::SB;
-            h[r] = sel.W + at;
-            if (GU) h[R + r] = p.seg[1].W + at;
-        }
-    };
-    // the store of group g's rows
-    auto store = [&](int g, float (&acc)[RR][1]) {
-        MvSegSel sel;
-        const int row0 = group_at(g, sel);
-        if constexpr (!GU) {
-            mv_seg_store<1, R>(sel, row0, acc, 1, lane);
-        } else {
-            float a[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const float gv = warp_sum(acc[r][0]), uv = warp_sum(acc[R + r][0]);
-                a[r] = silu_f(gv) * uv;
-            }
-            const int unit = row0 / 32;
-            bool last = false;
-            if (lane == 0) {
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (row0 + r < sel.nrows) sw.act[row0 + r] = a[r];
-                __threadfence();
-                last = atomicAdd(sw.u + unit, 1u) == 32 / R - 1;
-            }
-            if (__shfl_sync(0xffffffffu, (int)last, 0)) {
-                __threadfence();
-                const float v = __ldcg(sw.act + 32 * unit + lane);
-                q8_1_unit(v, sw.aq, sw.ads, 32 * unit + lane, unit);
-                if (lane == 0) sw.u[unit] = 0u;
-            }
-        }
-    };
-    auto finish = [&]() {
-        if constexpr (Q) {
-            bool last = false;
-            if (lane == 0) last = atomicAdd(q + 32 * MVQ_LINES, 1u) == (unsigned int)nwarps - 1;
-            if (__shfl_sync(0xffffffffu, (int)last, 0)) {
-                if (lane < nk) atomicExch(q + 32 * lane, 0u);
-                if (lane == 0) atomicExch(q + 32 * MVQ_LINES, 0u);
-            }
-        }
-    };
-    const int8_t* pa0 = xq + q8_1_at(F::xe0(lane), tiled);
-    const int8_t* pb0 = xq + q8_1_at(F::xe1(lane), tiled);
-    const float* pd0 = xds + F::xd(lane);
-    int it = 0;
-    int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
-    const int kc = v % nk;
-    unsigned int* const qc = q + 32 * kc;
-    const uint8_t* ph[RR];
-    typename F::W wa[RR], wb[RR];
-    typename F::X xa[1], xb[1];
-    if (v < ng) {
-        rows_at(v, ph);
-#pragma unroll
-        for (int r = 0; r < RR; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wa[r]);
-    }
-    pdl_wait();
-    TRACE_WAITED(TRACE_MVD);
-    pdl_trigger();
-    if (v >= ng) {
-        finish();
-        return;
-    }
-    // the ticket of the group after this one (lane 0's register until it is needed)
-    unsigned int tk = 0;
-    if (Q && lane == 0) tk = atomicAdd(qc, 1u);
-    mvd_load_x<F, 1, 0, 0>(pa0, pb0, pd0, p.ncols, 1, c, xa);
-    float acc[RR][1];
-#pragma unroll
-    for (int r = 0; r < RR; r++) acc[r][0] = 0.0f;
-    auto step = [&](typename F::W(&wc)[RR], typename F::X(&xc)[1], typename F::W(&wn)[RR],
-                    typename F::X(&xn)[1]) -> bool {
-        const bool last = it + 1 == nit;
-        int nv = v;
-        if (last) {
-            nv = Q ? nwarps + kc + nk * (int)__shfl_sync(0xffffffffu, tk, 0) : ng;
-            if (nv >= ng) nv = -1;
-        }
-        const int nx = last ? 0 : it + 1;
-        if (nv >= 0) {
-            if (last) {
-                rows_at(nv, ph);
-            } else {
-#pragma unroll
-                for (int r = 0; r < RR; r++) ph[r] += IT;
-            }
-#pragma unroll
-            for (int r = 0; r < RR; r++) F::load_w(ph[r], ph[r] + F::qofs(lane), c, wn[r]);
-            mvd_load_x<F, 1, 0, 0>(pa0 + 1024LL * nx, pb0 + 1024LL * nx, pd0 + 64LL * nx, p.ncols, 1, c, xn);
-        }
-        mvd_dot<F, 1, RR>(wc, xc, c, acc);
-        if (last) {
-            if (Q && nv >= 0 && lane == 0) tk = atomicAdd(qc, 1u);
+            if (nv >= 0 && lane == 0) tk = atomicAdd(qc, 1u);
             store(v, acc);
 #pragma unroll
-            for (int r = 0; r < RR; r++) acc[r][0] = 0.0f;
+            for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
         }
         v = nv;
         it = nx;
@@ -1089,18 +942,6 @@ MVD_KERNEL_STAGED(q4_k, MvdQ4K, 1)
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 2)
 MVD_KERNEL_STAGED(q4_k, MvdQ4K, 4)
 
-// mvd_<fmt>_n1_r<R>_p: one token, persistent (mvd_persist; the host's REDLINE_MV_PERSIST).
-#define MVD_KERNEL_PERSIST(name, F, R)                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)                                        \
-        mvd_##name##_n1_r##R##_p(const MvSegs p, const int8_t* __restrict__ xq,                       \
-                                 const float* __restrict__ xds, int n_tokens, int load_mode) {         \
-        mvd_persist<F, R>(p, xq, xds, load_mode);                                                      \
-    }
-MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 1)
-MVD_KERNEL_PERSIST(q4_k, MvdQ4K, 2)
-MVD_KERNEL_PERSIST(iq4_xs, MvdIQ4XS, 2)
-MVD_KERNEL_PERSIST(q4_0, MvdQ4_0, 2)
-
 // mvd_<fmt>_n1_r<R>_q: one token, groups from a queue (mvd_groups; the host's REDLINE_MV_QUEUE).
 // q: this launch's counters (MVQ_LINES + 1 lines; zero on entry, zero again at the end); load_mode bits
 // 16-21: how many of them hand out tickets.
@@ -1109,7 +950,7 @@ MVD_KERNEL_PERSIST(q4_0, MvdQ4_0, 2)
         mvd_##name##_n1_r##R##_q(const MvSegs p, const int8_t* __restrict__ xq,                       \
                                  const float* __restrict__ xds, int n_tokens, int load_mode,           \
                                  unsigned int* __restrict__ q) {                                       \
-        mvd_groups<F, R, true, false>(p, xq, xds, load_mode, q, MvdSwiglu{});                          \
+        mvd_groups<F, R>(p, xq, xds, load_mode, q);                                                    \
     }
 MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 1)
 MVD_KERNEL_QUEUE(q4_k, MvdQ4K, 2)
@@ -1120,26 +961,6 @@ MVD_KERNEL_QUEUE(q4_0, MvdQ4_0, 2)
 // apart (session 37's trace): one or two rows a warp from the queue instead.
 MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 1)
 MVD_KERNEL_QUEUE(q6_k, MvdQ6K, 2)
-
-// mvd_<fmt>_n1_gu<R>[_q]: one token, gate / up (segments 0 and 1, the same rows) R rows of each a
-// warp, the SwiGLU and its q8_1 copy as the epilogue (mvd_groups' GU; the host's
-// REDLINE_MV_SWIGLU); _q: groups from the queue (q: its counters), else one group a warp.
-#define MVD_KERNEL_GU(name, F, R)                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 5)                                     \
-        mvd_##name##_n1_gu##R(const MvSegs p, const int8_t* __restrict__ xq,                          \
-                              const float* __restrict__ xds, int n_tokens, int load_mode,              \
-                              unsigned int* __restrict__ q, const MvdSwiglu sw) {                      \
-        mvd_groups<F, R, false, true>(p, xq, xds, load_mode, q, sw);                                   \
-    }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 5)                                     \
-        mvd_##name##_n1_gu##R##_q(const MvSegs p, const int8_t* __restrict__ xq,                      \
-                                  const float* __restrict__ xds, int n_tokens, int load_mode,          \
-                                  unsigned int* __restrict__ q, const MvdSwiglu sw) {                  \
-        mvd_groups<F, R, true, true>(p, xq, xds, load_mode, q, sw);                                    \
-    }
-MVD_KERNEL_GU(q4_k, MvdQ4K, 1)
-MVD_KERNEL_GU(iq4_xs, MvdIQ4XS, 1)
-MVD_KERNEL_GU(q4_0, MvdQ4_0, 1)
 
 // Q6_K: whole 1024-value iterations only (MvdQ6K), so no _t kernels.
 #define MVD_KERNEL_WHOLE(name, F, NT, R)                                                                \

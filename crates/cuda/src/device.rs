@@ -204,11 +204,6 @@ pub struct CudaDevice {
     queue: CudaSlice<u32>,
     /// The next slot [`Self::queue_slot`] hands out.
     queue_next: std::sync::atomic::AtomicUsize,
-    /// The SwiGLU-epilogue products' unit counters: [`crate::matvec::UNIT_SLOTS`] slots of
-    /// [`crate::matvec::UNIT_SLOT_COUNTERS`] u32, zero between launches ([`Self::unit_slot`]).
-    units: CudaSlice<u32>,
-    /// The next slot [`Self::unit_slot`] hands out.
-    units_next: std::sync::atomic::AtomicUsize,
 }
 
 impl CudaDevice {
@@ -224,18 +219,6 @@ impl CudaDevice {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             % crate::matvec::QUEUE_SLOTS;
         self.device_address(&self.queue) + (4 * crate::matvec::QUEUE_SLOT_WORDS * i) as u64
-    }
-
-    /// The address of the next slot of unit counters ([`crate::matvec::UNIT_SLOT_COUNTERS`] u32
-    /// at zero) for one launch of a SwiGLU-epilogue product (kernels/matvec_direct.cu
-    /// `mvd_groups`' GU): the warp that completes a unit puts its counter back to zero, so a slot
-    /// handed out again is at zero when its next launch (after this one ends) counts in it.
-    pub(crate) fn unit_slot(&self) -> u64 {
-        let i = self
-            .units_next
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            % crate::matvec::UNIT_SLOTS;
-        self.device_address(&self.units) + (4 * crate::matvec::UNIT_SLOT_COUNTERS * i) as u64
     }
 
     /// Opens device `opts.ordinal` and loads NVRTC. Kernels compile lazily on first use.
@@ -277,8 +260,6 @@ impl CudaDevice {
         let cache = KernelCache::new(opts.cache_dir.clone().or_else(default_cache_dir));
         let queue = stream
             .alloc_zeros::<u32>(crate::matvec::QUEUE_SLOT_WORDS * crate::matvec::QUEUE_SLOTS)?;
-        let units = stream
-            .alloc_zeros::<u32>(crate::matvec::UNIT_SLOTS * crate::matvec::UNIT_SLOT_COUNTERS)?;
         let dev = CudaDevice {
             ctx,
             stream,
@@ -293,8 +274,6 @@ impl CudaDevice {
             gemm: crate::gemm::GemmState::default(),
             queue,
             queue_next: std::sync::atomic::AtomicUsize::new(0),
-            units,
-            units_next: std::sync::atomic::AtomicUsize::new(0),
         };
         if crate::trace::config().is_some() && crate::trace::buffer().is_none() {
             // the block-timeline probe's buffer (crate::trace), kept for the process

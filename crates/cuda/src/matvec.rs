@@ -452,40 +452,24 @@ fn stage_enabled() -> bool {
 /// The most shared memory a staged block asks for (opted in past 48 KB).
 const STAGE_MAX_BYTES: u32 = 96 * 1024;
 
-/// Whether one-token direct products of more blocks than the card holds at once take the
-/// persistent kernels (`mvd_<fmt>_n1_r<R>_p`: a grid of the resident blocks, each warp walking
-/// its rows of successive row blocks with the next block's first weights in flight;
-/// kernels/matvec_direct.cu `mvd_persist`): `REDLINE_MV_PERSIST=1`, or the test override.
-/// Why: session 36's block-timeline trace showed a multi-wave product's waves starting and
-/// ending together, the weight stream stalling at each wave's ramp. Measured (H100, session
-/// 36, two rounds): a loss, 27B −4.5 to −5.4 %, 32B −5.5 to −7.7 %; the trace showed a
-/// launch's blocks ending up to 10 µs apart (each walks a fixed list of groups, so a slow SM's share finishes last, where
-/// the one-block-a-group launch hands the free places new blocks). Stays off.
-fn persist_mode() -> u32 {
-    static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    resident_mode(&ENV, "REDLINE_MV_PERSIST", &PERSIST_OVERRIDE)
-}
-
-/// A resident-grid kernel family's mode: the override's (`c - 1` when set), else 1 where the
-/// opt-in variable `var` is `1` (read once into `env`), else 0 (off).
-fn resident_mode(env: &std::sync::OnceLock<u32>, var: &str, over: &AtomicU32) -> u32 {
-    match over.load(Ordering::Relaxed) {
-        0 => *env.get_or_init(|| std::env::var(var).map_or(0, |v| u32::from(v.trim() == "1"))),
-        c => c - 1,
-    }
-}
-
 /// Whether one-token direct products of more blocks than the card holds at once take the queue
 /// kernels (`mvd_<fmt>_n1_r<R>_q`: a grid of the resident blocks, each warp's first group of rows
-/// its own and every later one a ticket from a counter of the launch's queue slot
+/// its own and every later one a ticket from one of the counters of the launch's queue slot
 /// ([`CudaDevice::queue_slot`]); kernels/matvec_direct.cu `mvd_groups`): `REDLINE_MV_QUEUE=1`,
-/// or the test override (opt-in until measured on a card). Why: the persistent kernels above
-/// removed the waves' ramps but each warp's fixed share left the slowest SM ending last; a queue
-/// hands the next group to whichever warp is free. Tried before the persistent kernels where
-/// both apply.
+/// or the test override. Why: session 36's trace showed a multi-wave product's waves starting
+/// and ending together, the weight stream stalling at each ramp; its persistent kernels (a fixed
+/// list of groups a warp) lost 5-8 % to the slowest SM's share, where a queue hands the next
+/// group to whichever warp is free. Measured (H100, session 39, two rounds): with 16 counters
+/// 27B −2.2 %, 32B −3.2 % against one block a group (one counter: 27B −10 to −12.5 %). Stays
+/// off.
 fn queue_mode() -> u32 {
     static ENV: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    resident_mode(&ENV, "REDLINE_MV_QUEUE", &QUEUE_OVERRIDE)
+    match QUEUE_OVERRIDE.load(Ordering::Relaxed) {
+        0 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_MV_QUEUE").map_or(0, |v| u32::from(v.trim() == "1"))
+        }),
+        c => c - 1,
+    }
 }
 
 /// 0: `REDLINE_MV_QUEUE` decides; 1 off; 2 on (multi-wave launches); 3 forced on every one-token
@@ -497,32 +481,6 @@ static QUEUE_OVERRIDE: AtomicU32 = AtomicU32::new(0);
 /// `REDLINE_MV_QUEUE`).
 pub fn set_queue(on: Option<bool>) {
     QUEUE_OVERRIDE.store(on.map_or(0, |on| if on { 3 } else { 1 }), Ordering::Relaxed);
-}
-
-/// Whether gate / up products of one token take the SwiGLU-epilogue kernels
-/// ([`CudaDevice::gate_up_swiglu`]): `REDLINE_MV_SWIGLU=1`, or the test override (opt-in until
-/// measured on a card).
-static SWIGLU: crate::switch::Switch = crate::switch::Switch::opt_in("REDLINE_MV_SWIGLU");
-
-/// Forces the SwiGLU-epilogue gate / up kernels on or off (`None`: back to `REDLINE_MV_SWIGLU`).
-pub fn set_swiglu(on: Option<bool>) {
-    SWIGLU.set(on);
-}
-
-/// Slots of unit counters for the SwiGLU-epilogue launches ([`CudaDevice::unit_slot`]), and
-/// counters (32-row units) a slot holds.
-pub(crate) const UNIT_SLOTS: usize = 64;
-pub(crate) const UNIT_SLOT_COUNTERS: usize = 1024;
-
-/// kernels/matvec_direct.cu `MvdSwiglu`: act, its q8_1 copy (xds tagged with the layout), the
-/// unit counters.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct SwigluArgs {
-    act: u64,
-    aq: u64,
-    ads: u64,
-    units: u64,
 }
 
 /// Launches of queue kernels whose counters the device may hold at once ([`CudaDevice::queue_slot`]
@@ -545,18 +503,6 @@ fn queue_counters() -> i32 {
             .and_then(|v| v.trim().parse::<i32>().ok())
             .map_or(16, |k| k.clamp(1, 32))
     })
-}
-
-/// 0: `REDLINE_MV_PERSIST` decides; 1 off; 2 on (multi-wave launches); 3 forced on every
-/// one-token launch it can take, with a third of the blocks (tests: each warp walks several
-/// row blocks and crosses segments).
-static PERSIST_OVERRIDE: AtomicU32 = AtomicU32::new(0);
-
-/// Forces the persistent one-token kernels (`Some(true)`: on every launch they can take, with a
-/// third of the row blocks as the grid, for tests; `Some(false)`: off; `None`: back to
-/// `REDLINE_MV_PERSIST`).
-pub fn set_persist(on: Option<bool>) {
-    PERSIST_OVERRIDE.store(on.map_or(0, |on| if on { 3 } else { 1 }), Ordering::Relaxed);
 }
 
 /// 0: `REDLINE_MV_STAGE` decides; 1 off; 2 on.
@@ -1039,16 +985,11 @@ impl CudaDevice {
         if blocks == 0 {
             return Ok(());
         }
-        // one token, more row blocks than the card holds: the queue (or persistent) kernel on a
-        // grid of the resident blocks
+        // one token, more row blocks than the card holds: the queue kernel on a grid of the
+        // resident blocks (opt-in)
         let whole = direct && nt == 1 && stage.is_none() && cols.is_multiple_of(1024);
         let queue = if whole {
-            self.resident_grid(stem, r, blocks, queue_mode(), "q")?
-        } else {
-            None
-        };
-        let persist = if whole && queue.is_none() {
-            self.resident_grid(stem, r, blocks, persist_mode(), "p")?
+            self.queue_grid(stem, r, blocks, queue_mode())?
         } else {
             None
         };
@@ -1057,11 +998,9 @@ impl CudaDevice {
         } else {
             0
         };
-        let grid = queue.or(persist).unwrap_or(blocks);
+        let grid = queue.unwrap_or(blocks);
         let base = if queue.is_some() {
             format!("mvd_{stem}_n1_r{r}_q")
-        } else if persist.is_some() {
-            format!("mvd_{stem}_n1_r{r}_p")
         } else if let Some((rs, _)) = stage {
             format!("mvd_{stem}_n1_r{rs}_s")
         } else if direct {
@@ -1241,142 +1180,26 @@ impl CudaDevice {
         Ok((blocks <= places).then_some((r, bytes as u32)))
     }
 
-    /// The grid of a persistent (`kind` "p") or queue ("q") one-token launch
-    /// (`mvd_<stem>_n1_r<r>_<kind>`) of `blocks` row blocks, or None where `mode` is off or
-    /// there is no kernel for these rows a warp; else as [`Self::resident_grid_of`].
-    fn resident_grid(
-        &self,
-        stem: &str,
-        r: u32,
-        blocks: usize,
-        mode: u32,
-        kind: &str,
-    ) -> Result<Option<usize>> {
+    /// The grid of a queue one-token launch (`mvd_<stem>_n1_r<r>_q`) of `blocks` row blocks: the
+    /// card's resident blocks, or None where `mode` is off, there is no queue kernel for these
+    /// rows a warp, or the launch fits the resident blocks in one wave (`mode` 2, forced for
+    /// tests: a third of the blocks).
+    fn queue_grid(&self, stem: &str, r: u32, blocks: usize, mode: u32) -> Result<Option<usize>> {
         let has_kernel = match stem {
-            "q4_k" => r == 1 || r == 2,
+            "q4_k" | "q6_k" => r == 1 || r == 2,
             "iq4_xs" | "q4_0" => r == 2,
-            "q6_k" => kind == "q" && (r == 1 || r == 2),
             _ => false,
         };
         if mode == 0 || !has_kernel {
             return Ok(None);
         }
-        self.resident_grid_of(&format!("mvd_{stem}_n1_r{r}_{kind}"), blocks, mode)
-    }
-
-    /// The grid of a launch of resident-grid kernel `name` (a persistent or queue kernel) of
-    /// `blocks` row blocks: the card's resident blocks, or None where the launch fits them in
-    /// one wave (`mode` 2, forced for tests: a third of the blocks).
-    fn resident_grid_of(&self, name: &str, blocks: usize, mode: u32) -> Result<Option<usize>> {
         if mode == 2 {
             return Ok(Some(blocks.div_ceil(3).max(1)));
         }
-        let places = self.resident_blocks(name, Program::MatvecDirect)?
+        let places = self
+            .resident_blocks(&format!("mvd_{stem}_n1_r{r}_q"), Program::MatvecDirect)?
             * self.info().sm_count.max(1) as usize;
         Ok((places > 0 && blocks > places).then_some(places))
-    }
-
-    /// Whether [`Self::gate_up_swiglu`] takes `gate` and `up` (one token): the switch on, one
-    /// direct format (Q4_K, IQ4_XS, Q4_0) and shape, rows of a multiple of 1024 values, a multiple
-    /// of 32 rows and at most [`UNIT_SLOT_COUNTERS`] units, and the two as one segment launch
-    /// would take the direct kernels (so the fused results are the same bits).
-    pub fn gate_up_swiglu_takes(&self, gate: &DeviceMatrix, up: &DeviceMatrix) -> bool {
-        let (ty, rows, cols) = (gate.ty, gate.n_rows, gate.n_cols);
-        SWIGLU.on()
-            && matches!(ty, GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q4_0)
-            && (up.ty, up.n_rows, up.n_cols) == (ty, rows, cols)
-            && cols.is_multiple_of(1024)
-            && rows.is_multiple_of(32)
-            && rows / 32 <= UNIT_SLOT_COUNTERS
-            && direct_applies(ty, cols, 1, 2 * rows)
-            && self.segments_on_matvec(ty, 1, 2 * rows)
-    }
-
-    /// `act = silu(gate x) * (up x)` for one token (x quantized in `xq`), and act's q8_1 copy
-    /// into `aq` (which then holds act, one token of `gate.n_rows`), in one launch: gate and up
-    /// rows side by side in each warp, the SwiGLU and the quantization as the epilogue
-    /// (kernels/matvec_direct.cu `mvd_<fmt>_n1_gu1[_q]`; the queue kernel where
-    /// [`queue_mode`] takes multi-wave launches). The same bits as the gate / up segment launch
-    /// followed by `mo_swiglu_q8`. `act`: the device address of `gate.n_rows` f32. The caller
-    /// checks [`Self::gate_up_swiglu_takes`].
-    pub fn gate_up_swiglu(
-        &self,
-        gate: &DeviceMatrix,
-        up: &DeviceMatrix,
-        xq: &MatvecScratch,
-        act: u64,
-        aq: &mut MatvecScratch,
-    ) -> Result<()> {
-        let (ty, rows, cols) = (gate.ty, gate.n_rows, gate.n_cols);
-        if !self.gate_up_swiglu_takes(gate, up) || xq.n_tokens != 1 || xq.cols != cols {
-            return Err(CudaError::Shape(format!(
-                "gate / up SwiGLU of {} x {cols} with x quantized as {}x{}",
-                ty.name(),
-                xq.n_tokens,
-                xq.cols
-            )));
-        }
-        let (stem, _) = kernel_stem(ty).ok_or(CudaError::UnsupportedType(ty.name()))?;
-        let segs = [gate, up].map(|w| Segment {
-            w,
-            y: act,
-            bias: None,
-            accumulate: false,
-        });
-        // one row of each matrix a warp
-        let (p, _) = self.segment_params(&segs, WARPS_PER_BLOCK as usize);
-        let blocks = rows.div_ceil(WARPS_PER_BLOCK as usize);
-        let name_q = format!("mvd_{stem}_n1_gu1_q");
-        let queue = match queue_mode() {
-            0 => None,
-            mode => self.resident_grid_of(&name_q, blocks, mode)?,
-        };
-        let (name, grid, mut q) = match queue {
-            Some(g) => (name_q, g, self.queue_slot()),
-            None => (format!("mvd_{stem}_n1_gu1"), blocks, 0),
-        };
-        let (aq_q, aq_ds, tiled) = aq.buffers_for(1, rows)?;
-        let mut sw = SwigluArgs {
-            act,
-            aq: self.device_address(aq_q),
-            ads: self.q8_1_xds_address(aq_ds, tiled),
-            units: self.unit_slot(),
-        };
-        let f = self.function(Program::MatvecDirect, &name)?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid as u32, 1, 1),
-            block_dim: (32, WARPS_PER_BLOCK, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut n_i = 1i32;
-        let mut load_mode = self.matvec_load_mode() | tiled_bit(xq) | (queue_counters() << 16);
-        let (mut pq, mut pd) = (self.device_address(&xq.xq), self.device_address(&xq.xds));
-        let mut p = p;
-        let mut params = vec![
-            crate::pdl::arg(&mut p),
-            crate::pdl::arg(&mut pq),
-            crate::pdl::arg(&mut pd),
-            crate::pdl::arg(&mut n_i),
-            crate::pdl::arg(&mut load_mode),
-            crate::pdl::arg(&mut q),
-            crate::pdl::arg(&mut sw),
-        ];
-        // SAFETY: matches mvd_<fmt>_n1_gu1[_q](MvSegs, xq, xds, n_tokens, load_mode, q,
-        // MvdSwiglu): two segments of live matrices of this type and shape (rows of whole
-        // 1024-value iterations), x quantized for one token of `cols`, q a queue slot at zero
-        // (or unused), act `rows` f32 (the caller's contract), aq's buffers hold one token of
-        // `rows` (buffers_for), the unit slot `rows / 32` counters at zero. With PDL the kernel
-        // reads only weights before its wait.
-        unsafe {
-            crate::pdl::launch(
-                self.stream(),
-                &f,
-                cfg,
-                &mut params,
-                crate::pdl::enabled(self.arch()),
-            )
-        }?;
-        Ok(())
     }
 
     /// Blocks of `WARPS_PER_BLOCK` warps of kernel `name` an SM holds at once (no dynamic shared

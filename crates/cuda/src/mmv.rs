@@ -258,14 +258,6 @@ pub fn warps_per_block(tiles: usize, n_cols: usize, n: usize) -> u32 {
 }
 
 impl CudaDevice {
-    /// Whether [`Self::few_token_segments`] of one launch of `rows` rows of format `ty` (the same
-    /// width), `n` tokens, takes the matvec segment kernels ([`Self::matvec_segments`]).
-    pub(crate) fn segments_on_matvec(&self, ty: GgmlType, n: usize, rows: usize) -> bool {
-        !(dispatch2(self, ty, n)
-            || small_on_mmv2_of(self, std::iter::once(ty), rows, n)
-            || dispatch(self, ty, n, rows))
-    }
-
     /// Few-token products of several matrices (one format and width, x already quantized
     /// into `xq`), on the path the dispatch picks: this module's tensor-core kernels when
     /// [`dispatch`] says so, the dp4a segment kernels otherwise. Same contract as
@@ -957,28 +949,15 @@ fn small_rows2() -> usize {
 /// Whether a segment launch of fewer tokens than the mmv2 dispatch takes goes to it anyway:
 /// [`small_rows2`] rows or fewer in all, every segment of a dispatched format.
 fn small_on_mmv2(dev: &CudaDevice, segs: &[Segment<'_>], n: usize) -> bool {
-    small_on_mmv2_of(
-        dev,
-        segs.iter().map(|s| s.w.ty),
-        segs.iter().map(|s| s.w.n_rows).sum(),
-        n,
-    )
-}
-
-/// [`small_on_mmv2`] of a launch of `rows` rows in all of the formats `tys`.
-fn small_on_mmv2_of(
-    dev: &CudaDevice,
-    mut tys: impl Iterator<Item = GgmlType>,
-    rows: usize,
-    n: usize,
-) -> bool {
     let limit = small_rows2();
     limit > 0
         && mmv2_enabled()
         && dev.arch() >= 80
         && (1..=MAX_TOKENS).contains(&n)
-        && tys.all(|ty| dispatched2_format(ty) && grid_allows(ty))
-        && rows <= limit
+        && segs
+            .iter()
+            .all(|s| dispatched2_format(s.w.ty) && grid_allows(s.w.ty))
+        && segs.iter().map(|s| s.w.n_rows).sum::<usize>() <= limit
 }
 
 /// The backend's question for the mmv2 kernels: [`mmv2_enabled`], sm_80+, a dispatched

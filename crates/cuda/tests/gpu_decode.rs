@@ -717,22 +717,6 @@ fn rope_cache_matches_computed_angles_on_synth_q4_k_m_shapes() {
     );
 }
 
-/// The persistent one-token direct kernels (`cuda::matvec::set_persist`, forced onto a third of
-/// the row blocks) against one block a row group: the same dots per row, so the same logits bit
-/// for bit over one-row and batched steps and verify passes (their one-token launches).
-#[test]
-fn persist_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
-    same_logits_under_switch(
-        "persist",
-        "logits with the persistent one-token kernels equal those of one block a row group",
-        &|on| {
-            // (the queue kernels, where on, take the multi-wave launches first)
-            cuda::matvec::set_queue(on.map(|_| false));
-            cuda::matvec::set_persist(on)
-        },
-    );
-}
-
 /// The queue one-token direct kernels (`cuda::matvec::set_queue`, forced onto a third of the row
 /// blocks, so each warp takes several groups from the launch's counter) against one block a row
 /// group: the same dots per row, so the same logits bit for bit over one-row and batched steps
@@ -745,43 +729,6 @@ fn queue_matches_one_block_a_group_on_synth_q4_k_m_shapes() {
         "logits with the queue one-token kernels equal those of one block a row group",
         &|on| cuda::matvec::set_queue(on),
     );
-}
-
-/// The SwiGLU MLP's gate / up product with the SwiGLU and its q8_1 copy as its epilogue
-/// (`cuda::matvec::set_swiglu`; `mlp_add`'s fused launch) against the gate / up segment launch
-/// followed by the SwiGLU's own: the same warp sums, the same expressions and quantization, so
-/// the same logits bit for bit over one-row and batched steps and verify passes (only one-row
-/// MLPs fuse); once with one group a warp and once with the groups from the queue (forced onto
-/// a third of the blocks); and the fused path must have run.
-#[test]
-fn mlp_swiglu_epilogue_matches_separate_launch_on_synth_q4_k_m_shapes() {
-    for queue in [false, true] {
-        each_cut_side_by_side(
-            if queue { "swiglu_q" } else { "swiglu" },
-            &|_, _| {},
-            &|is_s| {
-                cuda::matvec::set_queue(Some(queue));
-                cuda::matvec::set_swiglu(Some(is_s))
-            },
-            &|name, d, s| {
-                cuda::matvec::set_queue(None);
-                cuda::matvec::set_swiglu(None);
-                assert_eq!(
-                    d.backend().mlp_swiglu_calls(),
-                    0,
-                    "{name}: the plain model fused"
-                );
-                assert!(
-                    s.backend().mlp_swiglu_calls() > 0,
-                    "{name}: the gate / up product never took the SwiGLU epilogue"
-                );
-                println!(
-                    "{name}: logits with the SwiGLU in the gate / up launch (queue {queue}) equal \
-                     the separate launch's"
-                );
-            },
-        );
-    }
 }
 
 /// Qwen3.5's gated output norm as the tail of the delta rule's launch (the staged `dn_norm`:

@@ -549,25 +549,10 @@ fn direct_segments_match_cpu_reference() {
                             );
                         }
                     }
-                    // the persistent one-token kernels (REDLINE_MV_PERSIST), forced onto a
-                    // third of the row blocks so each warp walks several and crosses segments:
-                    // the same dots per row, so bit for bit the results above
                     if nt == 1 && cols.is_multiple_of(1024) {
-                        rerun(
-                            "persistent",
-                            "one-block-a-group",
-                            &|| {
-                                cuda::matvec::set_queue(Some(false));
-                                cuda::matvec::set_persist(Some(true))
-                            },
-                            &|| {
-                                cuda::matvec::set_queue(None);
-                                cuda::matvec::set_persist(None)
-                            },
-                        );
                         // the queue one-token kernels (REDLINE_MV_QUEUE), forced onto a third
                         // of the row blocks: each warp draws further groups from the launch's
-                        // counter; twice, so the second launch finds its slot's counters back
+                        // counters; twice, so the second launch finds its slot's counters back
                         // at zero (the slots go round: each launch takes the next)
                         for round in ["queue", "queue again"] {
                             rerun(

@@ -158,11 +158,6 @@ pub struct CudaBackend {
     /// rotated dims, factors as bits), made at first use outside a capture.
     #[allow(clippy::type_complexity)]
     rope_caches: Mutex<HashMap<(u32, u32, usize, Option<Vec<u32>>), CudaSlice<f32>>>,
-    /// The q8_1 copy of the SwiGLU's output that `mlp_add`'s fused gate / up launch writes and
-    /// its down projection reads (the shared scratch holds h's copy meanwhile).
-    mlp_q8: Mutex<Option<crate::matvec::MatvecScratch>>,
-    /// `mlp_add` calls that took the fused gate / up SwiGLU launch.
-    mlp_swiglu: AtomicU64,
 }
 
 /// Largest download (f32 values) that goes through the page-locked buffer: 32 rows of a 248k
@@ -328,8 +323,6 @@ impl CudaBackend {
             dn_norm: AtomicU64::new(0),
             conv_gates: AtomicU64::new(0),
             rope_caches: Mutex::new(HashMap::new()),
-            mlp_q8: Mutex::new(None),
-            mlp_swiglu: AtomicU64::new(0),
         };
         b.set_l2_prefetch(prefetch::budget_from_env(b.dev.arch()));
         crate::pdl::set_enabled(crate::pdl::default_on());
@@ -388,11 +381,6 @@ impl CudaBackend {
     /// `in_proj_conv1d_qkv` calls so far whose f32 products rode in the conv's launch.
     pub fn conv_gates_calls(&self) -> u64 {
         self.conv_gates.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// `mlp_add` calls so far that took the fused gate / up SwiGLU launch.
-    pub fn mlp_swiglu_calls(&self) -> u64 {
-        self.mlp_swiglu.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `attention_block` calls so far whose query / key preparation took one launch.
@@ -820,36 +808,6 @@ impl backend::Backend for CudaBackend {
             },
             || self.matmul_many_impl(ws, biases, x, outs),
         )
-    }
-
-    fn mlp_add(
-        &self,
-        gate: &CudaWeight,
-        up: &CudaWeight,
-        down: &CudaWeight,
-        h: &CudaTensor,
-        x: &mut CudaTensor,
-    ) -> Result<(), BackendError> {
-        // (the arena blocks of the three-call path in either case, so a replay of a step takes
-        // the same blocks whichever path its recording took)
-        let mut g = self.zeros(h.rows, gate.rows);
-        let mut u = self.zeros(h.rows, up.rows);
-        let mut act = self.zeros(h.rows, gate.rows);
-        if self.mlp_fused_takes(gate, up, down, h, &act, x) {
-            if self.replaying() {
-                return Ok(());
-            }
-            let done = self.timed(
-                || format!("mlp_add {} {}x{}", gate.ty.name(), gate.rows, gate.cols),
-                || self.mlp_fused_impl(gate, up, down, h, &mut act, x),
-            )?;
-            if done {
-                return Ok(());
-            }
-        }
-        self.matmul_many(&[gate, up], &[], h, &mut [&mut g, &mut u])?;
-        self.swiglu(&g, &u, &mut act)?;
-        self.matmul_add(down, &act, x)
     }
 
     fn matmul_add(
