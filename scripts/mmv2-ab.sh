@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s39b:    session 39, second pack: the queue's two-level end count against queue off
 # s39a:    session 39: the queue with nk ticket counters (REDLINE_MV_QUEUE_K) against queue off
 # s38e:    session 38: s38c in two rounds, in the order of what matters most, for a window of ~250 s
 # s38c:    session 38, one window for both: the queue products and the SwiGLU epilogue against the
@@ -634,6 +635,26 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s39b)
+    # session 39, second pack: the queue's warps-ended count in two levels (a line's warps, then
+    # the lines) and at most one counter a warp; the persistent and SwiGLU-epilogue kernels taken
+    # out: the bit-for-bit tests, greedy text, default against the queue at K = 16 and 8 in three
+    # rounds, the speculative suite with the queue
+    suite t_gpu_decode queue
+    suite t_gpu_matvec
+    echo "== checks $(el)"
+    wait $SP
+    qk="REDLINE_MV_QUEUE=1 REDLINE_MV_QUEUE_K"
+    greedy m27 X=1 "$qk=16"
+    greedy m32 "$qk=16"
+    for r in 1 2 3; do
+        for v in X=1 "$qk=16" "$qk=8"; do ST=$v b m27 -n 128 -r 2; done
+        for v in X=1 "$qk=16"; do ST=$v b m32 -n 128 -r 2; done
+        echo "round $r $(el)"
+    done
+    echo "queue K=16: $(REDLINE_MV_QUEUE=1 suite t_gpu_speculative --ignored)"
+    echo "== s39b $(el)"
     ;;
 s39a)
     # session 39: the queue with nk ticket counters (REDLINE_MV_QUEUE_K; s38e: one counter lost

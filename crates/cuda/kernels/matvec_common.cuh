@@ -12,7 +12,8 @@ struct alignas(16) u32x4 {
 // Warps per block of the segment kernels; must match WARPS_PER_BLOCK in crates/cuda/src/matvec.rs.
 #define MV_WARPS 4
 // the queue products' ticket counters a slot holds (kernels/matvec_direct.cu mvd_groups), each on
-// its own 128-byte line, then the line of the warps-ended counter: MVQ_LINES + 1 lines a slot
+// its own 128-byte line (word 0 the tickets, word 1 its warps ended), then the line of the lines
+// done: MVQ_LINES + 1 lines a slot
 // (crates/cuda/src/matvec.rs QUEUE_SLOT_WORDS)
 #define MVQ_LINES 32
 

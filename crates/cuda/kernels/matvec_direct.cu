@@ -779,8 +779,9 @@ static __device__ __forceinline__ void mvd_segments(const MvSegs& p, const int8_
 // hides behind a whole group's iterations. Why nk counters: with one, session 39's window
 // measured the 27B 12.5 % slower (17 408 tickets a gate / up launch on one address); with 16,
 // 2.2 % slower than one block a group (so opt-in). A warp whose ticket is past the last group
-// ends; the last warp of the launch to end puts the counters back to zero (line MVQ_LINES counts
-// the warps ended), so the next launch on this slot starts from zero. Tickets are drawn after
+// ends; the last warp of the launch to end puts the counters back to zero (each counter's line
+// counts its warps ended, line MVQ_LINES the lines done), so the next launch on this slot starts
+// from zero. Tickets are drawn after
 // the PDL wait only: every launch before this one has then ended, its resets done. Groups are
 // numbered over the segments' rows in order (a segment's last group may be short: its rows past
 // nrows computed on the last row and not stored, as mvd_rows does), the same dots in the same
@@ -833,11 +834,23 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
         const int row0 = group_at(g, sel);
         mv_seg_store<1, R>(sel, row0, acc, 1, lane);
     };
+    int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
+    const int kc = v % nk;
+    unsigned int* const qc = q + 32 * kc;
+    // a warp that ends counts itself on its counter's line (word 1; kw warps draw from counter
+    // kc), the last of a line counts the line on line MVQ_LINES, and the warp that completes the
+    // last line puts every counter back to zero. Two levels: one counter of all the warps ends
+    // took ~2 640 same-address atomics into a launch's last microseconds.
     auto finish = [&]() {
+        const int kw = nwarps / nk + (kc < nwarps % nk ? 1 : 0);
         bool last = false;
-        if (lane == 0) last = atomicAdd(q + 32 * MVQ_LINES, 1u) == (unsigned int)nwarps - 1;
+        if (lane == 0 && atomicAdd(qc + 1, 1u) == (unsigned int)kw - 1)
+            last = atomicAdd(q + 32 * MVQ_LINES, 1u) == (unsigned int)nk - 1;
         if (__shfl_sync(0xffffffffu, (int)last, 0)) {
-            if (lane < nk) atomicExch(q + 32 * lane, 0u);
+            if (lane < nk) {
+                atomicExch(q + 32 * lane, 0u);
+                atomicExch(q + 32 * lane + 1, 0u);
+            }
             if (lane == 0) atomicExch(q + 32 * MVQ_LINES, 0u);
         }
     };
@@ -845,9 +858,6 @@ static __device__ __forceinline__ void mvd_groups(const MvSegs& p, const int8_t*
     const int8_t* pb0 = xq + q8_1_at(F::xe1(lane), tiled);
     const float* pd0 = xds + F::xd(lane);
     int it = 0;
-    int v = (int)blockIdx.x * MV_WARPS + (int)threadIdx.y;
-    const int kc = v % nk;
-    unsigned int* const qc = q + 32 * kc;
     const uint8_t* ph[R];
     typename F::W wa[R], wb[R];
     typename F::X xa[1], xb[1];

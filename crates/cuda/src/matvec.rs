@@ -488,8 +488,8 @@ pub fn set_queue(on: Option<bool>) {
 /// later launch, even one in the same graph, starts from zero).
 pub(crate) const QUEUE_SLOTS: usize = 256;
 
-/// u32 a queue slot holds: kernels/matvec_common.cuh `MVQ_LINES` (32) ticket counters and the
-/// warps-ended counter, each on its own 128-byte line.
+/// u32 a queue slot holds: kernels/matvec_common.cuh `MVQ_LINES` (32) lines of a ticket counter
+/// and its warps-ended counter, and a line counting the lines done; 128 bytes a line.
 pub(crate) const QUEUE_SLOT_WORDS: usize = 33 * 32;
 
 /// How many of a slot's counters hand out a queue launch's tickets (load_mode bits 16-21;
