@@ -74,6 +74,9 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s39e:    session 39: default traces, 27B / 32B, the 32B at depth 4096
+# s39d:    session 39: the 32B at depth 4096 under the decode attention's knobs
+# s39c:    session 39: the default's verify cost and issue-4 rows (pp512, depth 4096)
 # s39b:    session 39, second pack: the queue's two-level end count against queue off
 # s39a:    session 39: the queue with nk ticket counters (REDLINE_MV_QUEUE_K) against queue off
 # s38e:    session 38: s38c in two rounds, in the order of what matters most, for a window of ~250 s
@@ -156,13 +159,13 @@ greedy() {
     done
 }
 # trace_run LABEL M VAR=value...: one traced replay (REDLINE_TRACE, the 40th; TSTEP) of M's decode
-# under that environment: the bench row, $OUT/LABEL.txt (scripts/trace-summary.py, launches
+# under that environment (TARGS: more bench arguments, e.g. -d 4096): the bench row, $OUT/LABEL.txt (scripts/trace-summary.py, launches
 # TSKIP.. TSKIP + TSEQ) and $OUT/LABEL.trace.xz
 trace_run() {
     local l=$1 m=$2
     shift 2
     env "$@" REDLINE_TRACE=$OUT/$l.trace REDLINE_TRACE_STEP=${TSTEP:-40} timeout 120 $R bench --device cuda \
-        -m /tmp/$m.gguf -p 0 -n 64 -r 1 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
+        -m /tmp/$m.gguf -p 0 -n 64 -r 1 ${TARGS:-} 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f8-
     python3 scripts/trace-summary.py $OUT/$l.trace --skip ${TSKIP:-200} --seq ${TSEQ:-40} >$OUT/$l.txt 2>&1
     xz -T0 -6 $OUT/$l.trace
     echo "$l: $(head -1 $OUT/$l.txt)"
@@ -635,6 +638,46 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s39e)
+    # session 39: traces of the default path for the record (the closing analysis of issue 4)
+    # and for the next session: the 27B and the 32B at depth 0, the 32B at depth 4096 (its
+    # attention ~21 µs a layer more there, ~0.8 TB/s of KV) and with 5 query heads a block
+    wait $SP
+    TSEQ=24 trace_run t27 m27 X=1
+    sed -n '/per class/,$p' $OUT/t27.txt
+    TSEQ=24 trace_run t32 m32 X=1
+    sed -n '/per class/,$p' $OUT/t32.txt
+    TSEQ=24 TARGS="-d 4096" trace_run u32 m32 X=1
+    sed -n '/per class/,$p' $OUT/u32.txt
+    TSEQ=24 TARGS="-d 4096" trace_run v32 m32 REDLINE_FA_HEADS_PER_BLOCK=5
+    sed -n '/per class/,$p' $OUT/v32.txt
+    echo "== s39e $(el)"
+    ;;
+s39d)
+    # session 39: the 32B's depth cost (s39c: tg128 118.88 at depth 0, 102.21 at 4096: -14 %;
+    # attention ~21 µs a layer more at 4096, ~0.8 TB/s of KV) under the decode attention's
+    # knobs: query heads a block (default 3: two blocks a KV head of 5) and tiles a split
+    wait $SP
+    for r in 1 2; do
+        for v in X=1 REDLINE_FA_HEADS_PER_BLOCK=5 REDLINE_FA_HEADS_PER_BLOCK=8 REDLINE_FA_HEADS_PER_BLOCK=1 \
+            REDLINE_FA_TILES_PER_SPLIT=4 "REDLINE_FA_HEADS_PER_BLOCK=5 REDLINE_FA_TILES_PER_SPLIT=1"; do
+            ST=$v b m32 -n 64 -r 2 -d 4096
+        done
+        echo "round $r $(el)"
+    done
+    echo "== s39d $(el)"
+    ;;
+s39c)
+    # session 39, last window: the default path's verify cost (issue 8) and the issue-4 rows
+    # (pp512 + tg128, tg128 at depth 4096) of both models
+    wait $SP
+    vb X=1 1,2,3,4 3
+    for m in m27 m32; do
+        echo "$m: $(timeout 150 $R bench --device cuda -m /tmp/$m.gguf -p 512 -n 128 -r 3 2>>"$OUT/err.txt" | grep -E '^\| qwen' | cut -d'|' -f6- | tr '\n' ' ')"
+        ST=X=1 b $m -n 128 -r 2 -d 4096
+    done
+    echo "== s39c $(el)"
     ;;
 s39b)
     # session 39, second pack: the queue's warps-ended count in two levels (a line's warps, then
