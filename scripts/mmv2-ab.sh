@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s40a:    next session: REDLINE_FA_WHOLE_GROUP_FROM (the whole query-head group in one decode block at depth)
 # s39e:    session 39: default traces, 27B / 32B, the 32B at depth 4096
 # s39d:    session 39: the 32B at depth 4096 under the decode attention's knobs
 # s39c:    session 39: the default's verify cost and issue-4 rows (pp512, depth 4096)
@@ -638,6 +639,28 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s40a)
+    # next session: a decode row's whole query-head group in one block from N positions
+    # (REDLINE_FA_WHOLE_GROUP_FROM; s39d: 5 heads a block +3.5 % on the 32B at depth 4096, the
+    # default 3 + 2 0.9-1.7 % faster at depth 0): the bit-for-bit test, greedy text, the 32B at
+    # depths 0 / 1024 / 4096 and the 27B at 0 / 4096 under N = 0 (off) / 1 / 1024 / 2048
+    suite t_gpu_decode whole_group
+    echo "== checks $(el)"
+    wait $SP
+    greedy m32 X=1 REDLINE_FA_WHOLE_GROUP_FROM=1
+    for r in 1 2; do
+        for d in 0 1024 4096; do
+            for v in X=1 REDLINE_FA_WHOLE_GROUP_FROM=1 REDLINE_FA_WHOLE_GROUP_FROM=1024 REDLINE_FA_WHOLE_GROUP_FROM=2048; do
+                ST=$v b m32 -n 64 -r 2 -d $d
+            done
+        done
+        for d in 0 4096; do
+            for v in X=1 REDLINE_FA_WHOLE_GROUP_FROM=1; do ST=$v b m27 -n 64 -r 2 -d $d; done
+        done
+        echo "round $r $(el)"
+    done
+    echo "== s40a $(el)"
     ;;
 s39e)
     # session 39: traces of the default path for the record (the closing analysis of issue 4)

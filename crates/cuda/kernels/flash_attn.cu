@@ -973,12 +973,21 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
                                                           const uint8_t* vc, float* __restrict__ out,
                                                           float* __restrict__ part, int n_head, int n_kv_head,
                                                           long long kpb, long long vpb, float scale, int min_per,
-                                                          const FdFuse& fz) {
+                                                          int whole_from, const FdFuse& fz) {
     // grid.y = n_kv_head * n_sub, n_sub from the host (by default ceil(G / FD_MAX_G); fewer heads
     // a block with REDLINE_FA_HEADS_PER_BLOCK): a block takes ceil(G / n_sub) <= FD_MAX_G heads.
     // Each head's arithmetic is the same in every body, so the split does not change the bits.
-    const int G = n_head / n_kv_head, n_sub = gridDim.y / n_kv_head, gmax = (G + n_sub - 1) / n_sub;
+    // whole_from > 0 (REDLINE_FA_WHOLE_GROUP_FROM): a row of at least that many positions has
+    // its group in sub-block 0 alone (the others end at once), so each split's K/V are read by
+    // one block (session 39: the 32B at depth 4096 +3.5 % with 5 heads a block, where 3 + 2
+    // are 0.9-1.7 % faster at depth 0). pos is the host's: known before the PDL wait.
+    const int G = n_head / n_kv_head, n_sub = gridDim.y / n_kv_head;
     const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
+    int gmax = (G + n_sub - 1) / n_sub;
+    if (whole_from > 0 && n_sub > 1 && G <= FD_MAX_G && pos[blockIdx.z] + 1 >= whole_from) {
+        if (sub != 0) return;
+        gmax = G;
+    }
     const int h0 = kvh * G + sub * gmax, gb = min(gmax, G - sub * gmax);
     if (gb <= 0) return;
 #define FD_BODY(GM) \
@@ -1011,10 +1020,10 @@ static __device__ __forceinline__ void flash_decode_heads(const float* __restric
         NAME(const float* __restrict__ q, const int* __restrict__ rows, const int* __restrict__ pos,                \
              const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc, float* __restrict__ out,              \
              float* __restrict__ part, int n_head, int n_kv_head, long long kpb, long long vpb, float scale,        \
-             const unsigned long long* __restrict__ kvp, int min_per) {                                            \
+             const unsigned long long* __restrict__ kvp, int min_per, int whole_from) {                            \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
         flash_decode_heads<D, TYPE, false>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,    \
-                                           min_per, FdFuse{});                                                     \
+                                           min_per, whole_from, FdFuse{});                                         \
     }
 FA_DECODE_D(fa_decode_d64_f16, 64, FA_F16)
 FA_DECODE_D(fa_decode_d64_q8_0, 64, FA_Q8_0)
@@ -1037,12 +1046,12 @@ FA_DECODE_D(fa_decode_d256_q4_0, 256, FA_Q4_0)
              const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qn,               \
              const float* __restrict__ kn, const float* __restrict__ factors, const int* __restrict__ rpos,         \
              int min_per, int q_stride, int gate_off, int n_rot, int neox, float freq_base, float freq_scale,       \
-             float eps, int8_t* __restrict__ xq, float* __restrict__ xds, float4* __restrict__ rc) {               \
+             float eps, int8_t* __restrict__ xq, float* __restrict__ xds, float4* __restrict__ rc, int whole_from) { \
         FD_ROW_CACHES(kvp, kc, vc);                                                                                \
         const FdFuse fz = {k,   v,     qn,   kn,        factors,    rpos, q_stride,                                \
                            gate_off, n_rot, neox, freq_base, freq_scale, eps,  xq, xds, rc};                      \
         flash_decode_heads<D, FA_F16, true>(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb, vpb, scale,   \
-                                            min_per, fz);                                                          \
+                                            min_per, whole_from, fz);                                              \
     }
 FA_DECODE_FUSED(fa_decode_fused_d64, 64)
 FA_DECODE_FUSED(fa_decode_fused_d128, 128)

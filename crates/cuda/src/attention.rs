@@ -133,6 +133,38 @@ fn decode_sub_blocks(p: &AttentionParams) -> usize {
     group(p).div_ceil(hpb).max(1)
 }
 
+/// Rows of at least this many positions decode their KV head's whole group of query heads in
+/// one block (kernels/flash_attn.cu `flash_decode_heads`' whole_from; 0: never):
+/// `REDLINE_FA_WHOLE_GROUP_FROM=N`, or the test override; off by default until measured. Why:
+/// session 39 (H100, the 32B at depth 4096) measured one block a KV head (5 heads) 3.5 % faster
+/// than the default 3 + 2, which session 34 measured 0.9-1.7 % faster at depth 0; the kernel
+/// takes the choice per row at run time, so recorded steps get both. The same bits either way.
+fn whole_group_from() -> i32 {
+    static ENV: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    match WHOLE_GROUP_OVERRIDE.load(Ordering::Relaxed) {
+        -1 => *ENV.get_or_init(|| {
+            std::env::var("REDLINE_FA_WHOLE_GROUP_FROM")
+                .ok()
+                .and_then(|v| v.trim().parse::<i32>().ok())
+                .filter(|&n| n >= 0)
+                .unwrap_or(0)
+        }),
+        n => n,
+    }
+}
+
+/// -1: `REDLINE_FA_WHOLE_GROUP_FROM` decides; else the positions from which (0: never).
+static WHOLE_GROUP_OVERRIDE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Forces the length from which a decode row's whole query-head group runs in one block
+/// (`Some(0)`: never; `None`: back to `REDLINE_FA_WHOLE_GROUP_FROM`). For tests and benchmarks.
+pub fn set_whole_group_from(n: Option<u32>) {
+    WHOLE_GROUP_OVERRIDE.store(
+        n.map_or(-1, |n| n.min(i32::MAX as u32) as i32),
+        Ordering::Relaxed,
+    );
+}
+
 /// The head-size decode kernel for this shape and cache type, if there is one: K and V heads
 /// of 64, 128 or 256, an f16/q8_0/q4_0 cache.
 fn decode_d_kernel(p: &AttentionParams, kv_type: KvType) -> Option<&'static str> {
@@ -415,9 +447,10 @@ fn launch_decode_d(
         .push(kv.v_pos_bytes as i64)
         .push(p.scale)
         .push(kv.row_caches)
-        .push(min_per(p.head_dim_k));
+        .push(min_per(p.head_dim_k))
+        .push(whole_group_from());
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
-    // vpb, scale, kvp, min_per); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
+    // vpb, scale, kvp, min_per, whole_from); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
     // the kernel's D and the cache type match it (decode_d_kernel),
     // cache rows checked against the shape, positions < n_ctx (caller), part holds
     // partials_len values when splits > 1 (caller), shared memory as the kernel lays it out.
@@ -551,10 +584,11 @@ pub fn launch_decode_fused(
         .push(f.eps)
         .push(f.q8.0)
         .push(f.q8.1)
-        .push(f.rope_cache);
+        .push(f.rope_cache)
+        .push(whole_group_from());
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
     // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
-    // neox, freq_base, freq_scale, eps, xq, xds, rc); rc 0 or n_rot / 2 16-byte entries kept for
+    // neox, freq_base, freq_scale, eps, xq, xds, rc, whole_from); rc 0 or n_rot / 2 16-byte entries kept for
     // these RoPE parameters alone; the caller vouches for the device addresses: q of
     // n_head heads f.q_stride apart per row (the gate inside the stride, checked), k / v
     // [*, n_kv_head * d], norms of d f32 or 0, factors of n_rot / 2 or 0, rpos / pos / rows of

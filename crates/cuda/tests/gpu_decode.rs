@@ -717,6 +717,19 @@ fn rope_cache_matches_computed_angles_on_synth_q4_k_m_shapes() {
     );
 }
 
+/// A decode row's whole query-head group in one block (`cuda::attention::set_whole_group_from`,
+/// forced from the first position) against the default blocks of 3 heads (both cuts have groups
+/// of 6, so two blocks a KV head): each head's arithmetic is the same in every block shape, so
+/// the same logits bit for bit over one-row and batched steps and verify passes.
+#[test]
+fn whole_group_decode_matches_split_group_on_synth_q4_k_m_shapes() {
+    same_logits_under_switch(
+        "wholeg",
+        "logits with each KV head's whole group in one decode block equal the split group's",
+        &|on| cuda::attention::set_whole_group_from(on.map(u32::from)),
+    );
+}
+
 /// The queue one-token direct kernels (`cuda::matvec::set_queue`, forced onto a third of the row
 /// blocks, so each warp takes several groups from the launch's counter) against one block a row
 /// group: the same dots per row, so the same logits bit for bit over one-row and batched steps
