@@ -293,20 +293,6 @@ pub trait Backend: Send + Sync + Sized {
         up: &Self::Tensor,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
-    /// A SwiGLU MLP with the residual add, `x += down · (silu(gate · h) * (up · h))`, in one
-    /// call so a device can fuse it (the SwiGLU in the gate / up product's epilogue). h:
-    /// `[n, n_embd]`, x: `[n, n_embd]`. Default: [`Backend::matmul_many`] of gate and up,
-    /// [`Backend::swiglu`], [`Backend::matmul_add`] ([`mlp_add_each`]).
-    fn mlp_add(
-        &self,
-        gate: &Self::Weight,
-        up: &Self::Weight,
-        down: &Self::Weight,
-        h: &Self::Tensor,
-        x: &mut Self::Tensor,
-    ) -> Result<(), BackendError> {
-        mlp_add_each(self, gate, up, down, h, x)
-    }
     /// `x = silu(x)` in place.
     fn silu(&self, x: &mut Self::Tensor) -> Result<(), BackendError>;
     /// `x *= sigmoid(gate)`, both `[n, cols]` (Qwen3.5 gated attention output).
@@ -649,27 +635,6 @@ pub fn matmul_many_each<B: Backend>(
         }
     }
     Ok(())
-}
-
-/// [`Backend::mlp_add`] as three calls: gate and up (one `matmul_many`), the SwiGLU, the down
-/// projection with the residual add; the temporaries from [`Backend::zeros`].
-pub fn mlp_add_each<B: Backend>(
-    b: &B,
-    gate: &B::Weight,
-    up: &B::Weight,
-    down: &B::Weight,
-    h: &B::Tensor,
-    x: &mut B::Tensor,
-) -> Result<(), BackendError> {
-    let (n, _) = b.shape(h);
-    let f = b.weight_shape(gate).0;
-    let mut g = b.zeros(n, f);
-    let mut u = b.zeros(n, b.weight_shape(up).0);
-    // gate and up read the same h: one call (one launch when they share a weight type)
-    b.matmul_many(&[gate, up], &[], h, &mut [&mut g, &mut u])?;
-    let mut act = b.zeros(n, f);
-    b.swiglu(&g, &u, &mut act)?;
-    b.matmul_add(down, &act, x)
 }
 
 /// [`Backend::matmul_add`] as separate ops: the product into a temporary, then `add`.

@@ -185,7 +185,15 @@ impl<B: Backend> FfnWeights<B> {
 
     /// `x += mlp(h)`; h, x: `[n, n_embd]`.
     pub fn forward_add(&self, b: &B, h: &B::Tensor, x: &mut B::Tensor) -> Result<(), ModelError> {
-        b.mlp_add(&self.gate, &self.up, &self.down, h, x)?;
+        let (n, _) = b.shape(h);
+        let f = b.weight_shape(&self.gate).0;
+        let mut gate = b.zeros(n, f);
+        let mut up = b.zeros(n, b.weight_shape(&self.up).0);
+        // gate and up read the same h: one call (one launch when they share a weight type).
+        b.matmul_many(&[&self.gate, &self.up], &[], h, &mut [&mut gate, &mut up])?;
+        let mut act = b.zeros(n, f);
+        b.swiglu(&gate, &up, &mut act)?;
+        b.matmul_add(&self.down, &act, x)?;
         Ok(())
     }
 }
