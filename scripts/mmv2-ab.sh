@@ -651,7 +651,8 @@ s40a)
     greedy m32 X=1 REDLINE_FA_WHOLE_GROUP_FROM=1
     for r in 1 2; do
         for d in 0 1024 4096; do
-            for v in X=1 REDLINE_FA_WHOLE_GROUP_FROM=1 REDLINE_FA_WHOLE_GROUP_FROM=1024 REDLINE_FA_WHOLE_GROUP_FROM=2048; do
+            for v in X=1 REDLINE_FA_WHOLE_GROUP_FROM=1 REDLINE_FA_WHOLE_GROUP_FROM=1024 REDLINE_FA_WHOLE_GROUP_FROM=2048 \
+                "REDLINE_FA_WHOLE_GROUP_FROM=1024 REDLINE_FA_TILES_PER_SPLIT=4"; do
                 ST=$v b m32 -n 64 -r 2 -d $d
             done
         done
@@ -673,7 +674,7 @@ s39e)
     sed -n '/per class/,$p' $OUT/t32.txt
     TSEQ=24 TARGS="-d 4096" trace_run u32 m32 X=1
     sed -n '/per class/,$p' $OUT/u32.txt
-    TSEQ=24 TARGS="-d 4096" trace_run v32 m32 REDLINE_FA_HEADS_PER_BLOCK=5
+    TSEQ=24 TARGS="-d 4096" trace_run v32 m32 REDLINE_FA_WHOLE_GROUP_FROM=1
     sed -n '/per class/,$p' $OUT/v32.txt
     echo "== s39e $(el)"
     ;;
