@@ -13,7 +13,9 @@ latencies, and of the time no launch was past its wait.
 
 Records: thread 0 of each block of the instrumented kernels (kernels/common.cuh TRACE_*):
 event 0 start, 1 wait returned, 2 end, 3 and up a kernel's own marks (the attention decode: 4 its
-K/V prefetches issued, 5 its RoPE angles computed, 3 its pre-wait work done).
+K/V prefetches issued, 5 its RoPE angles computed, 3 its pre-wait work done; after the wait, 6
+its query heads in place, 7 warp 0's positions done, 8 the warps' sums met; those also as the
+mean time from the block's wait return).
 """
 import struct
 import sys
@@ -79,12 +81,18 @@ def launches(insts):
             # per mark event: the mean time from a block's start to it
             evs = sorted({e for b in blk for e in b.get("marks", {})})
             marks = {e: [b["marks"][e] - b["start"] for b in blk if e in b.get("marks", {})] for e in evs}
+            # and from its wait return, for the marks after the wait
+            wmarks = {e: [b["marks"][e] - b["wait"] for b in blk
+                          if e in b.get("marks", {}) and b["wait"] is not None and b["marks"][e] > b["wait"]]
+                      for e in evs}
             out.append({
                 "tag": tag, "grid": grid, "n": len(blk),
                 "s0": min(b["start"] for b in blk), "s1": max(b["start"] for b in blk),
                 "w0": min(waits) if waits else None, "w1": max(waits) if waits else None,
                 "e0": min(b["end"] for b in blk), "e1": max(b["end"] for b in blk),
                 "marks": {e: sum(v) / len(v) for e, v in marks.items()},
+                "wmarks": {e: sum(v) / len(v) for e, v in wmarks.items() if v},
+                "wend": [b["end"] - b["wait"] for b in blk if b["wait"] is not None and b["end"] > b["wait"]],
             })
     out.sort(key=lambda l: l["s0"])
     return out
@@ -134,6 +142,10 @@ def main():
             c["release"].append((w0 - prev["e1"]) / 1000)
         for e, v in l["marks"].items():
             c[f"mark{e}"].append(v / 1000)
+        if l["wend"]:
+            c["wmarkend"].append(sum(l["wend"]) / len(l["wend"]) / 1000)
+        for e, v in l["wmarks"].items():
+            c[f"wmark{e}"].append(v / 1000)
         prev = l
     print("\nper class (means, µs): count, pre (start to first wait return), release (first wait "
           "return after the previous launch's last end), run (first wait return to last end), "
@@ -145,7 +157,9 @@ def main():
               f"{mean(c['release']):8.2f} {mean(c['run']):8.2f} {mean(c['tail']):7.2f} "
               f"{mean(c['startspread']):7.2f} {sum(c['run']):9.1f}"
               + "".join(f"  (start to mark {k[4:]}: {mean(v):.2f})" for k, v in sorted(c.items())
-                        if k.startswith("mark")))
+                        if k.startswith("mark"))
+              + "".join(f"  (wait to mark {k[5:]}: {mean(v):.2f})" for k, v in sorted(c.items())
+                        if k.startswith("wmark")))
     step = (max(l["e1"] for l in ls) - t0) / 1000
     # time covered by some launch past its first wait return (the union of [w0, e1])
     iv = sorted(((l["w0"] if l["w0"] is not None else l["s0"]), l["e1"]) for l in ls)

@@ -784,6 +784,9 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         __syncthreads();
     }
 
+    // (trace marks after the wait: 6 the query heads in place and the first loads issued, 7 warp
+    // 0's positions done, 8 the warps' sums met)
+    TRACE_MARK(TRACE_FA, 6);
     const int t = lane / LP, pt = lane % LP;
     float m[GM], l[GM], acc[GM][DL];
 #pragma unroll
@@ -909,6 +912,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         cp_async_commit();
     }
     cp_async_wait<0>();
+    TRACE_MARK(TRACE_FA, 7);
 
     // The warps meet: each writes (max, sum) and its sums [GM][D] over its own (now idle) ring.
 #pragma unroll
@@ -928,6 +932,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
         }
     }
     __syncthreads();
+    TRACE_MARK(TRACE_FA, 8);
     for (int e = tid; e < gb * D; e += FD_THREADS) {
         const int g = e / D, d = e % D;
         float mw[FD_WARPS], M = NEG_INF;
