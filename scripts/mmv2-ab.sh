@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s40b:    session 40: the fused decode attention's first chunks before the wait, A/B with the whole group; traces
 # s40a:    next session: REDLINE_FA_WHOLE_GROUP_FROM (the whole query-head group in one decode block at depth)
 # s39e:    session 39: default traces, 27B / 32B, the 32B at depth 4096
 # s39d:    session 39: the 32B at depth 4096 under the decode attention's knobs
@@ -639,6 +640,38 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s40b)
+    # session 40: the fused decode attention's first chunks loaded before the PDL wait (the
+    # scratch out of the rings) against HEAD's kernel file (devbin/k_fa0, REDLINE_KERNEL_DIR),
+    # with the whole-group choice (REDLINE_FA_WHOLE_GROUP_FROM) and 4 tiles a split; suites,
+    # greedy text; then traces with the marks after the wait
+    suite t_gpu_decode
+    suite t_backend_conformance
+    echo "== checks $(el)"
+    wait $SP
+    O="REDLINE_KERNEL_DIR=$PWD/devbin/k_fa0"
+    greedy m32 X=1 $O REDLINE_FA_WHOLE_GROUP_FROM=1
+    greedy m27 X=1 $O REDLINE_FA_WHOLE_GROUP_FROM=1
+    W=REDLINE_FA_WHOLE_GROUP_FROM
+    for r in 1 2; do
+        for v in $O X=1 $W=1024; do ST=$v b m32 -n 64 -r 2 -d 0; done
+        for v in X=1 $W=1 $W=1024; do ST=$v b m32 -n 64 -r 2 -d 1024; done
+        for v in $O X=1 $W=1 $W=1024 "$W=1024 REDLINE_FA_TILES_PER_SPLIT=4"; do ST=$v b m32 -n 64 -r 2 -d 4096; done
+        for d in 0 4096; do
+            for v in $O X=1 $W=1; do ST=$v b m27 -n 64 -r 2 -d $d; done
+        done
+        echo "round $r $(el)"
+    done
+    TSEQ=24 trace_run t27 m27 X=1
+    sed -n '/per class/,$p' $OUT/t27.txt
+    TSEQ=24 trace_run t32 m32 X=1
+    sed -n '/per class/,$p' $OUT/t32.txt
+    TSEQ=24 TARGS="-d 4096" trace_run u32 m32 X=1
+    sed -n '/per class/,$p' $OUT/u32.txt
+    TSEQ=24 TARGS="-d 4096" trace_run v32 m32 REDLINE_FA_WHOLE_GROUP_FROM=1
+    sed -n '/per class/,$p' $OUT/v32.txt
+    echo "== s40b $(el)"
     ;;
 s40a)
     # next session: a decode row's whole query-head group in one block from N positions

@@ -335,11 +335,15 @@ struct FdShape {
     static constexpr int RING = FD_STAGES * 2 * STAGE;  // uint4 of a warp's ring [stage][K, V][NP][UPR]
     // Dynamic shared memory the host gives a block (attention.rs: decode_d_smem_bytes, sized
     // for its tile T) and what this kernel lays out in it: q [FD_MAX_G][2][UPR] float4, the
-    // warps' rings, probabilities [FD_WARPS][NP][8] and (max, sum) [2][FD_WARPS][FD_MAX_G] f32.
+    // warps' rings, probabilities [FD_WARPS][NP][8], (max, sum) [2][FD_WARPS][FD_MAX_G] f32 and
+    // the fused chain's scratch [FX] f32 (flash_decode_d: RoPE angles, norm weights, new K head,
+    // norm factors; the rings are already loading while it is in use).
     static constexpr int T = D > 128 ? 16 : 32;
-    static constexpr int HOST_BYTES = 4 * (FD_MAX_G * D + 2 * T * (D + 16) + FD_MAX_G * T + 3 * FD_MAX_G);
+    static constexpr int FX = 4 * D + FD_MAX_G + 1;
+    static constexpr int HOST_BYTES =
+        4 * (FD_MAX_G * D + 2 * T * (D + 16) + FD_MAX_G * T + 3 * FD_MAX_G + 4 * D + 16);
     static constexpr int BYTES =
-        4 * FD_MAX_G * D + 16 * FD_WARPS * RING + 4 * FD_WARPS * NP * 8 + 4 * 2 * FD_WARPS * FD_MAX_G;
+        4 * FD_MAX_G * D + 16 * FD_WARPS * RING + 4 * FD_WARPS * NP * 8 + 4 * 2 * FD_WARPS * FD_MAX_G + 4 * FX;
     static_assert(BYTES <= HOST_BYTES, "decode layout exceeds the host's shared memory");
     static_assert(4 * FD_MAX_G * D <= 16 * RING, "a warp's P V sums fit in its ring");
     static_assert(NU * 32 == NP * UPR && UL * LP == UPR, "chunk units divide among lanes");
@@ -587,6 +591,7 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     uint4* rings = (uint4*)(fd_smem + FD_MAX_G * D);             // [FD_WARPS][RING]
     float* p_all = (float*)(rings + FD_WARPS * Sh::RING);        // [FD_WARPS][NP][8]
     float* ml_s = p_all + FD_WARPS * NP * 8;                     // [2][FD_WARPS][FD_MAX_G]
+    float* fx_s = ml_s + 2 * FD_WARPS * FD_MAX_G;                // [FX]: FUSE's scratch
     const int s = blockIdx.x, S = gridDim.x, i = blockIdx.z;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
@@ -618,30 +623,58 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
     const int s_active = (len + per - 1) / per;  // splits with positions
     if (s >= s_active) return;                   // fa_merge_active reads only the active ones
     const long long ek = (long long)kvh * D;  // the head's first element in a cache row
+    const int n_chunks = (p_hi - p_lo + NP - 1) / NP;
+    uint4* ring = rings + warp * Sh::RING;
+    // this lane's share of every chunk load (fd_load_chunk)
+    const int tr = lane / UPR, ur = lane % UPR;
+    const uint8_t* kr = kc + tr * kpb;
+    const uint8_t* vr = vc + tr * vpb;
+    const long long el = ek + 8 * ur;
+    uint4* ks0 = ring + fd_slot<D>(tr, ur);
+    uint4* vs0 = ring + Sh::STAGE + tr * UPR + ur;
+    // The warps' first FD_STAGES chunks into their rings: FUSE before the wait, all rows but the
+    // newest (this block stores that one itself after the wait and writes it into its ring
+    // slot too); the other rows come from earlier steps, positions from the host. Without FUSE
+    // the kernel before this one stores the launch's rows: after the wait (below).
+    auto load_stages = [&](int hi) {
+#pragma unroll 1
+        for (int st = 0; st < FD_STAGES; st++) {
+            const int c = warp + FD_WARPS * st;
+            if (c < n_chunks) {
+                const int p0 = p_lo + c * NP;
+                fd_load_chunk<D, TYPE>(kr, vr, kpb, vpb, el, p0, min(NP, hi - p0) - tr, ks0 + 2 * st * Sh::STAGE,
+                                       vs0 + 2 * st * Sh::STAGE);
+            }
+            cp_async_commit();
+        }
+    };
+    if constexpr (FUSE) load_stages(min(p_hi, len - 1));
     {
-        // This split's cached K/V rows (all but the newest, which the kernel before this one
-        // stores) toward L2 before the wait (REDLINE_PDL): the positions come from the host and
-        // the rows from earlier steps. A head's slice of a row is pos_bytes / n_kv_head.
+        // This split's later cached K/V rows (all but the newest, which the kernel before this
+        // one stores, or with FUSE this one) toward L2 before the wait (REDLINE_PDL): the
+        // positions come from the host and the rows from earlier steps. A head's slice of a row
+        // is pos_bytes / n_kv_head. With FUSE the first stages are loading already.
         const int q_hi = min(p_hi, len - 1);
+        const int q_lo = FUSE ? min(q_hi, p_lo + FD_WARPS * FD_STAGES * NP) : p_lo;
         const long long kh = kpb / n_kv_head, vh = vpb / n_kv_head;
         const int kl = (int)((kh + 127) / 128), vl = (int)((vh + 127) / 128);
-        for (int e = tid; e < (q_hi - p_lo) * (kl + vl); e += FD_THREADS) {
-            const int p = p_lo + e / (kl + vl), x = e % (kl + vl);
+        for (int e = tid; e < (q_hi - q_lo) * (kl + vl); e += FD_THREADS) {
+            const int p = q_lo + e / (kl + vl), x = e % (kl + vl);
             const uint8_t* a =
                 x < kl ? kc + p * kpb + kvh * kh + 128LL * x : vc + p * vpb + kvh * vh + 128LL * (x - kl);
             asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
     TRACE_MARK(TRACE_FA, 4);  // the K/V prefetches issued
-    // FUSE: scratch in the rings (free until the first chunk load): cos and sin of the RoPE
-    // pairs [2][D / 2], norm weights of q and k [2][D], the query heads [FD_MAX_G][D] and the
-    // new K head [D] (each head's values in order), norm factors.
-    float* const cs_s = (float*)rings;
+    // FUSE: scratch fx_s: cos and sin of the RoPE pairs [2][D / 2], norm weights of q and k
+    // [2][D], the new K head [D], norm factors; the query heads [FD_MAX_G][D] (each head's
+    // values in order) in q_s's place until q_s is laid out from them.
+    float* const cs_s = fx_s;
     float* const nw_s = cs_s + D;
-    float* const qf = nw_s + 2 * D;
-    float* const kt_s = qf + FD_MAX_G * D;
+    float* const kt_s = nw_s + 2 * D;
     float* const inv_s = kt_s + D;
-    static_assert((4 + FD_MAX_G) * D + FD_MAX_G + 1 <= 4 * FD_WARPS * Sh::RING, "fused scratch fits the rings");
+    float* const qf = (float*)q_s;
+    static_assert(3 * D + D + FD_MAX_G + 1 <= Sh::FX, "fused scratch fits fx_s");
     if constexpr (FUSE) {
         // (positions come from the host and norm weights are weights: all before the wait.)
         // The angles from the cache when an earlier layer of this step (the same parameters and
@@ -733,44 +766,46 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
             uint16_t* kd = (uint16_t*)(kc + (long long)(len - 1) * kpb) + (long long)kvh * D;
             uint16_t* vd = (uint16_t*)(vc + (long long)(len - 1) * vpb) + (long long)kvh * D;
             const float* vr0 = fz.v + ((long long)r * n_kv_head + kvh) * D;
+            // the newest row's chunk: in a preloaded stage its ring slot gets the row here
+            const int cn = (len - 1 - p_lo) / NP, tn = (len - 1 - p_lo) % NP;
+            uint4* rk = cn < FD_WARPS * FD_STAGES ? rings + (cn % FD_WARPS) * Sh::RING + 2 * (cn / FD_WARPS) * Sh::STAGE
+                                                   : nullptr;
             for (int d = tid; d < D; d += FD_THREADS) {
-                kd[d] = f32_to_f16(kt_s[d]);
-                vd[d] = f32_to_f16(vr0[d]);
+                const uint16_t kh = f32_to_f16(kt_s[d]), vh = f32_to_f16(vr0[d]);
+                kd[d] = kh;
+                vd[d] = vh;
+                if (rk) {
+                    ((uint16_t*)(rk + fd_slot<D>(tn, d / 8)))[d % 8] = kh;
+                    ((uint16_t*)(rk + Sh::STAGE + tn * UPR + d / 8))[d % 8] = vh;
+                }
             }
         }
-        // q_s as the non-fused load lays it out: float4 e = (g, hh, u) holds dims 8u + 4hh ..
-        for (int e = tid; e < GM * 2 * UPR; e += FD_THREADS) {
+        // q_s as the non-fused load lays it out: float4 e = (g, hh, u) holds dims 8u + 4hh ..,
+        // in place of qf: all read, then written
+        constexpr int NQS = (GM * 2 * UPR + FD_THREADS - 1) / FD_THREADS;
+        float4 xs[NQS];
+#pragma unroll
+        for (int k = 0; k < NQS; k++) {
+            const int e = tid + k * FD_THREADS;
             const int g = e / (2 * UPR), hh = (e / UPR) % 2, u = e % UPR;
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (g < gb) {
+            if (e < GM * 2 * UPR && g < gb) {
                 const float* qg = qf + g * D + 8 * u + 4 * hh;
                 x = make_float4(qg[0] * qs, qg[1] * qs, qg[2] * qs, qg[3] * qs);
             }
-            q_s[e] = x;
+            xs[k] = x;
         }
-        __syncthreads();  // q_s written, the scratch read, the stored row visible to the cache loads
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < NQS; k++) {
+            const int e = tid + k * FD_THREADS;
+            if (e < GM * 2 * UPR) q_s[e] = xs[k];
+        }
+        __syncthreads();  // q_s written, the newest row in its ring slot and visible to later chunk loads
     }
-    const int n_chunks = (p_hi - p_lo + NP - 1) / NP;
-    uint4* ring = rings + warp * Sh::RING;
     float* p_w = p_all + warp * NP * 8;
-    // this lane's share of every chunk load (fd_load_chunk)
-    const int tr = lane / UPR, ur = lane % UPR;
-    const uint8_t* kr = kc + tr * kpb;
-    const uint8_t* vr = vc + tr * vpb;
-    const long long el = ek + 8 * ur;
-    uint4* ks0 = ring + fd_slot<D>(tr, ur);
-    uint4* vs0 = ring + Sh::STAGE + tr * UPR + ur;
-#pragma unroll 1
-    for (int st = 0; st < FD_STAGES; st++) {
-        const int c = warp + FD_WARPS * st;
-        if (c < n_chunks) {
-            const int p0 = p_lo + c * NP;
-            fd_load_chunk<D, TYPE>(kr, vr, kpb, vpb, el, p0, min(NP, p_hi - p0) - tr, ks0 + 2 * st * Sh::STAGE,
-                                   vs0 + 2 * st * Sh::STAGE);
-        }
-        cp_async_commit();
-    }
     if constexpr (!FUSE) {
+        load_stages(p_hi);
         const float* qr = q + ((long long)r * n_head + h0) * D;
         for (int e = tid; e < GM * 2 * UPR; e += FD_THREADS) {
             const int g = e / (2 * UPR), hh = (e / UPR) % 2, u = e % UPR;

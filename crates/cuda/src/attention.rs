@@ -195,10 +195,11 @@ fn decode_d_tile(d: usize) -> usize {
 }
 
 /// Dynamic shared memory of a head-size decode block: q [8][d], K and V tiles [T][d + 16],
-/// probabilities [8][T] and three [8] arrays, f32.
+/// probabilities [8][T], three [8] arrays and the fused chain's scratch [4 d + 16], f32
+/// (kernels/flash_attn.cu `FdShape::HOST_BYTES`).
 pub fn decode_d_smem_bytes(d: usize) -> usize {
     let t = decode_d_tile(d);
-    4 * (DECODE_MAX_G * d + 2 * t * (d + 16) + DECODE_MAX_G * t + 3 * DECODE_MAX_G)
+    4 * (DECODE_MAX_G * d + 2 * t * (d + 16) + DECODE_MAX_G * t + 3 * DECODE_MAX_G + 4 * d + 16)
 }
 
 /// A KV cache as the kernels read it: `[n_ctx][n_kv_head * head_dim]` rows of `kv_type`.
@@ -806,7 +807,7 @@ mod tests {
         }
         assert_eq!(
             decode_d_smem_bytes(128),
-            4 * (1024 + 2 * 32 * 144 + 256 + 24)
+            4 * (1024 + 2 * 32 * 144 + 256 + 24 + 4 * 128 + 16)
         );
         let p = params(40, 8, 128, 128);
         assert_eq!(decode_tile_for(&p, KvType::F16), Some(32));
