@@ -733,16 +733,18 @@ static __device__ __forceinline__ void flash_decode_d(const float* __restrict__ 
                 kt_s[d] = kr0[d];
         }
         __syncthreads();
-        for (int g = warp; g < nh; g += FD_WARPS) {
-            const float* x = g < gb ? qf + g * D : kt_s;
-            // as block_sum over one thread per element: warp sums, then added in warp order
-            float ss = 0.0f;
+        if (fz.qn || fz.kn) {  // (no norms, e.g. Qwen2.5: no sums, one barrier less)
+            for (int g = warp; g < nh; g += FD_WARPS) {
+                const float* x = g < gb ? qf + g * D : kt_s;
+                // as block_sum over one thread per element: warp sums, then added in warp order
+                float ss = 0.0f;
 #pragma unroll
-            for (int w = 0; w < D / 32; w++) ss += warp_sum(x[32 * w + lane] * x[32 * w + lane]);
-            const bool normed = g < gb ? fz.qn != nullptr : fz.kn != nullptr;
-            if (lane == 0) inv_s[g] = normed ? rsqrtf(ss / D + fz.eps) : 0.0f;
+                for (int w = 0; w < D / 32; w++) ss += warp_sum(x[32 * w + lane] * x[32 * w + lane]);
+                const bool normed = g < gb ? fz.qn != nullptr : fz.kn != nullptr;
+                if (lane == 0) inv_s[g] = normed ? rsqrtf(ss / D + fz.eps) : 0.0f;
+            }
+            __syncthreads();
         }
-        __syncthreads();
         const int half = fz.n_rot / 2, per_head = half + (D - fz.n_rot);
         for (int e = tid; e < nh * per_head; e += FD_THREADS) {
             const int g = e / per_head, j = e % per_head;
