@@ -135,29 +135,43 @@ fn decode_sub_blocks(p: &AttentionParams) -> usize {
 
 /// Rows of at least this many positions decode their KV head's whole group of query heads in
 /// one block (kernels/flash_attn.cu `flash_decode_heads`' whole_from; 0: never):
-/// `REDLINE_FA_WHOLE_GROUP_FROM=N`, or the test override; off by default until measured. Why:
-/// session 39 (H100, the 32B at depth 4096) measured one block a KV head (5 heads) 3.5 % faster
-/// than the default 3 + 2, which session 34 measured 0.9-1.7 % faster at depth 0; the kernel
-/// takes the choice per row at run time, so recorded steps get both. The same bits either way.
-fn whole_group_from() -> i32 {
-    static ENV: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+/// `REDLINE_FA_WHOLE_GROUP_FROM=N`, or the test override, else [`WHOLE_GROUP_DEFAULT`] for the
+/// head size `d`: the positions from which a decode row's whole query-head group runs in one
+/// block (0: never). The kernel takes the choice per row at run time, so recorded steps get
+/// both, and the bits are the same either way.
+fn whole_group_from(d: usize) -> i32 {
+    static ENV: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     match WHOLE_GROUP_OVERRIDE.load(Ordering::Relaxed) {
-        -1 => *ENV.get_or_init(|| {
-            std::env::var("REDLINE_FA_WHOLE_GROUP_FROM")
-                .ok()
-                .and_then(|v| v.trim().parse::<i32>().ok())
-                .filter(|&n| n >= 0)
-                .unwrap_or(0)
-        }),
+        -1 => ENV
+            .get_or_init(|| {
+                std::env::var("REDLINE_FA_WHOLE_GROUP_FROM")
+                    .ok()
+                    .and_then(|v| v.trim().parse::<i32>().ok())
+                    .filter(|&n| n >= 0)
+            })
+            .unwrap_or(if d > 128 {
+                WHOLE_GROUP_DEFAULT.1
+            } else {
+                WHOLE_GROUP_DEFAULT.0
+            }),
         n => n,
     }
 }
 
-/// -1: `REDLINE_FA_WHOLE_GROUP_FROM` decides; else the positions from which (0: never).
+/// The default of [`whole_group_from`]: (head size up to 128, larger). Session 40 (H100,
+/// s40b): Qwen2.5-32B's shape (5 heads a KV head of 128) gains from the whole group at depth
+/// 2048 (+2.0 %) and 4096 (+3.9 %) and loses at depth 0 (-1.8 %) and 1024 (-1.3 %) against
+/// blocks of 3 + 2 heads; Qwen3.5-27B's (6 heads of 256) gains at every depth measured (0:
+/// +0.5 %, 4096: +2.4 %).
+pub const WHOLE_GROUP_DEFAULT: (i32, i32) = (2048, 1);
+
+/// -1: `REDLINE_FA_WHOLE_GROUP_FROM` (or the default) decides; else the positions from which (0:
+/// never).
 static WHOLE_GROUP_OVERRIDE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 /// Forces the length from which a decode row's whole query-head group runs in one block
-/// (`Some(0)`: never; `None`: back to `REDLINE_FA_WHOLE_GROUP_FROM`). For tests and benchmarks.
+/// (`Some(0)`: never; `None`: back to `REDLINE_FA_WHOLE_GROUP_FROM` or the default). For tests and
+/// benchmarks.
 pub fn set_whole_group_from(n: Option<u32>) {
     WHOLE_GROUP_OVERRIDE.store(
         n.map_or(-1, |n| n.min(i32::MAX as u32) as i32),
@@ -449,7 +463,7 @@ fn launch_decode_d(
         .push(p.scale)
         .push(kv.row_caches)
         .push(min_per(p.head_dim_k))
-        .push(whole_group_from());
+        .push(whole_group_from(p.head_dim_k));
     // SAFETY: matches fa_decode_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head, kpb,
     // vpb, scale, kvp, min_per, whole_from); kvp is 0 or a table of n_rows (K, V) caches like kv's; dk == dv ==
     // the kernel's D and the cache type match it (decode_d_kernel),
@@ -586,7 +600,7 @@ pub fn launch_decode_fused(
         .push(f.q8.0)
         .push(f.q8.1)
         .push(f.rope_cache)
-        .push(whole_group_from());
+        .push(whole_group_from(p.head_dim_k));
     // SAFETY: matches fa_decode_fused_d*(q, rows, pos, kc, vc, out, part, n_head, n_kv_head,
     // kpb, vpb, scale, kvp, k, v, qn, kn, factors, rpos, min_per, q_stride, gate_off, n_rot,
     // neox, freq_base, freq_scale, eps, xq, xds, rc, whole_from); rc 0 or n_rot / 2 16-byte entries kept for
