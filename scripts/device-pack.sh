@@ -9,7 +9,8 @@
 #   PTX_ARCH=75 bash scripts/device-pack.sh    (also compute_75 PTX: REDLINE_CUDA_ARCH=75 runs)
 #   CLEAN=1 bash scripts/device-pack.sh        (drop the cache's old entries first)
 #   PDL_MASKS="7 127" bash scripts/device-pack.sh  (also REDLINE_PDL_EARLY=7 and =127's kernels)
-#   TRACE=1 bash scripts/device-pack.sh        (also every program with the REDLINE_TRACE probe)
+#   TRACE=1 bash scripts/device-pack.sh        (also every program with the REDLINE_TRACE probe; with
+#                                               PDL_MASKS also those masks' programs with it)
 #   then: run(command="tar xJf devpk/pack.tar.xz && XDG_CACHE_HOME=$PWD/devbin/cache devbin/redline …",
 #             carry=["devpk"])
 #
@@ -55,6 +56,14 @@ done
 if [ -n "${TRACE:-}" ]; then
     REDLINE_TRACE=/dev/null LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \
         --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache ${ONLY:+--only "$ONLY"}
+    # with PDL_MASKS too: the mask programs with the probe (both defines: their own keys)
+    for m in ${PDL_MASKS:-}; do
+        for f in model_ops.cu deltanet.cu flash_attn.cu; do
+            REDLINE_TRACE=/dev/null REDLINE_PDL_EARLY=$m LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda \
+                --bin kernel-compile-check -- --nvrtc "$LIB/libnvrtc.so.13" --arch "$ARCH" --write-cache devbin/cache \
+                --only "$f"
+        done
+    done
 fi
 if [ -n "${PTX_ARCH:-}" ]; then
     LD_LIBRARY_PATH="$LIB" cargo run --release -q -p cuda --bin kernel-compile-check -- \

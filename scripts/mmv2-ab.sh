@@ -74,6 +74,7 @@
 # s33f:    session 33: the 32B's Q6_K variants, the 27B's issue-4 rows with k_conv1
 # s37a:    session 37: the f32 alpha / beta products in the conv's launch against their own:
 #          the bit-for-bit tests, greedy text, one row, the 27B verify cost, a trace
+# s41a:    next session: the fused attention chain's time before its loop under REDLINE_PDL_EARLY=7 / REDLINE_MV_STAGE=0
 # s40b:    session 40: the fused decode attention's first chunks before the wait, A/B with the whole group; traces
 # s40a:    next session: REDLINE_FA_WHOLE_GROUP_FROM (the whole query-head group in one decode block at depth)
 # s39e:    session 39: default traces, 27B / 32B, the 32B at depth 4096
@@ -640,6 +641,29 @@ s33f)
     echo "27B $NEW: $(env $NEW timeout 100 $R bench --device cuda -m /tmp/m27.gguf -p 512 -n 128 -r 2 2>&1 | grep -E '^\| qwen' | cut -d'|' -f7- | tr '\n' ' ')"
     ST="$NEW" b m27 -n 128 -r 2 -d 4096
     echo "== s33f $(el)"
+    ;;
+s41a)
+    # next session: what holds the fused attention chain between its PDL wait and its query
+    # heads in place (s40b's traces: 32B 4.9 µs, 27B 9.0 µs at depth 0, against ~2 µs of work):
+    # the o projection's staged weights streaming during it (launched early through
+    # REDLINE_PDL_EARLY bit 32; REDLINE_MV_STAGE=0 stages nothing before the wait) or not.
+    # Pack: CLEAN=1 TRACE=1 PDL_MASKS=7 bash scripts/device-pack.sh
+    wait $SP
+    for r in 1 2; do
+        for m in m32 m27; do
+            for v in X=1 REDLINE_PDL_EARLY=7 REDLINE_MV_STAGE=0 "REDLINE_PDL_EARLY=7 REDLINE_MV_STAGE=0"; do
+                ST=$v b $m -n 64 -r 2 -d 0
+            done
+        done
+        echo "round $r $(el)"
+    done
+    for m in m32 m27; do
+        TSEQ=24 trace_run a$m $m X=1
+        TSEQ=24 trace_run b$m $m REDLINE_PDL_EARLY=7
+        TSEQ=24 trace_run c$m $m REDLINE_PDL_EARLY=7 REDLINE_MV_STAGE=0
+        for l in a$m b$m c$m; do echo "$l: $(grep -E '^ +fa ' $OUT/$l.txt | head -1)"; done
+    done
+    echo "== s41a $(el)"
     ;;
 s40b)
     # session 40: the fused decode attention's first chunks loaded before the PDL wait (the
