@@ -134,11 +134,10 @@ fn decode_sub_blocks(p: &AttentionParams) -> usize {
 }
 
 /// Rows of at least this many positions decode their KV head's whole group of query heads in
-/// one block (kernels/flash_attn.cu `flash_decode_heads`' whole_from; 0: never):
-/// `REDLINE_FA_WHOLE_GROUP_FROM=N`, or the test override, else [`WHOLE_GROUP_DEFAULT`] for the
-/// head size `d`: the positions from which a decode row's whole query-head group runs in one
-/// block (0: never). The kernel takes the choice per row at run time, so recorded steps get
-/// both, and the bits are the same either way.
+/// one block (kernels/flash_attn.cu `flash_decode_heads`' whole_from; 0: never): the test
+/// override, else `REDLINE_FA_WHOLE_GROUP_FROM=N`, else [`WHOLE_GROUP_DEFAULT`] for the head
+/// size `d`. The kernel takes the choice per row at run time, so recorded steps get both, and
+/// the bits are the same either way.
 fn whole_group_from(d: usize) -> i32 {
     static ENV: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     match WHOLE_GROUP_OVERRIDE.load(Ordering::Relaxed) {
